@@ -1,0 +1,16 @@
+"""int8ify: rewrite the float matmuls of a JAX program into per-channel int8 matmuls.
+
+Public API (explicit re-exports):
+
+* :func:`int8ify` -- wrap a function; its traced program runs every float ``dot_general`` in int8.
+* :func:`int8_matmul` -- the contract for one ``(B, D_in) @ (D_in, D_out)`` product, with codes and scales.
+* :func:`quantize` -- symmetric per-slice int8 quantization (``absmax / 127``).
+* :class:`Int8ifyError` -- raised for programs or options the rewrite cannot handle correctly.
+"""
+
+from .api import Int8ified, int8ify
+from .errors import Int8ifyError
+from .matmul import int8_matmul
+from .quantize import quantize
+
+__all__ = ["Int8ified", "Int8ifyError", "int8_matmul", "int8ify", "quantize"]

@@ -1,0 +1,41 @@
+"""The seed problem: one per-channel int8 matmul with its codes and scales exposed."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax import lax
+
+from .int8_dot import scale_to_output, _int32_dot
+from .quantize import quantize
+
+_MATMUL_DIMS = (((1,), (0,)), ((), ()))
+
+
+def int8_matmul(x, w) -> dict:
+    """``x @ w`` in int8 with one scale per row of ``x`` and per column of ``w``.
+
+    The same computation ``int8ify(lambda x, w: x @ w)`` emits, so ``y`` is bit-identical to it.
+
+    Arguments:
+        x: float array of shape ``(B, D_in)``, one token per row.
+        w: float array of shape ``(D_in, D_out)``, one output channel per column.
+
+    Returns:
+        A dict with ``w_q`` (int8, ``(D_in, D_out)``), ``w_scales`` (float32, ``(D_out,)``), ``x_q`` (int8,
+        ``(B, D_in)``), ``x_scales`` (float32, ``(B,)``) and ``y`` (float32, ``(B, D_out)``).
+    """
+    x, w = jax.numpy.asarray(x), jax.numpy.asarray(w)
+    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
+        raise ValueError(f"int8_matmul expects x (B, D_in) and w (D_in, D_out); got {x.shape} and {w.shape}")
+    for name, v in (("x", x), ("w", w)):
+        if not jax.numpy.issubdtype(v.dtype, jax.numpy.floating):
+            raise TypeError(f"int8_matmul expects floating {name}, got {v.dtype}")
+    x_q = quantize(x, (1,))
+    w_q = quantize(w, (0,))
+    acc = _int32_dot(x_q.codes, w_q.codes, _MATMUL_DIMS)
+    y = lax.mul(
+        lax.mul(acc, scale_to_output(x_q.scales, 2, _MATMUL_DIMS, 0, acc.shape)),
+        scale_to_output(w_q.scales, 2, _MATMUL_DIMS, 1, acc.shape),
+    )
+    return {"w_q": w_q.codes, "w_scales": w_q.scales, "x_q": x_q.codes, "x_scales": x_q.scales, "y": y}

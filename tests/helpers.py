@@ -1,0 +1,134 @@
+"""Shared test helpers: an independent numpy reference of the int8 contract, tie-free data, jaxpr walkers.
+
+The reference never calls the library: scales in float32 (``absmax / 127``, 1 for an all-zero slice), codes
+by numpy rounding, exact integer sums in int64, and ``a * s_x * s_w`` in float64.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.extend  # noqa: F401
+import numpy as np
+from jax.extend.core import ClosedJaxpr, jaxprs_in_params
+
+
+def reference_scales(x, reduce_axes) -> np.ndarray:
+    """float32 ``absmax / 127`` over ``reduce_axes`` (1 for an all-zero slice), kept axes in order."""
+    x = np.asarray(x, np.float32)
+    amax = np.max(np.abs(x), axis=tuple(reduce_axes), initial=np.float32(0))
+    return np.where(amax == 0, np.float32(1), amax / np.float32(127)).astype(np.float32)
+
+
+def reference_codes(x, reduce_axes) -> np.ndarray:
+    """int8 codes ``clip(round(x / s), -127, 127)`` with numpy's round-half-even."""
+    x = np.asarray(x, np.float32)
+    s = np.expand_dims(reference_scales(x, reduce_axes), tuple(reduce_axes))
+    return np.clip(np.rint(x / s), -127, 127).astype(np.int8)
+
+
+def reference_dot(lhs, rhs, dimension_numbers) -> np.ndarray:
+    """The contract's value of ``dot_general(lhs, rhs)`` in float64, from exact int64 sums of the codes."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    lhs32, rhs32 = np.asarray(lhs, np.float32), np.asarray(rhs, np.float32)
+    lq = reference_codes(lhs32, lc).astype(np.int64)
+    rq = reference_codes(rhs32, rc).astype(np.int64)
+    acc = _int_dot(lq, rq, dimension_numbers)
+    ls = reference_scales(lhs32, lc).astype(np.float64)
+    rs = reference_scales(rhs32, rc).astype(np.float64)
+    return acc * _to_output(ls, lhs32.ndim, lc, lb, 0, acc.ndim, len(lb)) * _to_output(
+        rs, rhs32.ndim, rc, rb, 1, acc.ndim, len(lb)
+    )
+
+
+def _int_dot(lq, rq, dimension_numbers) -> np.ndarray:
+    """Exact ``dot_general`` of integer arrays with numpy einsum (int64 accumulation)."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    letters = iter("abcdefghijklmnopqrstuvwxyz")
+    lsub = [None] * lq.ndim
+    rsub = [None] * rq.ndim
+    batch, lfree, rfree = [], [], []
+    for l_axis, r_axis in zip(lb, rb):
+        c = next(letters)
+        lsub[l_axis] = rsub[r_axis] = c
+        batch.append(c)
+    for l_axis, r_axis in zip(lc, rc):
+        c = next(letters)
+        lsub[l_axis] = rsub[r_axis] = c
+    for i in range(lq.ndim):
+        if lsub[i] is None:
+            lsub[i] = next(letters)
+            lfree.append(lsub[i])
+    for i in range(rq.ndim):
+        if rsub[i] is None:
+            rsub[i] = next(letters)
+            rfree.append(rsub[i])
+    spec = f"{''.join(lsub)},{''.join(rsub)}->{''.join(batch + lfree + rfree)}"
+    return np.einsum(spec, lq, rq, dtype=np.int64)
+
+
+def _to_output(scales, ndim, contract, batch, side, out_ndim, n_batch):
+    """Reshape per-channel scales (kept axes in order) to broadcast against the dot output."""
+    kept = [a for a in range(ndim) if a not in contract]
+    free = [a for a in range(ndim) if a not in contract and a not in batch]
+    n_free_lhs_or_rhs = len(free)
+    positions = {}
+    for i, a in enumerate(batch):
+        positions[a] = i
+    offset = n_batch if side == 0 else out_ndim - n_free_lhs_or_rhs
+    for i, a in enumerate(free):
+        positions[a] = offset + i
+    order = sorted(range(len(kept)), key=lambda i: positions[kept[i]])
+    s = np.transpose(scales, order) if kept else scales
+    shape = [1] * out_ndim
+    for i in order:
+        shape[positions[kept[i]]] = scales.shape[i]
+    return np.reshape(s, shape)
+
+
+def away_from_ties(x, reduce_axes, margin=0.01, dtype=np.float32) -> np.ndarray:
+    """Move entries whose ``x / scale`` lies within ``margin`` of a rounding tie away from it.
+
+    XLA may compute ``x / s`` as ``x * (1/s)``, which can flip a value that sits on a tie; these inputs keep
+    exact-code assertions honest. A float32 entry moves a quarter step inward; in a narrower ``dtype``
+    (where that step may not be representable) it becomes 0. The amax entry sits at exactly +-127 and never
+    moves, so the scales stay as they were.
+    """
+    x = np.asarray(np.asarray(x).astype(dtype), np.float32)
+    s = np.expand_dims(reference_scales(x, reduce_axes), tuple(reduce_axes)).astype(np.float64)
+    r = x.astype(np.float64) / s
+    near_tie = np.abs(np.abs(r - np.floor(r)) - 0.5) < margin
+    fixed = (np.round(r) - 0.25 * np.sign(r)) * s if dtype == np.float32 else np.zeros_like(r)
+    return np.where(near_tie, fixed, x).astype(dtype)
+
+
+def iter_eqns(jaxpr):
+    """Every equation of ``jaxpr`` and of the jaxprs nested in it, depth first."""
+    jaxpr = jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jaxprs_in_params(eqn.params):
+            yield from iter_eqns(sub)
+
+
+def dot_eqns(jaxpr):
+    return [e for e in iter_eqns(jaxpr) if e.primitive.name == "dot_general"]
+
+
+def assert_all_dots_int8(jaxpr, expected_count=None):
+    """Every dot_general in the program is int8 x int8 -> int32 (optionally: exactly ``expected_count``)."""
+    dots = dot_eqns(jaxpr)
+    for e in dots:
+        dtypes = [str(v.aval.dtype) for v in e.invars]
+        assert dtypes == ["int8", "int8"], f"float dot left: {e}"
+        assert str(e.outvars[0].aval.dtype) == "int32", f"dot without int32 accumulation: {e}"
+    if expected_count is not None:
+        assert len(dots) == expected_count, f"expected {expected_count} dots, found {len(dots)}"
+    return dots
+
+
+def assert_close_to_reference(got, want, rtol=1e-6, atol=0.0):
+    """Each entry within ``rtol`` relative of the float64 reference (so a zero reference is exactly zero)."""
+    got = np.asarray(got, np.float64)
+    want = np.asarray(want, np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)

@@ -1,0 +1,150 @@
+"""The rewrite of one dot_general, for any dimension numbers, shapes and float dtypes, against the
+independent numpy reference (exact integer sums, float64 epilogue)."""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from helpers import assert_all_dots_int8, away_from_ties, dot_eqns, reference_dot
+from jaxpr_rewrite import int8ify
+
+# Output tolerance per dtype: float32 is the contract's 1e-6; narrower outputs add one rounding.
+RTOL = {np.dtype(np.float32): 1e-6, np.dtype(ml_dtypes.bfloat16): 2**-8, np.dtype(np.float16): 2**-10}
+SIZES = st.sampled_from([1, 2, 3, 5])  # few distinct sizes: every new shape is an XLA compile
+
+
+@st.composite
+def dot_problems(draw):
+    """Random dot_general problems: 0-2 batch, contracting, lhs-free and rhs-free dims, each operand's
+    axes in a random order (so contracting dims come in any order), one of three float dtypes, and
+    optionally an all-zero slice."""
+    kinds = {k: draw(st.integers(0, 2)) for k in ("batch", "contract", "lhs_free", "rhs_free")}
+    sizes = {k: [draw(SIZES) for _ in range(n)] for k, n in kinds.items()}
+    lhs_axes = [("batch", i) for i in range(kinds["batch"])] + [("contract", i) for i in range(kinds["contract"])]
+    lhs_axes += [("lhs_free", i) for i in range(kinds["lhs_free"])]
+    rhs_axes = [("batch", i) for i in range(kinds["batch"])] + [("contract", i) for i in range(kinds["contract"])]
+    rhs_axes += [("rhs_free", i) for i in range(kinds["rhs_free"])]
+    lhs_axes = draw(st.permutations(lhs_axes))
+    rhs_axes = draw(st.permutations(rhs_axes))
+    contract_order = draw(st.permutations(list(range(kinds["contract"]))))
+    batch_order = draw(st.permutations(list(range(kinds["batch"]))))
+    dims = (
+        (
+            tuple(lhs_axes.index(("contract", i)) for i in contract_order),
+            tuple(rhs_axes.index(("contract", i)) for i in contract_order),
+        ),
+        (
+            tuple(lhs_axes.index(("batch", i)) for i in batch_order),
+            tuple(rhs_axes.index(("batch", i)) for i in batch_order),
+        ),
+    )
+    lhs_shape = tuple(sizes[k][i] for k, i in lhs_axes)
+    rhs_shape = tuple(sizes[k][i] for k, i in rhs_axes)
+    dtype = draw(st.sampled_from([np.float32, np.float32, ml_dtypes.bfloat16, np.float16]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    lhs = rng.normal(scale=draw(st.sampled_from([1e-3, 1.0, 50.0])), size=lhs_shape)
+    rhs = rng.normal(size=rhs_shape)
+    if draw(st.booleans()) and lhs.size:
+        # zero one whole channel (a slice over the contracting dims) of the lhs
+        kept = [a for a in range(lhs.ndim) if a not in dims[0][0]]
+        index = tuple(rng.integers(lhs_shape[a]) if a in kept else slice(None) for a in range(lhs.ndim))
+        lhs[index] = 0
+    lhs = away_from_ties(lhs, dims[0][0], dtype=dtype)
+    rhs = away_from_ties(rhs, dims[0][1], dtype=dtype)
+    return lhs, rhs, dims
+
+
+@given(dot_problems())
+def test_any_dimension_numbers_match_reference(problem):
+    lhs, rhs, dims = problem
+
+    def f(a, b):
+        return jax.lax.dot_general(a, b, dims)
+
+    rewritten = int8ify(f)
+    jaxpr = jax.make_jaxpr(rewritten)(lhs, rhs)
+    assert_all_dots_int8(jaxpr, expected_count=1)
+    got = jax.jit(rewritten)(lhs, rhs)
+    assert got.dtype == jax.eval_shape(f, lhs, rhs).dtype
+    want = reference_dot(lhs, rhs, dims)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=RTOL[np.dtype(lhs.dtype)], atol=0)
+
+
+def test_int8_dot_keeps_dimension_numbers():
+    """The int8 dot has the same dimension numbers as the float dot it replaces."""
+    dims = (((2, 0), (0, 3)), ((1,), (2,)))
+    lhs, rhs = jnp.ones((3, 4, 5, 6)), jnp.ones((5, 7, 4, 3))
+    (float_dot,) = dot_eqns(jax.make_jaxpr(lambda a, b: jax.lax.dot_general(a, b, dims))(lhs, rhs))
+    (int8_dot,) = dot_eqns(jax.make_jaxpr(int8ify(lambda a, b: jax.lax.dot_general(a, b, dims)))(lhs, rhs))
+    assert int8_dot.params["dimension_numbers"] == float_dot.params["dimension_numbers"]
+    assert int8_dot.params["preferred_element_type"] == np.int32
+
+
+ENTRY_POINTS = {
+    "matmul @": (lambda a, b: a @ b, (4, 6), (6, 3)),
+    "jnp.dot": (jnp.dot, (4, 6), (6, 3)),
+    "jnp.matmul batched": (jnp.matmul, (2, 4, 6), (2, 6, 3)),
+    "jnp.einsum attention": (lambda q, k: jnp.einsum("bhqd,bhkd->bhqk", q, k), (2, 3, 4, 5), (2, 3, 6, 5)),
+    "jnp.einsum two contractions": (lambda a, b: jnp.einsum("ijk,kjl->il", a, b), (3, 4, 5), (5, 4, 2)),
+    "jnp.tensordot": (lambda a, b: jnp.tensordot(a, b, axes=([0, 2], [2, 0])), (3, 4, 5), (5, 2, 3)),
+    "vector dot": (jnp.dot, (6,), (6,)),
+    "matrix-vector": (lambda a, b: a @ b, (4, 6), (6,)),
+    "jnp.inner": (jnp.inner, (3, 6), (2, 6)),
+}
+
+
+@pytest.mark.parametrize("name", list(ENTRY_POINTS))
+def test_entry_points(name):
+    """Every way users write a matmul becomes exactly the reference, with only int8 dots left."""
+    fn, lhs_shape, rhs_shape = ENTRY_POINTS[name]
+    rng = np.random.default_rng(1)
+    lhs = rng.normal(size=lhs_shape).astype(np.float32)
+    rhs = rng.normal(size=rhs_shape).astype(np.float32)
+    (float_dot,) = dot_eqns(jax.make_jaxpr(fn)(lhs, rhs))
+    dims = float_dot.params["dimension_numbers"]
+    lhs = away_from_ties(lhs, dims[0][0])
+    rhs = away_from_ties(rhs, dims[0][1])
+    rewritten = int8ify(fn)
+    assert_all_dots_int8(jax.make_jaxpr(rewritten)(lhs, rhs), expected_count=1)
+    got = rewritten(lhs, rhs)
+    want = reference_dot(lhs, rhs, dims)
+    # jnp wrappers may transpose the dot's output; compare through the float function's own layout
+    float_out = np.asarray(fn(lhs, rhs))
+    assert got.shape == float_out.shape
+    np.testing.assert_allclose(np.sort(np.asarray(got, np.float64).ravel()), np.sort(want.ravel()), rtol=1e-6)
+    # and the int8 result approximates the float one
+    np.testing.assert_allclose(np.asarray(got), float_out, rtol=0.05, atol=0.05 * np.abs(float_out).max())
+
+
+def test_integer_and_int8_dots_are_left_alone():
+    def f(a, b, c, d):
+        return a @ b, jax.lax.dot_general(c, d, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+
+    args = (jnp.ones((2, 3), jnp.int32), jnp.ones((3, 4), jnp.int32), jnp.ones((2, 3), jnp.int8), jnp.ones((3, 4), jnp.int8))
+    before = jax.make_jaxpr(f)(*args)
+    after = jax.make_jaxpr(int8ify(f))(*args)
+    assert str(before) == str(after)
+
+
+def test_bfloat16_scales_and_epilogue_in_float32():
+    lhs = jnp.ones((4, 8), jnp.bfloat16)
+    jaxpr = jax.make_jaxpr(int8ify(lambda a, b: a @ b))(lhs, lhs.T)
+    (dot,) = assert_all_dots_int8(jaxpr, expected_count=1)
+    assert jaxpr.out_avals[0].dtype == jnp.bfloat16
+    text = str(jaxpr)
+    assert "f32[4]" in text  # the scales
+    assert "mul" in text
+
+
+def test_preferred_float32_output_from_bf16_operands():
+    a = jnp.asarray(np.random.default_rng(2).normal(size=(4, 8)), jnp.bfloat16)
+    f = lambda a, b: jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)  # noqa: E731
+    out = int8ify(f)(a, a.T)
+    assert out.dtype == jnp.float32
+    want = reference_dot(np.asarray(a, np.float32), np.asarray(a, np.float32).T, (((1,), (0,)), ((), ())))
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6)
