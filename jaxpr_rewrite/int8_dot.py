@@ -12,7 +12,7 @@ float operands.
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -22,17 +22,35 @@ from jax.custom_derivatives import SymbolicZero
 from .quantize import MAX_INT32_SAFE_CONTRACTION, quantize
 
 
+class Scheme(NamedTuple):
+    """How scales are laid out (hashable: it is a static argument of the rewritten dot).
+
+    Attributes:
+        granularity: ``"per-channel"`` (the contract: one scale per index of the non-contracting dims) or
+            ``"per-tensor"`` (one scale per operand).
+        block_size: if set, per-channel scales are refined to one per block of this many elements along
+            the (flattened) contraction; int32 partial sums are scaled per block and summed in float32.
+    """
+
+    granularity: str = "per-channel"
+    block_size: int | None = None
+
+
+PER_CHANNEL = Scheme()
+
+
 def _free_axes(ndim: int, contracting: Sequence[int], batch: Sequence[int]) -> tuple[int, ...]:
     return tuple(a for a in range(ndim) if a not in contracting and a not in batch)
 
 
-def scale_to_output(scales, ndim: int, dimension_numbers, side: int, out_shape) -> jax.Array:
-    """Broadcast one operand's per-channel scales into the dot_general output layout.
+def scale_to_output(scales, kept_axes: Sequence[int], ndim: int, dimension_numbers, side: int, out_shape) -> jax.Array:
+    """Broadcast one operand's scales into the dot_general output layout.
 
     ``dot_general``'s output is ``(batch dims in dimension-number order, lhs free dims, rhs free dims)``.
 
     Arguments:
-        scales: float32 scales over the operand's non-contracting axes, in their original order.
+        scales: float32 scales over the operand axes ``kept_axes``, in that (ascending) order.
+        kept_axes: operand axes the scales run over; none of them contracting (``()`` for one scale).
         ndim: the operand's rank.
         dimension_numbers: the dot's ``((lhs_contract, rhs_contract), (lhs_batch, rhs_batch))``.
         side: 0 for the lhs, 1 for the rhs.
@@ -41,23 +59,51 @@ def scale_to_output(scales, ndim: int, dimension_numbers, side: int, out_shape) 
     Returns:
         ``scales`` broadcast to ``out_shape``.
     """
-    (contract, batch) = (dimension_numbers[0][side], dimension_numbers[1][side])
-    kept = [a for a in range(ndim) if a not in contract]
+    contract, batch = dimension_numbers[0][side], dimension_numbers[1][side]
     free = _free_axes(ndim, contract, batch)
     n_batch = len(batch)
-    if side == 0:
-        out_positions = {a: n_batch + i for i, a in enumerate(free)}
-    else:
-        n_lhs_free = len(out_shape) - n_batch - len(free)
-        out_positions = {a: n_batch + n_lhs_free + i for i, a in enumerate(free)}
+    offset = n_batch if side == 0 else len(out_shape) - len(free)
+    out_positions = {a: offset + i for i, a in enumerate(free)}
     out_positions.update({a: i for i, a in enumerate(batch)})
     # broadcast_in_dim needs increasing target positions: reorder the scale axes first when the batch
     # dims are not listed in ascending order.
-    order = sorted(range(len(kept)), key=lambda i: out_positions[kept[i]])
-    if order != list(range(len(kept))):
+    order = sorted(range(len(kept_axes)), key=lambda i: out_positions[kept_axes[i]])
+    if order != list(range(len(kept_axes))):
         scales = lax.transpose(scales, order)
-    targets = tuple(sorted(out_positions[a] for a in kept))
+    targets = tuple(sorted(out_positions[a] for a in kept_axes))
     return lax.broadcast_in_dim(scales, tuple(out_shape), targets)
+
+
+def _blocked(x, contract, batch, n_blocks: int, block: int):
+    """Move ``x`` to ``(batch..., free..., K)`` and cut the flattened contraction ``K`` into
+    ``(n_blocks, block)``, zero-padded at the end."""
+    free = _free_axes(x.ndim, contract, batch)
+    moved = lax.transpose(x, (*batch, *free, *contract))
+    lead = moved.shape[: len(batch) + len(free)]
+    contraction = int(np.prod(moved.shape[len(lead):], dtype=np.int64))
+    flat = lax.reshape(moved, (*lead, contraction))
+    pad = n_blocks * block - contraction
+    if pad:
+        flat = lax.pad(flat, lax.full((), 0, x.dtype), [(0, 0, 0)] * len(lead) + [(0, pad, 0)])
+    return lax.reshape(flat, (*lead, n_blocks, block))
+
+
+def _blocked_dimension_numbers(dimension_numbers, lhs_ndim: int, rhs_ndim: int):
+    """Dimension numbers of the dot between two :func:`_blocked` operands: the block index joins the
+    batch dims, the block's elements are contracted."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    n_batch = len(lb)
+    lhs_block_axis = n_batch + len(_free_axes(lhs_ndim, lc, lb))
+    rhs_block_axis = n_batch + len(_free_axes(rhs_ndim, rc, rb))
+    return (
+        ((lhs_block_axis + 1,), (rhs_block_axis + 1,)),
+        ((*range(n_batch), lhs_block_axis), (*range(n_batch), rhs_block_axis)),
+    )
+
+
+def contraction_size(shape, contracting: Sequence[int]) -> int:
+    """The number of products each output sums: the product of the contracting dims' sizes."""
+    return int(np.prod([shape[a] for a in contracting], dtype=np.int64))
 
 
 def _int32_dot(lhs_codes, rhs_codes, dimension_numbers):
@@ -71,44 +117,55 @@ def _int32_dot(lhs_codes, rhs_codes, dimension_numbers):
         float32 sums in the dot's output layout.
     """
     (lc, rc), (lb, rb) = dimension_numbers
-    contraction = int(np.prod([lhs_codes.shape[a] for a in lc], dtype=np.int64))
+    contraction = contraction_size(lhs_codes.shape, lc)
     if contraction <= MAX_INT32_SAFE_CONTRACTION:
         acc = lax.dot_general(lhs_codes, rhs_codes, dimension_numbers, preferred_element_type=np.int32)
         return lax.convert_element_type(acc, np.float32)
-    lhs_free = _free_axes(lhs_codes.ndim, lc, lb)
-    rhs_free = _free_axes(rhs_codes.ndim, rc, rb)
     n_chunks = -(-contraction // MAX_INT32_SAFE_CONTRACTION)
     chunk = -(-contraction // n_chunks)
-
-    def chunked(codes, batch, free, contract):
-        moved = lax.transpose(codes, (*batch, *free, *contract))
-        lead = moved.shape[: len(batch) + len(free)]
-        flat = lax.reshape(moved, (*lead, contraction))
-        padded = lax.pad(flat, np.int8(0), [(0, 0, 0)] * len(lead) + [(0, n_chunks * chunk - contraction, 0)])
-        return lax.reshape(padded, (*lead, n_chunks, chunk))
-
-    lhs3 = chunked(lhs_codes, lb, lhs_free, lc)
-    rhs3 = chunked(rhs_codes, rb, rhs_free, rc)
-    n_batch = len(lb)
-    lhs_chunk_axis, rhs_chunk_axis = n_batch + len(lhs_free), n_batch + len(rhs_free)
-    chunk_dims = (
-        ((lhs_chunk_axis + 1,), (rhs_chunk_axis + 1,)),
-        ((*range(n_batch), lhs_chunk_axis), (*range(n_batch), rhs_chunk_axis)),
+    lhs3 = _blocked(lhs_codes, lc, lb, n_chunks, chunk)
+    rhs3 = _blocked(rhs_codes, rc, rb, n_chunks, chunk)
+    acc = lax.dot_general(
+        lhs3, rhs3, _blocked_dimension_numbers(dimension_numbers, lhs_codes.ndim, rhs_codes.ndim),
+        preferred_element_type=np.int32,
     )
-    acc = lax.dot_general(lhs3, rhs3, chunk_dims, preferred_element_type=np.int32)
     # acc is (batch..., chunk, lhs free..., rhs free...): sum the chunks in float32.
-    return lax.reduce_sum(lax.convert_element_type(acc, np.float32), (n_batch,))
+    return lax.reduce_sum(lax.convert_element_type(acc, np.float32), (len(lb),))
 
 
-def int8_dot_general_impl(lhs, rhs, dimension_numbers, out_dtype):
+def _block_scaled_dot(lhs, rhs, dimension_numbers, block_size: int):
+    """Sub-channel scaling: one scale per operand channel and block of ``block_size`` along the contraction."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    n_blocks = -(-contraction_size(lhs.shape, lc) // block_size)
+    lhs3 = _blocked(lhs, lc, lb, n_blocks, block_size)
+    rhs3 = _blocked(rhs, rc, rb, n_blocks, block_size)
+    dims3 = _blocked_dimension_numbers(dimension_numbers, lhs.ndim, rhs.ndim)
+    lhs_q, rhs_q = quantize(lhs3, (lhs3.ndim - 1,)), quantize(rhs3, (rhs3.ndim - 1,))
+    acc = lax.convert_element_type(
+        lax.dot_general(lhs_q.codes, rhs_q.codes, dims3, preferred_element_type=np.int32), np.float32
+    )
+    lhs_scale = scale_to_output(lhs_q.scales, tuple(range(lhs3.ndim - 1)), lhs3.ndim, dims3, 0, acc.shape)
+    rhs_scale = scale_to_output(rhs_q.scales, tuple(range(rhs3.ndim - 1)), rhs3.ndim, dims3, 1, acc.shape)
+    # acc is (batch..., block, lhs free..., rhs free...): scale each block's partial sums, then add them.
+    return lax.reduce_sum(lax.mul(lax.mul(acc, lhs_scale), rhs_scale), (len(lb),))
+
+
+def int8_dot_general_impl(lhs, rhs, dimension_numbers, out_dtype, scheme: Scheme = PER_CHANNEL):
     """The int8 program for one ``dot_general`` (no gradient rule; see :func:`int8_dot_general`)."""
     (lc, rc), _ = dimension_numbers
-    lhs_q = quantize(lhs, lc)
-    rhs_q = quantize(rhs, rc)
-    acc = _int32_dot(lhs_q.codes, rhs_q.codes, dimension_numbers)
-    lhs_scale = scale_to_output(lhs_q.scales, lhs.ndim, dimension_numbers, 0, acc.shape)
-    rhs_scale = scale_to_output(rhs_q.scales, rhs.ndim, dimension_numbers, 1, acc.shape)
-    out = lax.mul(lax.mul(acc, lhs_scale), rhs_scale)
+    if scheme.block_size is not None:
+        out = _block_scaled_dot(lhs, rhs, dimension_numbers, scheme.block_size)
+    else:
+        per_tensor = scheme.granularity == "per-tensor"
+        lhs_reduce = tuple(range(lhs.ndim)) if per_tensor else lc
+        rhs_reduce = tuple(range(rhs.ndim)) if per_tensor else rc
+        lhs_q, rhs_q = quantize(lhs, lhs_reduce), quantize(rhs, rhs_reduce)
+        acc = _int32_dot(lhs_q.codes, rhs_q.codes, dimension_numbers)
+        lhs_kept = tuple(a for a in range(lhs.ndim) if a not in lhs_reduce)
+        rhs_kept = tuple(a for a in range(rhs.ndim) if a not in rhs_reduce)
+        lhs_scale = scale_to_output(lhs_q.scales, lhs_kept, lhs.ndim, dimension_numbers, 0, acc.shape)
+        rhs_scale = scale_to_output(rhs_q.scales, rhs_kept, rhs.ndim, dimension_numbers, 1, acc.shape)
+        out = lax.mul(lax.mul(acc, lhs_scale), rhs_scale)
     return out if out.dtype == out_dtype else lax.convert_element_type(out, out_dtype)
 
 
@@ -116,8 +173,8 @@ def _float_params(params: tuple) -> dict:
     return dict(params)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
-def int8_dot_general(lhs, rhs, float_params: tuple, out_dtype):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
+def int8_dot_general(lhs, rhs, float_params: tuple, out_dtype, scheme: Scheme = PER_CHANNEL):
     """One float ``dot_general`` computed in int8, with a straight-through gradient.
 
     Arguments:
@@ -126,17 +183,18 @@ def int8_dot_general(lhs, rhs, float_params: tuple, out_dtype):
             ``dimension_numbers`` drive the int8 dot, and all of them are reused verbatim for the float
             dots of the JVP.
         out_dtype: the dot's output dtype.
+        scheme: the scale layout (:class:`Scheme`); the contract's per-channel scales by default.
 
     Returns:
         The dot's value in ``out_dtype``, computed as ``int32_sum * lhs_scale * rhs_scale``.
     """
-    return int8_dot_general_impl(lhs, rhs, _float_params(float_params)["dimension_numbers"], out_dtype)
+    return int8_dot_general_impl(lhs, rhs, _float_params(float_params)["dimension_numbers"], out_dtype, scheme)
 
 
-def _straight_through_jvp(float_params, out_dtype, primals, tangents):
+def _straight_through_jvp(float_params, out_dtype, scheme, primals, tangents):
     lhs, rhs = primals
     lhs_dot, rhs_dot = tangents
-    out = int8_dot_general(lhs, rhs, float_params, out_dtype)
+    out = int8_dot_general(lhs, rhs, float_params, out_dtype, scheme)
     params = _float_params(float_params)
     terms = []
     if type(lhs_dot) is not SymbolicZero:

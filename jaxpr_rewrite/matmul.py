@@ -35,7 +35,7 @@ def int8_matmul(x, w) -> dict:
     w_q = quantize(w, (0,))
     acc = _int32_dot(x_q.codes, w_q.codes, _MATMUL_DIMS)
     y = lax.mul(
-        lax.mul(acc, scale_to_output(x_q.scales, 2, _MATMUL_DIMS, 0, acc.shape)),
-        scale_to_output(w_q.scales, 2, _MATMUL_DIMS, 1, acc.shape),
+        lax.mul(acc, scale_to_output(x_q.scales, (0,), 2, _MATMUL_DIMS, 0, acc.shape)),
+        scale_to_output(w_q.scales, (1,), 2, _MATMUL_DIMS, 1, acc.shape),
     )
     return {"w_q": w_q.codes, "w_scales": w_q.scales, "x_q": x_q.codes, "x_scales": x_q.scales, "y": y}

@@ -14,7 +14,9 @@ left in float silently.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fnmatch
 from typing import Callable, Sequence
 
 import jax.extend  # noqa: F401  (makes jax.extend.core importable)
@@ -26,12 +28,63 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, Var, jaxprs_in_params
 
 from . import _compat
 from .errors import Int8ifyError, describe_operands, describe_source
-from .int8_dot import int8_dot_general
+from .int8_dot import Scheme, contraction_size, int8_dot_general
+from .quantize import MAX_INT32_SAFE_CONTRACTION
+
+
+GRANULARITIES = ("per-channel", "per-tensor")
+
+# Backends a float dot can be rewritten to: name -> fn(lhs, rhs, float_params, out_dtype, config).
+dot_backends: dict[str, Callable] = {}
 
 
 @dataclasses.dataclass(frozen=True)
 class RewriteConfig:
-    """What the rewrite does; part of the cache key of every rewritten program. No options yet."""
+    """The options of :func:`int8ify`; hashable, part of the cache key of every rewritten program.
+
+    Attributes:
+        skip: name-scope patterns (``fnmatch`` syntax, e.g. ``"*attention*"``); a dot whose scope
+            (``jax.named_scope`` / module path, nested scopes joined by ``/``) matches one stays float.
+        skip_if: a predicate on the ``dot_general`` equation; the dots it returns true for stay float.
+        min_contracting_size: dots that sum fewer products than this stay float (tiny dots cost more to
+            quantize than they save).
+        granularity: ``"per-channel"`` (the contract) or ``"per-tensor"``.
+        block_size: one scale per block of this many elements along the contraction (sub-channel).
+        backend: what a float dot becomes: ``"int8"`` (the contract), or a registered backend.
+    """
+
+    skip: tuple[str, ...] = ()
+    skip_if: Callable | None = None
+    min_contracting_size: int = 0
+    granularity: str = "per-channel"
+    block_size: int | None = None
+    backend: str = "int8"
+
+    def __post_init__(self):
+        skip = (self.skip,) if isinstance(self.skip, str) else tuple(self.skip)
+        if not all(isinstance(p, str) for p in skip):
+            raise Int8ifyError(f"skip must be name-scope patterns (strings), got {self.skip!r}")
+        object.__setattr__(self, "skip", skip)
+        if self.skip_if is not None and not callable(self.skip_if):
+            raise Int8ifyError(f"skip_if must be a predicate on the dot_general equation, got {self.skip_if!r}")
+        if not isinstance(self.min_contracting_size, (int, np.integer)) or self.min_contracting_size < 0:
+            raise Int8ifyError(f"min_contracting_size must be a non-negative int, got {self.min_contracting_size!r}")
+        if self.granularity not in GRANULARITIES:
+            raise Int8ifyError(f"granularity must be one of {GRANULARITIES}, got {self.granularity!r}")
+        if self.block_size is not None:
+            if not isinstance(self.block_size, (int, np.integer)) or not 1 <= self.block_size <= MAX_INT32_SAFE_CONTRACTION:
+                raise Int8ifyError(
+                    f"block_size must be an int in [1, {MAX_INT32_SAFE_CONTRACTION}] (int32 partial sums of a "
+                    f"block must not overflow), got {self.block_size!r}"
+                )
+            if self.granularity != "per-channel":
+                raise Int8ifyError("block_size refines per-channel scales; it cannot be combined with per-tensor")
+        if self.backend not in dot_backends:
+            raise Int8ifyError(f"backend must be one of {sorted(dot_backends)}, got {self.backend!r}")
+
+    @property
+    def scheme(self) -> Scheme:
+        return Scheme(self.granularity, None if self.block_size is None else int(self.block_size))
 
 
 def _is_float(dtype) -> bool:
@@ -44,6 +97,31 @@ def is_float_dot(eqn) -> bool:
     return eqn.primitive is lax.dot_general_p and any(_is_float(v.aval.dtype) for v in eqn.invars)
 
 
+def join_scope(outer: str, inner) -> str:
+    inner = str(inner)
+    return f"{outer}/{inner}" if outer and inner else outer or inner
+
+
+def skip_reason(eqn, config: RewriteConfig, scope: str) -> str | None:
+    """Why the float dot ``eqn`` stays float under ``config``, or ``None`` when it is rewritten.
+
+    Arguments:
+        eqn: a float ``dot_general`` equation.
+        config: the rewrite options.
+        scope: the dot's full name scope (enclosing scopes included).
+    """
+    for pattern in config.skip:
+        if fnmatch.fnmatchcase(scope, pattern):
+            return f"name scope {scope!r} matches skip pattern {pattern!r}"
+    if config.skip_if is not None and config.skip_if(eqn):
+        return "skip_if returned True"
+    (lc, _), _ = eqn.params["dimension_numbers"]
+    size = contraction_size(eqn.invars[0].aval.shape, lc)
+    if size < config.min_contracting_size:
+        return f"contraction of {size} < min_contracting_size={config.min_contracting_size}"
+    return None
+
+
 def _bind(primitive, invals, params):
     out = primitive.bind(*invals, **primitive.get_bind_params(params))
     return out if primitive.multiple_results else [out]
@@ -51,8 +129,6 @@ def _bind(primitive, invals, params):
 
 def _equation_context(eqn):
     """New equations inherit ``eqn``'s source line, name scope and context, as in ``jax.core.eval_jaxpr``."""
-    import contextlib
-
     stack = contextlib.ExitStack()
     name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
     stack.enter_context(source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack))
@@ -67,10 +143,27 @@ class Rewriter:
     once, and the rewritten equations keep sharing one jaxpr, as the originals did.
     """
 
-    def __init__(self, config: RewriteConfig):
+    def __init__(self, config: RewriteConfig, on_dot: Callable | None = None):
+        """
+        Arguments:
+            config: the rewrite options.
+            on_dot: called as ``on_dot(eqn, scope, reason)`` for every float dot met, ``reason`` being
+                ``None`` for a rewritten dot and why it stays float otherwise (the report builds on it).
+        """
         self.config = config
+        self.on_dot = on_dot
+        self.scope = ""
         self._rewritten: dict[int, tuple[object, object]] = {}
         self._has_float_dot: dict[int, tuple[object, bool]] = {}
+
+    @contextlib.contextmanager
+    def within(self, scope: str):
+        """Rewrite sub-jaxprs as nested in name scope ``scope``."""
+        outer, self.scope = self.scope, scope
+        try:
+            yield
+        finally:
+            self.scope = outer
 
     # -- analysis ---------------------------------------------------------------------------------------
     def has_float_dot(self, jaxpr: Jaxpr) -> bool:
@@ -104,7 +197,7 @@ class Rewriter:
         jaxpr = closed_jaxpr.jaxpr
         if not self.has_float_dot(jaxpr):
             return closed_jaxpr
-        key = id(closed_jaxpr)
+        key = (id(closed_jaxpr), self.scope)
         cached = self._rewritten.get(key)
         if cached is not None and cached[0] is closed_jaxpr and keep_float_from is None:
             return cached[1]
@@ -175,7 +268,14 @@ class Rewriter:
                 if on_tangent or not self.needs_rewrite(eqn):
                     outs = _bind(eqn.primitive, invals, eqn.params)
                 elif eqn.primitive is lax.dot_general_p:
-                    outs = [rewrite_dot(eqn, invals, self)]
+                    scope = join_scope(self.scope, eqn.source_info.name_stack)
+                    reason = skip_reason(eqn, self.config, scope)
+                    if self.on_dot is not None:
+                        self.on_dot(eqn, scope, reason)
+                    if reason is None:
+                        outs = [rewrite_dot(eqn, invals, self.config)]
+                    else:
+                        outs = _bind(eqn.primitive, invals, eqn.params)
                 else:
                     rule = higher_order_rules.get(eqn.primitive.name)
                     if rule is None:
@@ -184,15 +284,18 @@ class Rewriter:
                             "dot_general in a sub-jaxpr, and int8ify has no rule for it; leaving that dot in "
                             "float would break the int8 contract. Move the matmul out of it, or report it."
                         )
-                    outs = _bind(eqn.primitive, invals, rule(self, eqn.params))
+                    with self.within(join_scope(self.scope, eqn.source_info.name_stack)):
+                        new_params = rule(self, eqn.params)
+                    outs = _bind(eqn.primitive, invals, new_params)
             if on_tangent:
                 tangent_vars.update(eqn.outvars)
             env.update(zip(eqn.outvars, outs))
         return [read(v) for v in jaxpr.outvars]
 
 
-def rewrite_dot(eqn, invals, rewriter: Rewriter):
-    """The rule for one float ``dot_general`` equation: the int8 contract with a straight-through gradient."""
+def rewrite_dot(eqn, invals, config: RewriteConfig):
+    """The rule for one float ``dot_general`` equation: the configured backend (the int8 contract by
+    default), with a straight-through gradient."""
     lhs, rhs = invals
     for v in eqn.invars:
         if jnp.issubdtype(v.aval.dtype, jnp.complexfloating):
@@ -203,7 +306,14 @@ def rewrite_dot(eqn, invals, rewriter: Rewriter):
     lhs = lhs if _is_float(eqn.invars[0].aval.dtype) else lax.convert_element_type(lhs, np.float32)
     rhs = rhs if _is_float(eqn.invars[1].aval.dtype) else lax.convert_element_type(rhs, np.float32)
     float_params = tuple(sorted(eqn.params.items()))
-    return int8_dot_general(lhs, rhs, float_params, eqn.outvars[0].aval.dtype)
+    return dot_backends[config.backend](lhs, rhs, float_params, eqn.outvars[0].aval.dtype, config)
+
+
+def _int8_backend(lhs, rhs, float_params, out_dtype, config: RewriteConfig):
+    return int8_dot_general(lhs, rhs, float_params, out_dtype, config.scheme)
+
+
+dot_backends["int8"] = _int8_backend
 
 
 # -- higher-order primitives ------------------------------------------------------------------------------
@@ -255,9 +365,12 @@ def _custom_jvp_rule(rewriter: Rewriter, params: dict) -> dict:
     new_params["call_jaxpr"] = rewriter.closed(call_jaxpr)
     n_primals = len(call_jaxpr.in_avals) - params["num_consts"]
 
+    scope = rewriter.scope
+
     def rewrite_jvp(result):
         jvp_jaxpr, jvp_consts, *rest = result
-        new = rewriter.closed(ClosedJaxpr(jvp_jaxpr, jvp_consts), keep_float_from=n_primals)
+        with rewriter.within(scope):
+            new = rewriter.closed(ClosedJaxpr(jvp_jaxpr, jvp_consts), keep_float_from=n_primals)
         return (new.jaxpr, new.consts, *rest)
 
     new_params["jvp_jaxpr_fun"] = _compat.wrap_jaxpr_thunk(params["jvp_jaxpr_fun"], rewrite_jvp)
@@ -272,9 +385,12 @@ def _custom_vjp_rule(rewriter: Rewriter, params: dict) -> dict:
     new_params = dict(params)
     new_params["call_jaxpr"] = rewriter.closed(params["call_jaxpr"])
 
+    scope = rewriter.scope
+
     def rewrite_fwd(result):
         fwd_jaxpr, fwd_consts, *rest = result
-        new = rewriter.closed(ClosedJaxpr(fwd_jaxpr, fwd_consts))
+        with rewriter.within(scope):
+            new = rewriter.closed(ClosedJaxpr(fwd_jaxpr, fwd_consts))
         return (new.jaxpr, new.consts, *rest)
 
     new_params["fwd_jaxpr_thunk"] = _compat.wrap_jaxpr_thunk(params["fwd_jaxpr_thunk"], rewrite_fwd)
