@@ -1,0 +1,52 @@
+"""flake8 glue: the ``JX`` tree plugin and its ``--jx-traced-decorators`` option."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, List, Sequence, Tuple, Type
+
+from .engine import lint_source
+
+__all__ = ["Int8Checker"]
+
+__version__ = "0.1.0"
+
+
+class Int8Checker:
+    """flake8 entry point ``JX = lint_plugin.plugin:Int8Checker``.
+
+    flake8 only runs a plugin as a tree plugin when ``__init__`` takes ``tree``; the rules work on
+    a libcst module built from ``lines`` (``tree`` is unused: the libcst tree carries the
+    parentheses and comments the position mapping needs).
+    """
+
+    name = "int8ify-lint"
+    version = __version__
+    traced_decorators: Tuple[str, ...] = ()
+
+    def __init__(self, tree: Any, lines: Sequence[str], filename: str) -> None:
+        self.tree = tree
+        self.lines = lines
+        self.filename = filename
+
+    @classmethod
+    def add_options(cls, option_manager: Any) -> None:
+        option_manager.add_option(
+            "--jx-traced-decorators",
+            default="",
+            parse_from_config=True,
+            comma_separated_list=True,
+            help="Comma-separated decorators (dotted names as imported, e.g. mylib.traced) whose "
+                 "functions the JX rules treat as traced code, like @jax.jit. (Default: none)",
+        )
+
+    @classmethod
+    def parse_options(cls, options: Any) -> None:
+        value = getattr(options, "jx_traced_decorators", ()) or ()
+        if isinstance(value, str):
+            value = value.split(",")
+        cls.traced_decorators = tuple(v.strip() for v in value if v and v.strip())
+
+    def run(self) -> Iterator[Tuple[int, int, str, Type["Int8Checker"]]]:
+        source = "".join(self.lines)
+        for v in lint_source(source, self.traced_decorators, filename=self.filename):
+            yield v.line, v.col, v.message, type(self)

@@ -1,0 +1,218 @@
+"""JX20x: Python control flow and conversions that need a concrete value."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ..aliases import dotted_name
+from ..dataflow import FunctionWalk
+from ..kinds import is_traced
+from ..names import NUMPY_OK_FUNCS
+from ._base import TRACED, Rule
+
+__all__ = ["TracedCondition", "Concretization"]
+
+
+class TracedCondition(Rule):
+    code = "JX201"
+    name = "traced-condition"
+    scope = TRACED
+    message = ("Python `{construct}` on a traced value (TracerBoolConversionError under jit); {fix}")
+    VALID = [
+        """
+        import jax
+
+        @jax.jit
+        def f(x, mask=None):
+            if x.shape[0] > 1 and x.ndim == 2:
+                x = x * 2
+            if mask is not None:
+                x = x * mask
+            for i in range(3):
+                if i == 0:
+                    x = x + 1
+            return x
+        """,
+        """
+        from functools import partial
+        import jax
+
+        @partial(jax.jit, static_argnames=("training",))
+        def f(x, training):
+            return x * 0.5 if training else x
+        """,
+        """
+        import flax.linen as nn
+
+        class Block(nn.Module):
+            use_bias: bool = True
+
+            @nn.compact
+            def __call__(self, x, deterministic: bool = False):
+                if self.use_bias:
+                    x = x + 1
+                if not deterministic:
+                    x = x * 2
+                return x
+        """,
+    ]
+    INVALID = [
+        """
+        import jax, jax.numpy as jnp
+
+        @jax.jit
+        def f(x):
+            if jnp.all(x == 0):
+                return x
+            return x / jnp.abs(x).max()
+        """,
+        """
+        import jax
+
+        @jax.jit
+        def f(x):
+            s = x.max()
+            return x / s if s > 0 else x
+        """,
+        """
+        import jax
+
+        def body(i, x):
+            while x.sum() > 0:
+                x = x - 1
+            return x
+
+        def run(x):
+            return jax.lax.fori_loop(0, 3, body, x)
+        """,
+        """
+        import jax
+
+        @jax.jit
+        def f(x, y):
+            assert (x > 0).all()
+            return x or y
+        """,
+    ]
+
+    _FIX = {
+        "if": "use jnp.where or lax.cond",
+        "elif": "use jnp.where or lax.cond",
+        "while": "use lax.while_loop or lax.fori_loop",
+        "ternary": "use jnp.where or lax.cond",
+        "assert": "use jax.experimental.checkify or check outside the traced function",
+        "and": "use jnp.logical_and (or `&`)",
+        "or": "use jnp.logical_or (or `|`)",
+        "not": "use jnp.logical_not (or `~`)",
+    }
+
+    def _flag(self, walk: FunctionWalk, node: cst.CSTNode, construct: str) -> None:
+        self.report(walk, node, construct=construct, fix=self._FIX[construct])
+
+    def visit_If(self, node: cst.If, walk: FunctionWalk) -> None:
+        if is_traced(walk.kind(node.test)):
+            self._flag(walk, node, "if")
+
+    def visit_While(self, node: cst.While, walk: FunctionWalk) -> None:
+        if is_traced(walk.kind(node.test)):
+            self._flag(walk, node, "while")
+
+    def visit_Assert(self, node: cst.Assert, walk: FunctionWalk) -> None:
+        if is_traced(walk.kind(node.test)):
+            self._flag(walk, node, "assert")
+
+    def visit_IfExp(self, node: cst.IfExp, walk: FunctionWalk) -> None:
+        if is_traced(walk.kind(node.test)):
+            self._flag(walk, node.test, "ternary")
+
+    def visit_BooleanOperation(self, node: cst.BooleanOperation, walk: FunctionWalk) -> None:
+        if walk.in_test(node):
+            return  # the enclosing if/while/assert/ternary is reported
+        if is_traced(walk.kind(node.left)):
+            self._flag(walk, node, "and" if isinstance(node.operator, cst.And) else "or")
+
+    def visit_UnaryOperation(self, node: cst.UnaryOperation, walk: FunctionWalk) -> None:
+        if isinstance(node.operator, cst.Not) and not walk.in_test(node) \
+                and is_traced(walk.kind(node.expression)):
+            self._flag(walk, node, "not")
+
+
+_CONVERTERS = ("bool", "int", "float", "complex")
+
+
+class Concretization(Rule):
+    code = "JX202"
+    name = "concretization"
+    scope = TRACED
+    message = ("`{call}` on a traced value needs a concrete Python value (ConcretizationTypeError "
+               "under jit); {fix}")
+    VALID = [
+        """
+        import jax
+        import numpy as np
+
+        @jax.jit
+        def f(x):
+            n = int(x.shape[0])
+            d = np.prod(x.shape)
+            return x.reshape(n, -1) / float(d)
+        """,
+        """
+        import jax.numpy as np
+
+        def f(x):
+            return float(x.sum())
+        """,
+    ]
+    INVALID = [
+        """
+        import jax
+
+        @jax.jit
+        def f(x):
+            return x * float(x.max())
+        """,
+        """
+        import jax
+        import numpy as onp
+
+        @jax.jit
+        def f(x):
+            y = onp.asarray(x)
+            return y
+        """,
+        """
+        import jax
+
+        @jax.grad
+        def f(x):
+            print(x.item())
+            return x.sum()
+        """,
+    ]
+
+    def visit_Call(self, node: cst.Call, walk: FunctionWalk) -> None:
+        func = node.func
+        if isinstance(func, cst.Name):
+            if func.value in _CONVERTERS and len(node.args) == 1 and walk.is_builtin(func, func.value) \
+                    and is_traced(walk.kind(node.args[0].value)):
+                self.report(walk, node, call=f"{func.value}()",
+                            fix="keep it an array (jnp.where / lax.cond for branches, .astype for dtypes)")
+            return
+        if isinstance(func, cst.Attribute) and func.attr.value in ("item", "tolist") and not node.args \
+                and is_traced(walk.kind(func.value)):
+            self.report(walk, node, call=f".{func.attr.value}()",
+                        fix="keep it an array and return it from the traced function")
+            return
+        q = walk.qualname(func)
+        if q is None:
+            return
+        if q.startswith(("numpy.", "math.")):
+            last = q.rpartition(".")[2]
+            if last in NUMPY_OK_FUNCS:
+                return
+            if any(is_traced(walk.kind(a.value)) for a in node.args):
+                raw = dotted_name(func) or q
+                fix = ("use the jax.numpy equivalent" if q.startswith("numpy.")
+                       else "use the jax.numpy equivalent of this math function")
+                self.report(walk, node, call=f"{raw}()", fix=fix)
