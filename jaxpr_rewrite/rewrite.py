@@ -93,8 +93,9 @@ def _is_float(dtype) -> bool:
 
 
 def is_float_dot(eqn) -> bool:
-    """Whether ``eqn`` is a ``dot_general`` with a floating operand (the ones the rewrite replaces)."""
-    return eqn.primitive is lax.dot_general_p and any(_is_float(v.aval.dtype) for v in eqn.invars)
+    """Whether ``eqn`` is a ``dot_general`` with a floating (or complex) operand: the ones the rewrite
+    replaces, or rejects when it cannot (complex)."""
+    return eqn.primitive is lax.dot_general_p and any(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in eqn.invars)
 
 
 def join_scope(outer: str, inner) -> str:

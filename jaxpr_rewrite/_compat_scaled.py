@@ -1,0 +1,62 @@
+"""The one place that touches JAX internals (``jax._src``) for ``jax.nn.scaled_matmul``.
+
+Tested against JAX 0.10.2. Meant to be merged into :mod:`jaxpr_rewrite._compat`.
+
+What needs internals, and why:
+
+* ``scaled_matmul_primitive``: ``jax.nn.scaled_matmul`` stages a ``jit`` around the ``scaled_matmul_wrapper``
+  primitive, which lowers (through ``custom_partitioning``) to the ``scaled_matmul`` primitive of
+  ``jax._src.cudnn.scaled_matmul_stablehlo``. JAX gives that primitive lowering rules for ``cuda`` (the
+  cuDNN ``__op$block_scaled_dot`` custom call) and ``rocm`` only; on CPU lowering fails with "MLIR
+  translation rule for primitive 'scaled_matmul' not found for platform cpu".
+* ``has_lowering``: whether JAX already has a rule for a primitive on a platform, so that the emulation is
+  registered only where JAX has none (never replacing JAX's own cuda/rocm rules).
+
+:func:`register_emulated_lowering` is called at import of :mod:`jaxpr_rewrite.scaled_matmul`; it is
+idempotent.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from jax.interpreters import mlir
+from jax._src import xla_bridge as _xb
+from jax._src.cudnn import scaled_matmul_stablehlo as _scaled_matmul_stablehlo
+from jax._src.interpreters import mlir as _mlir
+
+# Platforms on which the emulation may be registered when JAX has no rule there.
+EMULATED_PLATFORMS = ("cpu", "tpu")
+
+
+def scaled_matmul_primitive():
+    """The ``scaled_matmul`` primitive (``multiple_results=True``; params: ``preferred_element_type``)
+    that ``jax.nn.scaled_matmul`` finally lowers to."""
+    return _scaled_matmul_stablehlo._scaled_matmul_p
+
+
+def has_lowering(primitive, platform: str) -> bool:
+    """Whether ``primitive`` has a lowering rule on ``platform`` (a platform-specific or a common one)."""
+    return primitive in _mlir._platform_specific_lowerings.get(platform, {}) or primitive in _mlir._lowerings
+
+
+def register_emulated_lowering(emulation: Callable, platforms=EMULATED_PLATFORMS) -> tuple[str, ...]:
+    """Give the ``scaled_matmul`` primitive the lowering ``mlir.lower_fun(emulation)`` on each platform of
+    ``platforms`` that JAX knows and has no rule for.
+
+    Arguments:
+        emulation: ``fn(a, b, a_scales, b_scales, *, preferred_element_type) -> [out]`` computing the
+            documented math from the quantized operands.
+        platforms: candidate platforms.
+
+    Returns:
+        The platforms registered by this call (empty when called again: registering is idempotent).
+    """
+    primitive = scaled_matmul_primitive()
+    done = []
+    for platform in platforms:
+        if not _xb.is_known_platform(platform) or has_lowering(primitive, platform):
+            continue
+        mlir.register_lowering(primitive, mlir.lower_fun(emulation, multiple_results=True), platform=platform)
+        done.append(platform)
+    return tuple(done)

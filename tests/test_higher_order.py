@@ -1,0 +1,196 @@
+"""Dots nested in higher-order primitives are rewritten, and every other param of those primitives kept."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from helpers import assert_all_dots_int8, away_from_ties, dot_eqns, iter_eqns, reference_dot
+from jaxpr_rewrite import Int8ifyError, int8ify
+
+MATMUL = (((1,), (0,)), ((), ()))
+rng = np.random.default_rng(0)
+X = away_from_ties(rng.normal(size=(4, 8)), (1,))
+W = away_from_ties(rng.normal(size=(8, 8)), (0,))
+WANT = reference_dot(X, W, MATMUL)
+
+
+def run_and_check(f, expected_dots=None, want=WANT):
+    """f(x, w) computes x @ w through some higher-order primitive: only int8 dots, reference numbers."""
+    rewritten = int8ify(f)
+    assert_all_dots_int8(jax.make_jaxpr(rewritten)(X, W), expected_dots)
+    got = jax.jit(rewritten)(X, W)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-6)
+    return rewritten
+
+
+def test_nested_jit_keeps_params():
+    inner = jax.jit(lambda x, w: x @ w, donate_argnums=(0,), inline=False, keep_unused=True)
+    rewritten = run_and_check(lambda x, w: inner(x, w), expected_dots=1)
+    before = [e for e in jax.make_jaxpr(lambda x, w: inner(x, w))(X, W).eqns if e.primitive.name == "jit"][0]
+    after = [e for e in jax.make_jaxpr(rewritten)(X, W).eqns if e.primitive.name == "jit"][0]
+    for name, value in before.params.items():
+        if name != "jaxpr":
+            assert after.params[name] == value, name
+    assert after.params["name"] == "<lambda>"
+    assert after.params["donated_invars"] == (True, False)
+
+
+def test_shared_subjaxpr_is_rewritten_once():
+    layer = jax.jit(lambda x, w: x @ w)
+
+    def f(x, w):
+        return layer(layer(x, w), w)
+
+    jaxpr = jax.make_jaxpr(int8ify(f))(X, W)
+    inner = [e.params["jaxpr"] for e in jaxpr.eqns if e.primitive.name == "jit"]
+    assert len(inner) == 2 and inner[0] is inner[1]
+
+
+def test_scan():
+    def f(x, w):
+        def body(carry, _):
+            return carry, carry @ w
+
+        return lax.scan(body, x, None, length=3)[1][1]
+
+    run_and_check(f, expected_dots=1)
+
+
+def test_while_loop():
+    def f(x, w):
+        def body(state):
+            i, acc = state
+            return i + 1, acc + x @ w
+
+        return lax.while_loop(lambda s: s[0] < 2, body, (0, jnp.zeros((4, 8))))[1] / 2
+
+    run_and_check(f, expected_dots=1)
+
+
+def test_cond_and_switch():
+    def f(x, w):
+        a = lax.cond(x[0, 0] > -100, lambda: x @ w, lambda: jnp.zeros((4, 8)))
+        b = lax.switch(1, [lambda: jnp.ones((4, 8)), lambda: x @ w, lambda: (x * 2) @ w / 2])
+        return (a + b) / 2
+
+    run_and_check(f, expected_dots=3)
+
+
+def test_checkpoint_keeps_policy_and_flags():
+    policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+
+    def f(x, w):
+        return jax.checkpoint(lambda x: x @ w, policy=policy, prevent_cse=False)(x)
+
+    rewritten = run_and_check(f, expected_dots=1)
+    (remat,) = [e for e in jax.make_jaxpr(rewritten)(X, W).eqns if e.primitive.name in ("remat2", "checkpoint")]
+    assert remat.params["policy"] is policy
+    assert remat.params["prevent_cse"] is False
+    assert remat.params["differentiated"] is False
+    # and under grad (differentiated=True inside)
+    g = jax.grad(lambda w: int8ify(f)(X, w).sum())(W)
+    np.testing.assert_allclose(g, jax.grad(lambda w: f(X, w).sum())(W), rtol=1e-5)
+
+
+def test_custom_jvp_user_rule():
+    @jax.custom_jvp
+    def layer(x, w):
+        return jnp.tanh(x @ w)
+
+    @layer.defjvp
+    def layer_jvp(primals, tangents):
+        x, w = primals
+        dx, dw = tangents
+        y = layer(x, w)
+        return y, (1 - y**2) * (dx @ w + x @ dw)
+
+    rewritten = int8ify(layer)
+    assert_all_dots_int8(jax.make_jaxpr(rewritten)(X, W), 1)
+    np.testing.assert_allclose(rewritten(X, W), np.tanh(WANT), rtol=1e-6)
+    # under differentiation the forward pass is still int8 (the jvp rule's primal is rewritten) ...
+    value, grad = jax.value_and_grad(lambda w: rewritten(X, w).sum())(W)
+    np.testing.assert_allclose(value, np.tanh(WANT).sum(), rtol=1e-5)
+    # ... and the user's rule gives the tangent, with its tangent dots in float
+    y = np.tanh(WANT)
+    np.testing.assert_allclose(grad, X.T @ (1 - y**2), rtol=1e-5, atol=1e-5)
+
+
+def test_custom_vjp_user_rule():
+    @jax.custom_vjp
+    def layer(x, w):
+        return x @ w
+
+    def fwd(x, w):
+        return x @ w, (x, w)
+
+    def bwd(res, g):
+        x, w = res
+        return g @ w.T, x.T @ g
+
+    layer.defvjp(fwd, bwd)
+    rewritten = int8ify(layer)
+    assert_all_dots_int8(jax.make_jaxpr(rewritten)(X, W), 1)
+    np.testing.assert_allclose(rewritten(X, W), WANT, rtol=1e-6)
+    value, grad = jax.value_and_grad(lambda w: rewritten(X, w).sum())(W)
+    np.testing.assert_allclose(value, WANT.sum(), rtol=1e-5)
+    np.testing.assert_allclose(grad, X.T @ np.ones((4, 8)), rtol=1e-5)
+    # the forward pass under grad runs int8: its jaxpr holds only int8 dots before the transpose
+    fwd_jaxpr = jax.make_jaxpr(lambda w: jax.vjp(lambda w: rewritten(X, w), w)[0])(W)
+    assert_all_dots_int8(fwd_jaxpr, 1)
+
+
+def test_vmap_of_scan():
+    def f(x, w):
+        return jax.vmap(lambda row: lax.scan(lambda c, _: (c, c @ w), row, None, length=1)[1][0])(x)
+
+    run_and_check(f, expected_dots=1, want=_per_row_reference())
+
+
+def _per_row_reference():
+    # vmap over rows of x of a vector-matrix product: each row is its own "batch" with its own scale,
+    # which is also what the per-row scale of the 2-D contract gives.
+    return WANT
+
+
+def test_unknown_higher_order_primitive_with_float_dot_is_an_error():
+    from jax.extend.core import Primitive
+
+    from jaxpr_rewrite.rewrite import higher_order_rules
+
+    # Pretend a primitive we do not know: hide the 'scan' rule for this test.
+    rule = higher_order_rules.pop("scan")
+    try:
+        with pytest.raises(Int8ifyError, match=r"primitive 'scan' at .*test_higher_order.py:\d+.*no rule"):
+            int8ify(lambda x, w: lax.scan(lambda c, _: (c, c @ w), x, None, length=1)[1])(X, W)
+    finally:
+        higher_order_rules["scan"] = rule
+    del Primitive
+
+
+def test_higher_order_primitive_without_dots_passes_through():
+    f = lambda x, w: lax.scan(lambda c, _: (c * 2, c), x, None, length=2)[1]  # noqa: E731
+    assert str(jax.make_jaxpr(int8ify(f))(X, W)) == str(jax.make_jaxpr(f)(X, W))
+
+
+def test_every_eqn_keeps_its_user_source_line():
+    """Each new equation points at the user's line, not at the library."""
+
+    def f(x, w):
+        return x @ w  # the dot's line
+
+    jaxpr = jax.make_jaxpr(int8ify(f))(X, W)
+    from jax.extend import source_info_util
+
+    lines = {source_info_util.summarize(e.source_info) for e in iter_eqns(jaxpr)}
+    assert len(lines) == 1, lines
+    (line,) = lines
+    assert "test_higher_order.py" in line and line.endswith(".f)"), line
+    assert not any("jaxpr_rewrite" in line for line in lines)
+
+
+def test_no_nested_jit_noise():
+    jaxpr = jax.make_jaxpr(int8ify(lambda x, w: x @ w))(X, W)
+    assert not [e for e in iter_eqns(jaxpr) if e.primitive.name in ("jit", "pjit")]
+    assert len(dot_eqns(jaxpr)) == 1
