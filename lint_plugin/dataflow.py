@@ -114,6 +114,10 @@ class FunctionWalk:
         self.bcast: Set[str] = set()
         self.test_nodes: Set[int] = set()
         self.reports: List[Report] = []
+        self.ret: Optional[int] = None
+        self.ret_elts: Optional[List[int]] = None
+        self.ret_seen = False
+        self.call_elts: Dict[int, List[int]] = {}
         self.in_flax = func is not None and func.cls is not None and func.cls.is_flax
 
     # ------------------------------------------------------------------ helpers for rules
@@ -169,8 +173,7 @@ class FunctionWalk:
             elif t is cst.Expr:
                 self.ev(s.value)
             elif t is cst.Return:
-                if s.value is not None:
-                    self.ev(s.value)
+                self._record_return(s.value)
             elif t is cst.AugAssign:
                 k = combine(self.ev(s.target), self.ev(s.value))
                 self.bind(s.target, k, None, False)
@@ -327,6 +330,10 @@ class FunctionWalk:
                     and not any(isinstance(e, cst.StarredElement) for e in value.elements):
                 for el, v in zip(elements, value.elements):
                     self.bind(el.value, self.kind(v.value), v.value, self._is_bcast_product(v.value))
+            elif value is not None and id(value) in self.call_elts \
+                    and len(self.call_elts[id(value)]) == len(elements):
+                for el, k in zip(elements, self.call_elts[id(value)]):
+                    self.bind(el.value, k, None, False)
             else:
                 sub = kind if kind != FLAX_SELF else STATIC
                 for el in elements:
@@ -338,6 +345,23 @@ class FunctionWalk:
             for c in iter_children(target):
                 if isinstance(c, cst.BaseExpression):
                     self.ev(c)
+
+    def _record_return(self, value: Optional[cst.BaseExpression]) -> None:
+        k = STATIC if value is None else self.ev(value)
+        elts: Optional[List[int]] = None
+        if isinstance(value, cst.Tuple) and not any(isinstance(e, cst.StarredElement) for e in value.elements):
+            elts = [self.kind(e.value) for e in value.elements]
+        elif value is not None:
+            elts = self.call_elts.get(id(value))
+        if not self.ret_seen:
+            self.ret_seen = True
+            self.ret, self.ret_elts = k, elts
+            return
+        self.ret = join(self.ret if self.ret is not None else k, k)
+        if self.ret_elts is not None and elts is not None and len(elts) == len(self.ret_elts):
+            self.ret_elts = [join(a, b) for a, b in zip(self.ret_elts, elts)]
+        else:
+            self.ret_elts = None
 
     def _mark_test(self, test: cst.BaseExpression) -> None:
         self.test_nodes.add(id(test))
@@ -390,15 +414,18 @@ class FunctionWalk:
             self.ev(node.test)  # type: ignore[attr-defined]
             k = join(self.ev(node.body), self.ev(node.orelse))  # type: ignore[attr-defined]
         elif t is cst.Tuple or t is cst.List or t is cst.Set:
+            # a Python container: its truthiness and len() are static even if it holds tracers
             k = STATIC
             for el in node.elements:  # type: ignore[attr-defined]
                 k = combine(k, self.ev(el.value))
+            k = _container(k)
         elif t is cst.Dict:
             k = STATIC
             for el in node.elements:  # type: ignore[attr-defined]
                 if isinstance(el, cst.DictElement):
                     self.ev(el.key)
                 k = combine(k, self.ev(el.value))
+            k = _container(k)
         elif t is cst.Lambda:
             k = self._ev_lambda(node)  # type: ignore[arg-type]
         elif t in _COMPREHENSIONS:
@@ -478,11 +505,18 @@ class FunctionWalk:
     def _ev_comparison(self, node: cst.Comparison) -> int:
         k = self.ev(node.left)
         only_is = True
+        membership = False
         for ct in node.comparisons:
             k = combine(k, self.ev(ct.comparator))
+            if isinstance(ct.operator, (cst.In, cst.NotIn)):
+                membership = True
             if not isinstance(ct.operator, (cst.Is, cst.IsNot)):
                 only_is = False
-        return STATIC if only_is else k
+        if only_is:
+            return STATIC
+        if membership and k != STATIC:
+            return UNKNOWN  # ``key in params``: dicts and lists of tracers are fine
+        return k
 
     def _ev_binop(self, node: cst.BinaryOperation) -> int:
         left = self.ev(node.left)
@@ -524,7 +558,7 @@ class FunctionWalk:
         else:
             k = self.ev(node.elt)  # type: ignore[attr-defined]
         self.env = saved
-        return TRACED if is_traced(k) else k
+        return _container(k)
 
     def _ev_call(self, node: cst.Call) -> int:
         func = node.func
@@ -544,6 +578,12 @@ class FunctionWalk:
         if local is not None:
             if self.engine is not None and self.traced:
                 self.engine.call_edge(local, node, arg_kinds, self)
+            if local.ret_elts is not None:
+                self.call_elts[id(node)] = local.ret_elts
+            if local.ret == INT8:
+                return INT8
+            if local.ret == STATIC and not any_traced:
+                return STATIC
             return TRACED if any_traced else UNKNOWN
         if self.engine is not None and self.traced:
             # module-local functions passed as callbacks (``jax.tree.map(f, ...)``) run at trace time
@@ -604,6 +644,10 @@ class FunctionWalk:
     # ------------------------------------------------------------------ patterns used by rules
     def _is_bcast_product(self, node: cst.BaseExpression) -> bool:
         return is_broadcast_product(node, self)
+
+
+def _container(k: int) -> int:
+    return STATIC if k == STATIC else UNKNOWN
 
 
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
@@ -700,6 +744,8 @@ class _Fixpoint:
     def call_edge(self, callee: FuncInfo, call: Optional[cst.Call], arg_kinds: List[int],
                   walk: FunctionWalk) -> None:
         changed = False
+        if walk.func is not None and walk.func not in callee.callers:
+            callee.callers.append(walk.func)
         if not callee.traced:
             callee.traced = True
             changed = True
@@ -757,7 +803,7 @@ class _Fixpoint:
             s = fi.seed.get(name)
             if s is not None:
                 k = merge_seed(k, s)
-            env[name] = UNKNOWN if k is None else k
+            env[name] = UNKNOWN if k is None or _scalar_annotation(p) else k
         for p in node.params.kwonly_params:
             name = p.name.value
             k = None
@@ -766,7 +812,7 @@ class _Fixpoint:
             s = fi.seed.get(name)
             if s is not None:
                 k = merge_seed(k, s)
-            env[name] = UNKNOWN if k is None else k
+            env[name] = UNKNOWN if k is None or _scalar_annotation(p) else k
         for star in (node.params.star_arg, node.params.star_kwarg):
             if isinstance(star, cst.Param):
                 env[star.name.value] = UNKNOWN
@@ -822,6 +868,11 @@ class _Fixpoint:
         w.env = self.initial_env(fi)
         w.run_function(fi)
         self.reports[id(fi)] = w.reports
+        ret = w.ret if w.ret_seen else STATIC
+        if ret != fi.ret or w.ret_elts != fi.ret_elts:
+            fi.ret, fi.ret_elts = ret, w.ret_elts
+            for caller in fi.callers:
+                self.enqueue(caller)
         for child in self.children.get(id(fi), ()):
             if fi.plain and not child.plain and not _int8ified(child):
                 child.plain = True
@@ -831,24 +882,6 @@ class _Fixpoint:
 def _int8ified(fi: FuncInfo) -> bool:
     """Decorated with or passed to ``int8ify``: every matmul in it is rewritten."""
     return any(spec.sig.int8ify for spec in fi.roots)
-
-
-def _literal_default(p: cst.Param) -> bool:
-    d = p.default
-    if d is None:
-        return False
-    if isinstance(d, (cst.Integer, cst.Float, cst.SimpleString)):
-        return True
-    if isinstance(d, cst.Name) and d.value in ("True", "False", "None"):
-        return True
-    if isinstance(d, cst.UnaryOperation) and isinstance(d.expression, (cst.Integer, cst.Float)):
-        return True
-    return False
-
-
-_SCALAR_ANNOTATIONS = frozenset({"bool", "int", "str", "float", "Optional[bool]", "Optional[int]",
-                                 "bool | None", "int | None", "Callable", "Sequence[int]",
-                                 "Tuple[int, ...]", "tuple[int, ...]"})
 
 
 def _scalar_annotation(p: cst.Param) -> bool:
@@ -863,6 +896,9 @@ def _scalar_annotation(p: cst.Param) -> bool:
     raw = dotted_name(a) if isinstance(a, cst.Attribute) else None
     if raw is not None:
         return raw.rsplit(".", 1)[-1] in ("Callable", "Sequence", "Mapping", "Any", "Optional")
+    if isinstance(a, cst.BinaryOperation):  # ``int | None``
+        return all(isinstance(side, cst.Name) and side.value in ("bool", "int", "str", "float", "None")
+                   for side in (a.left, a.right))
     if isinstance(a, cst.Subscript):
         head = dotted_name(a.value)
         return head is not None and head.rsplit(".", 1)[-1] in (
@@ -885,8 +921,8 @@ def _root_param_kind(spec: RootSpec, index: Optional[int], p: cst.Param, fi: Fun
         return UNKNOWN
     if name in spec.bound_names:
         return UNKNOWN
-    if _literal_default(p) or _scalar_annotation(p):
-        return UNKNOWN
+    if p.default is not None or _scalar_annotation(p):
+        return UNKNOWN  # defaults are almost always config (axis=-1, eps=1e-6, dtype=...)
     if fi.method_of is not None and index is not None:
         # methods: static_argnums count ``self``, which the walk handles separately
         pass

@@ -71,7 +71,8 @@ class FuncInfo:
     """A ``def`` or a ``lambda`` (lambdas only when passed to a transform)."""
 
     __slots__ = ("node", "name", "parent", "cls", "method_of", "locals", "roots", "traced",
-                 "plain", "seed", "closure_env", "params", "calls", "is_lambda")
+                 "plain", "seed", "closure_env", "params", "calls", "is_lambda", "ret", "ret_elts",
+                 "callers")
 
     def __init__(self, node: FuncNode, name: str, parent: Optional["FuncInfo"],
                  method_of: Optional[ClassInfo], cls: Optional[ClassInfo]) -> None:
@@ -89,6 +90,9 @@ class FuncInfo:
         self.is_lambda = isinstance(node, cst.Lambda)
         self.params = _param_list(node.params)
         self.calls: List[cst.Call] = []
+        self.ret: Optional[int] = None  # kind of the returned value, once walked
+        self.ret_elts: Optional[List[int]] = None  # per element, when it returns tuples
+        self.callers: List[FuncInfo] = []
 
 
 def _param_list(params: cst.Parameters) -> List[cst.Param]:

@@ -85,9 +85,47 @@ def _parse_error(exc: Exception) -> Violation:
                      f"{PARSE_ERROR_CODE} could not parse this file with libcst, int8 rules skipped: {reason}")
 
 
+# flake8's own inline-noqa syntax (flake8.defaults.NOQA_INLINE_REGEX)
+_NOQA = re.compile(r"#\s*noqa(?::[\s]?(?P<codes>[A-Z][0-9]+(?:[,\s]+[A-Z][0-9]+)*))?", re.IGNORECASE)
+
+
+def _noqa_in(lines: List[str], first: int, last: int, code: str) -> bool:
+    for line in lines[first - 1:last]:
+        if "noqa" not in line.lower():
+            continue
+        m = _NOQA.search(line)
+        if m is None:
+            continue
+        codes = m.group("codes")
+        if codes is None:
+            return True
+        if any(code.startswith(c.upper()) for c in re.split(r"[,\s]+", codes) if c):
+            return True
+    return False
+
+
+def _span(node: cst.CSTNode, positions) -> Tuple[int, int]:  # type: ignore[no-untyped-def]
+    """Lines a ``# noqa`` may sit on for a report on ``node``: the whole expression, or for a
+    compound statement its header (``if (\n cond\n):`` spans three lines)."""
+    rng = positions[node]
+    start, end = rng.start.line, rng.end.line
+    body = getattr(node, "body", None)
+    if isinstance(node, (cst.If, cst.While)):
+        if isinstance(body, cst.IndentedBlock) and body.body:
+            end = positions[body.body[0]].start.line - 1
+        else:
+            end = start
+    return start, max(start, end)
+
+
 def lint_source(source: str, extra_decorators: Iterable[str] = (), *, raise_errors: bool = False,
-                filename: Optional[str] = None) -> List[Violation]:
-    """All violations in ``source``, sorted by position."""
+                filename: Optional[str] = None, honour_noqa: bool = True) -> List[Violation]:
+    """All violations in ``source``, sorted by position.
+
+    flake8 applies ``# noqa`` only to the physical line it reports (and to multi-line strings);
+    for a report on a statement or expression spanning several lines, a ``# noqa`` on any of its
+    lines also suppresses it here (``honour_noqa=False`` mirrors ``flake8 --disable-noqa``).
+    """
     extra: FrozenSet[str] = frozenset(d.strip() for d in extra_decorators if d and d.strip())
     if not might_contain_traced_code(source, extra):
         return []
@@ -109,12 +147,20 @@ def lint_source(source: str, extra_decorators: Iterable[str] = (), *, raise_erro
         positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
         seen = set()
         out: List[Violation] = []
+        lines: Optional[List[str]] = None
         for node, code, message in reports:
             pos = positions[node].start
             key = (pos.line, pos.column, code)
             if key in seen:
                 continue
             seen.add(key)
+            if honour_noqa:
+                first, last = _span(node, positions)
+                if last > first:
+                    if lines is None:
+                        lines = source.splitlines()
+                    if _noqa_in(lines, first, last, code):
+                        continue
             out.append(Violation(pos.line, pos.column, code, message))
         out.sort()
         return out

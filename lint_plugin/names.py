@@ -136,7 +136,8 @@ STATIC_RESULT_FUNCS: FrozenSet[str] = frozenset(
     )]
     + ["jax.dtypes.canonicalize_dtype", "jax.dtypes.result_type", "jax.dtypes.issubdtype",
        "jax.tree_util.tree_structure", "jax.tree.structure", "jax.devices", "jax.device_count",
-       "jax.local_device_count", "jax.process_index", "jax.process_count"]
+       "jax.local_device_count", "jax.process_index", "jax.process_count", "jax.lax.axis_size",
+       "jax.core.concrete_or_error", "jax.numpy.broadcast_shapes"]
 )
 
 # numpy functions that are fine on tracers (they only read static metadata).

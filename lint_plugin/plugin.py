@@ -22,6 +22,7 @@ class Int8Checker:
     name = "int8ify-lint"
     version = __version__
     traced_decorators: Tuple[str, ...] = ()
+    honour_noqa = True
 
     def __init__(self, tree: Any, lines: Sequence[str], filename: str) -> None:
         self.tree = tree
@@ -45,8 +46,10 @@ class Int8Checker:
         if isinstance(value, str):
             value = value.split(",")
         cls.traced_decorators = tuple(v.strip() for v in value if v and v.strip())
+        cls.honour_noqa = not getattr(options, "disable_noqa", False)
 
     def run(self) -> Iterator[Tuple[int, int, str, Type["Int8Checker"]]]:
         source = "".join(self.lines)
-        for v in lint_source(source, self.traced_decorators, filename=self.filename):
+        for v in lint_source(source, self.traced_decorators, filename=self.filename,
+                             honour_noqa=self.honour_noqa):
             yield v.line, v.col, v.message, type(self)
