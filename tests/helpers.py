@@ -132,3 +132,54 @@ def assert_close_to_reference(got, want, rtol=1e-6, atol=0.0):
     want = np.asarray(want, np.float64)
     assert got.shape == want.shape, (got.shape, want.shape)
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+def reference_per_tensor_matmul(x, w) -> np.ndarray:
+    """Per-tensor contract of ``x @ w`` in float64: one float32 scale per operand, exact int64 sums."""
+    x32, w32 = np.asarray(x, np.float32), np.asarray(w, np.float32)
+    xq = reference_codes(x32, (0, 1)).astype(np.int64)
+    wq = reference_codes(w32, (0, 1)).astype(np.int64)
+    sx = np.float64(reference_scales(x32, (0, 1)))
+    sw = np.float64(reference_scales(w32, (0, 1)))
+    return (xq @ wq) * sx * sw
+
+
+def reference_block_matmul(x, w, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Block-scaled contract of ``x @ w`` (``x``: (B, K), ``w``: (K, N)) in float64.
+
+    The contraction is zero-padded to a multiple of ``block``; each block has one scale per row of ``x``
+    and one per column of ``w``; its exact integer partial sums are scaled and the blocks summed.
+
+    Returns:
+        ``(y, magnitude)``: the value, and the sum of the blocks' absolute terms (the scale of the float32
+        rounding error of summing the scaled partial sums).
+    """
+    x32, w32 = np.asarray(x, np.float32), np.asarray(w, np.float32)
+    k = x32.shape[1]
+    pad = -k % block
+    x32 = np.pad(x32, ((0, 0), (0, pad)))
+    w32 = np.pad(w32, ((0, pad), (0, 0)))
+    y = np.zeros((x32.shape[0], w32.shape[1]), np.float64)
+    magnitude = np.zeros_like(y)
+    for start in range(0, k + pad, block):
+        xb, wb = x32[:, start:start + block], w32[start:start + block]
+        acc = reference_codes(xb, (1,)).astype(np.int64) @ reference_codes(wb, (0,)).astype(np.int64)
+        term = acc * reference_scales(xb, (1,)).astype(np.float64)[:, None] * reference_scales(wb, (0,)).astype(np.float64)[None, :]
+        y += term
+        magnitude += np.abs(term)
+    return y, magnitude
+
+
+def away_from_ties_blocks(x, axis: int, block: int) -> np.ndarray:
+    """:func:`away_from_ties` applied block by block along ``axis`` (for block-scaled codes)."""
+    x = np.array(x, np.float32)
+    for start in range(0, x.shape[axis], block):
+        index = [slice(None)] * x.ndim
+        index[axis] = slice(start, start + block)
+        x[tuple(index)] = away_from_ties(x[tuple(index)], (axis,))
+    return x
+
+
+def float_dot_eqns(jaxpr):
+    """The dot_generals of a (nested) program that still have a floating operand."""
+    return [e for e in dot_eqns(jaxpr) if any(np.issubdtype(v.aval.dtype, np.inexact) or "float" in str(v.aval.dtype) for v in e.invars)]
