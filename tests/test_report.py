@@ -1,0 +1,141 @@
+"""report: one row per dot_general (nested ones included) with source, scope, types, dimension numbers,
+the rewrite's decision, and the measured int8 error on real inputs."""
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import away_from_ties, reference_dot
+from jaxpr_rewrite import int8ify
+from jaxpr_rewrite.report import DotRow, Report, report
+
+MATMUL = (((1,), (0,)), ((), ()))
+rng = np.random.default_rng(0)
+X = rng.normal(size=(8, 32)).astype(np.float32)
+W1 = rng.normal(size=(32, 16)).astype(np.float32)
+W2 = rng.normal(size=(16, 4)).astype(np.float32)
+
+
+def _line(fn, marker):
+    lines, start = inspect.getsourcelines(fn)
+    return start + next(i for i, text in enumerate(lines) if marker in text)
+
+
+def model(x, w1, w2):
+    with jax.named_scope("encoder"):
+        h = jax.nn.relu(x @ w1)  # DOT0
+    with jax.named_scope("head"):
+        return h @ w2  # DOT1
+
+
+def _rel(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
+def test_rows_describe_each_dot():
+    rep = report(model, X, W1, W2)
+    assert isinstance(rep, Report) and len(rep) == 2
+    r0, r1 = rep
+    assert isinstance(r0, DotRow)
+    assert (r0.file, r0.line, r0.function) == (__file__, _line(model, "# DOT0"), "model")
+    assert r1.line == _line(model, "# DOT1")
+    assert (r0.scope, r1.scope) == ("encoder", "head")
+    assert (r0.lhs, r0.rhs, r0.out) == ("f32[8,32]", "f32[32,16]", "f32[8,16]")
+    assert r0.dimension_numbers == MATMUL
+    assert r0.rewritten and r0.reason is None and r1.rewritten
+    assert rep.measured
+
+
+def test_measured_error_is_the_int8_dot_against_the_float_dot():
+    x = away_from_ties(X, (1,))
+    w1 = away_from_ties(W1, (0,))
+    rep = report(model, x, w1, W2)
+    # the first dot sees the inputs themselves: its error is the contract's against the float product
+    want = _rel(reference_dot(x, w1, MATMUL), x.astype(np.float64) @ w1.astype(np.float64))
+    assert rep[0].error == pytest.approx(want, rel=1e-3)
+    assert 1e-4 < rep[0].error < 5e-2
+    # the second dot sees the *float* program's hidden activations
+    h = np.maximum(np.asarray(jax.jit(lambda a, b: a @ b)(x, w1)), 0)
+    want = _rel(reference_dot(h, W2, MATMUL), h.astype(np.float64) @ W2.astype(np.float64))
+    assert rep[1].error == pytest.approx(want, rel=1e-2)
+    assert rep.worst() in (rep[0], rep[1])
+
+
+def test_options_of_an_int8ified_function_decide():
+    rep = report(int8ify(model, skip=["head*"]), X, W1, W2)
+    assert [r.rewritten for r in rep] == [True, False]
+    assert rep[1].reason == "name scope 'head' matches skip pattern 'head*'"
+    assert rep[1].error is not None  # what rewriting it would cost
+    rep = report(int8ify(model, min_contracting_size=20), X, W1, W2)
+    assert "min_contracting_size=20" in rep[1].reason
+    rep = report(int8ify(model, skip_if=lambda eqn: eqn.invars[0].aval.shape[-1] == 32), X, W1, W2)
+    assert rep[0].reason == "skip_if returned True"
+
+
+def test_abstract_inputs_trace_only():
+    spec = [jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in (X, W1, W2)]
+    rep = report(model, *spec)
+    assert not rep.measured and [r.error for r in rep] == [None, None]
+    assert "-" in str(rep)
+
+
+@jax.custom_jvp
+def _dense(x, w):
+    return x @ w  # CJVP
+
+
+@_dense.defjvp
+def _dense_jvp(primals, tangents):
+    (x, w), (dx, dw) = primals, tangents
+    return x @ w, dx @ w + x @ dw
+
+
+def nested(x, w1, w2, codes):
+    inner = jax.jit(lambda a, b: a @ b)
+    h = inner(x, w1)  # 0: jit
+    h = jax.checkpoint(lambda a: jnp.tanh(a @ w1.T))(h)  # 1: remat
+    h = jax.lax.cond(jnp.sum(x) > -1e9, lambda a: a @ w1, lambda a: -(a @ w1), h)  # 2, 3: cond branches
+    h, _ = jax.lax.scan(lambda c, _: (jnp.tanh(c @ w1.T) @ w1, None), h, None, length=3)  # 4, 5: scan
+    h = jax.lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, jnp.tanh(c[1] @ w1.T) @ w1), (0, h))[1]  # 6, 7
+    h = _dense(h, w2)  # 8: custom_jvp primal
+    ints = jnp.matmul(codes, codes.T, preferred_element_type=jnp.int32)  # 9: integer
+    return h, ints
+
+
+def test_nested_dots_are_listed_and_measured():
+    codes = rng.integers(-127, 128, size=(4, 6)).astype(np.int8)
+    rep = report(nested, X, W1, W2, codes)
+    assert len(rep) == 10
+    assert [r.rewritten for r in rep] == [True] * 9 + [False]
+    assert rep[9].reason == "integer dot" and rep[9].lhs == "i8[4,6]" and rep[9].out == "i32[4,4]"
+    errors = [r.error for r in rep]
+    # cond: branch 0 is the false branch, not taken
+    assert errors[2] is None and rep[2].note == "n/a (branch not taken)"
+    for i in (0, 1, 3, 4, 5, 6, 7, 8):
+        assert errors[i] is not None and 0 < errors[i] < 0.1, (i, rep[i])
+    assert rep[8].line == _line(_dense, "# CJVP")
+    assert errors[9] is None
+    table = str(rep)
+    assert "n/a (branch not taken)" in table and "integer dot" in table
+
+
+def test_table_is_aligned():
+    rep = report(int8ify(model, skip="head"), X, W1, W2)
+    lines = str(rep).splitlines()
+    header, rows, summary = lines[0], lines[1:-1], lines[-1]
+    for column in ("source", "scope", "operands", "dimension numbers", "int8", "error", "why not"):
+        assert column in header
+    col = header.index("int8")
+    assert [row[col:col + 3].strip() for row in rows] == ["yes", "no"]
+    assert summary.startswith("2 dot_general(s): 1 rewritten to int8, 1 kept in float, 0 integer")
+    assert "test_report.py:" in rows[0]
+
+
+def test_static_arguments_of_an_int8ified_function():
+    f = int8ify(lambda x, w, act: act(x @ w), static_argnames="act")
+    rep = report(f, X, W1, act=jnp.tanh)
+    assert len(rep) == 1 and rep[0].error is not None
