@@ -5,12 +5,14 @@ Public API (explicit re-exports):
 * :func:`int8ify` -- wrap a function; its traced program runs every float ``dot_general`` in int8.
 * :func:`int8_matmul` -- the contract for one ``(B, D_in) @ (D_in, D_out)`` product, with codes and scales.
 * :func:`quantize` -- symmetric per-slice int8 quantization (``absmax / 127``).
+* :func:`quantize_params`, :class:`QuantizedArray` -- weights quantized once, consumed by ``int8ify``.
 * :class:`Int8ifyError` -- raised for programs or options the rewrite cannot handle correctly.
 """
 
 from .api import Int8ified, int8ify
 from .errors import Int8ifyError
 from .matmul import int8_matmul
+from .params import QuantizedArray, quantize_params
 from .quantize import quantize
 
-__all__ = ["Int8ified", "Int8ifyError", "int8_matmul", "int8ify", "quantize"]
+__all__ = ["Int8ified", "Int8ifyError", "QuantizedArray", "int8_matmul", "int8ify", "quantize", "quantize_params"]

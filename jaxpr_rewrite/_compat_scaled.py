@@ -11,16 +11,21 @@ What needs internals, and why:
   translation rule for primitive 'scaled_matmul' not found for platform cpu".
 * ``has_lowering``: whether JAX already has a rule for a primitive on a platform, so that the emulation is
   registered only where JAX has none (never replacing JAX's own cuda/rocm rules).
+* ``generalize_batchers``: JAX's batching rule for ``scaled_matmul`` / ``scaled_matmul_wrapper`` asserts
+  that all four operands are batched along the same axis and assumes that axis is the leading one, so
+  ``jax.vmap`` over a rewritten function with an unbatched weight fails (``AssertionError``). The rule is
+  wrapped to move every batch axis to the front first (broadcasting unbatched operands), which is the
+  case JAX's rule handles.
 
-:func:`register_emulated_lowering` is called at import of :mod:`jaxpr_rewrite.scaled_matmul`; it is
-idempotent.
+:func:`register_emulated_lowering` and :func:`generalize_batchers` are called at import of
+:mod:`jaxpr_rewrite.scaled_matmul`; both are idempotent.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from jax.interpreters import mlir
+from jax.interpreters import batching, mlir
 from jax._src import xla_bridge as _xb
 from jax._src.cudnn import scaled_matmul_stablehlo as _scaled_matmul_stablehlo
 from jax._src.interpreters import mlir as _mlir
@@ -59,4 +64,30 @@ def register_emulated_lowering(emulation: Callable, platforms=EMULATED_PLATFORMS
             continue
         mlir.register_lowering(primitive, mlir.lower_fun(emulation, multiple_results=True), platform=platform)
         done.append(platform)
+    return tuple(done)
+
+
+def generalize_batchers() -> tuple[str, ...]:
+    """Replace the batching rules of ``scaled_matmul`` and ``scaled_matmul_wrapper`` by JAX's own rule
+    applied after moving every batch axis to the front (broadcasting unbatched operands), so any operand
+    may be unbatched and the batch axis may be anywhere.
+
+    Returns:
+        The names of the primitives whose rule was replaced by this call (empty when called again).
+    """
+    jax_rule = _scaled_matmul_stablehlo._scaled_matmul_batcher
+    done = []
+    for primitive in (_scaled_matmul_stablehlo._scaled_matmul_p, _scaled_matmul_stablehlo._scaled_matmul_p_wrapper):
+        if getattr(batching.fancy_primitive_batchers.get(primitive), "_int8ify_general", False):
+            continue
+
+        def rule(axis_data, batched_args, batch_dims, *, _primitive=primitive, **params):
+            if all(d is None for d in batch_dims):
+                return _primitive.bind(*batched_args, **params), [None]
+            args = [batching.bdim_at_front(a, d, axis_data.size) for a, d in zip(batched_args, batch_dims)]
+            return jax_rule(args, (0,) * len(args), **params)
+
+        rule._int8ify_general = True
+        batching.fancy_primitive_batchers[primitive] = rule
+        done.append(primitive.name)
     return tuple(done)

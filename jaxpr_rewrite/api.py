@@ -11,6 +11,7 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr
 
 from .errors import Int8ifyError
+from .params import is_quantized
 from .rewrite import Rewriter, RewriteConfig
 
 
@@ -54,15 +55,25 @@ class Int8ified:
 
     # -- signature handling -----------------------------------------------------------------------------
     def _split(self, args, kwargs):
+        """Split a call's arguments into a hashable signature key and the arrays the program takes.
+
+        Returns:
+            ``(key, dynamic)``: ``dynamic`` holds one entry per traced leaf: an array, or a
+            :class:`QuantizedArray` (traced as a float array of its original type, passed as codes and
+            scales).
+        """
         static_pos = tuple((i, args[i]) for i in self._static_argnums if i < len(args))
         static_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_argnames))
         dyn_args = [a for i, a in enumerate(args) if i not in self._static_argnums]
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_argnames}
-        leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
-        is_dynamic = tuple(_is_dynamic_leaf(x) for x in leaves)
+        leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs), is_leaf=is_quantized)
+        is_dynamic = tuple(_is_dynamic_leaf(x) or is_quantized(x) for x in leaves)
         dynamic = [x for x, d in zip(leaves, is_dynamic) if d]
         static_leaves = tuple(x for x, d in zip(leaves, is_dynamic) if not d)
-        avals = tuple(jax.typeof(x) for x in dynamic)
+        avals = tuple(
+            (x.contracting, x.dtype, jax.typeof(x.codes), jax.typeof(x.scales)) if is_quantized(x) else jax.typeof(x)
+            for x in dynamic
+        )
         key = (tree, is_dynamic, avals, static_pos, static_kw, static_leaves)
         try:
             hash(key)
@@ -96,8 +107,13 @@ class Int8ified:
             out_tree_box.append(out_tree)
             return out_flat
 
-        traced = jax.make_jaxpr(flat_fn)(*dynamic)
-        closed = Rewriter(self.config).closed(traced)
+        # Pre-quantized weights are traced as the float arrays they stand for.
+        traced = jax.make_jaxpr(flat_fn)(
+            *(jax.ShapeDtypeStruct(x.shape, x.dtype) if is_quantized(x) else x for x in dynamic)
+        )
+        quantized = {i: x for i, x in enumerate(dynamic) if is_quantized(x)}
+        rewriter = Rewriter(self.config)
+        closed = rewriter.with_quantized_inputs(traced, quantized) if quantized else rewriter.closed(traced)
         captures_tracer = any(isinstance(c, jax.core.Tracer) for c in closed.consts)
         run_compiled = None if captures_tracer else jax.jit(functools.partial(_run_jaxpr, closed.jaxpr))
         program = _Program(closed, out_tree_box[-1], run_compiled)
@@ -118,6 +134,7 @@ class Int8ified:
     def __call__(self, *args, **kwargs):
         key, dynamic = self._split(args, kwargs)
         program = self._program(key, dynamic)
+        dynamic = jax.tree_util.tree_leaves(dynamic)  # a QuantizedArray passes its codes and scales
         if program.run_compiled is not None and not any(isinstance(x, jax.core.Tracer) for x in dynamic):
             out = program.run_compiled(program.closed.consts, *dynamic)
         else:

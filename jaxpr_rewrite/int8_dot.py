@@ -19,7 +19,7 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
-from .quantize import MAX_INT32_SAFE_CONTRACTION, quantize
+from .quantize import MAX_INT32_SAFE_CONTRACTION, Quantized, dequantize, quantize
 
 
 class Scheme(NamedTuple):
@@ -151,7 +151,11 @@ def _block_scaled_dot(lhs, rhs, dimension_numbers, block_size: int):
 
 
 def int8_dot_general_impl(lhs, rhs, dimension_numbers, out_dtype, scheme: Scheme = PER_CHANNEL):
-    """The int8 program for one ``dot_general`` (no gradient rule; see :func:`int8_dot_general`)."""
+    """The int8 program for one ``dot_general`` (no gradient rule; see :func:`int8_dot_general`).
+
+    An operand may come already quantized (a :class:`Quantized` with per-channel scales over its
+    non-contracting axes, as :func:`jaxpr_rewrite.quantize_params` makes for weights); it is used as is.
+    """
     (lc, rc), _ = dimension_numbers
     if scheme.block_size is not None:
         out = _block_scaled_dot(lhs, rhs, dimension_numbers, scheme.block_size)
@@ -159,7 +163,9 @@ def int8_dot_general_impl(lhs, rhs, dimension_numbers, out_dtype, scheme: Scheme
         per_tensor = scheme.granularity == "per-tensor"
         lhs_reduce = tuple(range(lhs.ndim)) if per_tensor else lc
         rhs_reduce = tuple(range(rhs.ndim)) if per_tensor else rc
-        lhs_q, rhs_q = quantize(lhs, lhs_reduce), quantize(rhs, rhs_reduce)
+        lhs_q = lhs if isinstance(lhs, Quantized) else quantize(lhs, lhs_reduce)
+        rhs_q = rhs if isinstance(rhs, Quantized) else quantize(rhs, rhs_reduce)
+        lhs, rhs = lhs_q.codes, rhs_q.codes
         acc = _int32_dot(lhs_q.codes, rhs_q.codes, dimension_numbers)
         lhs_kept = tuple(a for a in range(lhs.ndim) if a not in lhs_reduce)
         rhs_kept = tuple(a for a in range(rhs.ndim) if a not in rhs_reduce)
@@ -178,7 +184,8 @@ def int8_dot_general(lhs, rhs, float_params: tuple, out_dtype, scheme: Scheme = 
     """One float ``dot_general`` computed in int8, with a straight-through gradient.
 
     Arguments:
-        lhs, rhs: the dot's operands (floating).
+        lhs, rhs: the dot's operands: floating arrays, or :class:`Quantized` codes and per-channel scales
+            (pre-quantized weights; no gradient flows into those).
         float_params: the original equation's params as a sorted tuple of items (hashable); the
             ``dimension_numbers`` drive the int8 dot, and all of them are reused verbatim for the float
             dots of the JVP.
@@ -191,16 +198,29 @@ def int8_dot_general(lhs, rhs, float_params: tuple, out_dtype, scheme: Scheme = 
     return int8_dot_general_impl(lhs, rhs, _float_params(float_params)["dimension_numbers"], out_dtype, scheme)
 
 
+def _float_value(operand, contracting, like):
+    """The float value of an operand for the JVP's float dots: pre-quantized weights are dequantized."""
+    if not isinstance(operand, Quantized):
+        return operand
+    return dequantize(operand, contracting).astype(like.dtype)
+
+
+def _has_tangent(primal, tangent) -> bool:
+    # Pre-quantized operands are constants of the program: no tangent flows through their codes.
+    return not isinstance(primal, Quantized) and type(tangent) is not SymbolicZero
+
+
 def _straight_through_jvp(float_params, out_dtype, scheme, primals, tangents):
     lhs, rhs = primals
     lhs_dot, rhs_dot = tangents
     out = int8_dot_general(lhs, rhs, float_params, out_dtype, scheme)
     params = _float_params(float_params)
+    (lc, rc), _ = params["dimension_numbers"]
     terms = []
-    if type(lhs_dot) is not SymbolicZero:
-        terms.append(lax.dot_general_p.bind(lhs_dot, rhs, **params))
-    if type(rhs_dot) is not SymbolicZero:
-        terms.append(lax.dot_general_p.bind(lhs, rhs_dot, **params))
+    if _has_tangent(lhs, lhs_dot):
+        terms.append(lax.dot_general_p.bind(lhs_dot, _float_value(rhs, rc, lhs_dot), **params))
+    if _has_tangent(rhs, rhs_dot):
+        terms.append(lax.dot_general_p.bind(_float_value(lhs, lc, rhs_dot), rhs_dot, **params))
     if not terms:
         return out, lax.zeros_like_array(out)
     tangent = terms[0] if len(terms) == 1 else lax.add(*terms)

@@ -68,3 +68,16 @@ def quantize(x, reduce_axes: Sequence[int]) -> Quantized:
     rounded = lax.round(scaled, lax.RoundingMethod.TO_NEAREST_EVEN)
     clipped = lax.clamp(np.float32(-INT8_MAX), rounded, np.float32(INT8_MAX))
     return Quantized(lax.convert_element_type(clipped, np.int8), scales)
+
+
+def dequantize(q: Quantized, reduce_axes: Sequence[int]):
+    """``codes * scales`` in float32: the value a :class:`Quantized` stands for.
+
+    Arguments:
+        q: codes and scales, the scales over the axes not in ``reduce_axes``.
+        reduce_axes: the axes each scale covers.
+    """
+    ndim = q.codes.ndim
+    kept = tuple(a for a in range(ndim) if a not in {r % max(ndim, 1) for r in reduce_axes})
+    codes = lax.convert_element_type(q.codes, np.float32)
+    return lax.mul(codes, lax.broadcast_in_dim(q.scales, q.codes.shape, kept))

@@ -19,6 +19,7 @@ import dataclasses
 import fnmatch
 from typing import Callable, Sequence
 
+import jax
 import jax.extend  # noqa: F401  (makes jax.extend.core importable)
 import jax.numpy as jnp
 import numpy as np
@@ -29,7 +30,7 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, Var, jaxprs_in_params
 from . import _compat
 from .errors import Int8ifyError, describe_operands, describe_source
 from .int8_dot import Scheme, contraction_size, int8_dot_general
-from .quantize import MAX_INT32_SAFE_CONTRACTION
+from .quantize import MAX_INT32_SAFE_CONTRACTION, Quantized
 
 
 GRANULARITIES = ("per-channel", "per-tensor")
@@ -219,6 +220,40 @@ class Rewriter:
             self._rewritten[key] = (closed_jaxpr, result)
         return result
 
+    def with_quantized_inputs(self, closed_jaxpr: ClosedJaxpr, quantized: dict) -> ClosedJaxpr:
+        """Rewrite a program whose inputs ``quantized`` arrive as int8 codes and scales.
+
+        Arguments:
+            closed_jaxpr: the program, traced with float inputs of the weights' original types.
+            quantized: input index -> the :class:`~jaxpr_rewrite.params.QuantizedArray` passed there
+                (only its ``contracting`` axes and ``dtype`` are used).
+
+        Returns:
+            A ``ClosedJaxpr`` taking, for each such input, two inputs (codes, scales) instead of one. Dots
+            with a matching contraction use the codes directly; any other use sees ``codes * scales``.
+        """
+        from .params import QuantizedArray
+
+        jaxpr = closed_jaxpr.jaxpr
+        in_avals = []
+        for i, v in enumerate(jaxpr.invars):
+            if i in quantized:
+                q = quantized[i]
+                in_avals += [jax.core.ShapedArray(q.codes.shape, np.int8), jax.core.ShapedArray(q.scales.shape, np.float32)]
+            else:
+                in_avals.append(v.aval)
+
+        def interpret(*flat):
+            flat = iter(flat)
+            args = [
+                QuantizedArray(next(flat), next(flat), quantized[i].contracting, quantized[i].dtype) if i in quantized else next(flat)
+                for i in range(len(jaxpr.invars))
+            ]
+            return self.interpret(jaxpr, closed_jaxpr.consts, args)
+
+        new_jaxpr, consts = _compat.trace_to_jaxpr(interpret, in_avals, jaxpr.debug_info)
+        return ClosedJaxpr(new_jaxpr, consts)
+
     def open(self, jaxpr: Jaxpr, *, context=None) -> Jaxpr:
         """Rewrite an open jaxpr (``remat``, ``shard_map`` bodies), which cannot gain constants."""
         if not self.has_float_dot(jaxpr):
@@ -254,29 +289,41 @@ class Rewriter:
         Returns:
             The values of its outvars.
         """
+        from .params import QuantizedArray
+
         env: dict = {}
         tangent_vars = set(tangents)
+        dequantized: dict = {}
+
+        def read_raw(atom):
+            return atom.val if isinstance(atom, Literal) else env[atom]
 
         def read(atom):
-            return atom.val if isinstance(atom, Literal) else env[atom]
+            """An atom's value; pre-quantized weights read as ``codes * scales`` (once per variable)."""
+            value = read_raw(atom)
+            if not isinstance(value, QuantizedArray):
+                return value
+            if atom not in dequantized:
+                dequantized[atom] = value.dequantize()
+            return dequantized[atom]
 
         env.update(zip(jaxpr.constvars, consts))
         env.update(zip(jaxpr.invars, args))
         for eqn in jaxpr.eqns:
-            invals = [read(v) for v in eqn.invars]
             on_tangent = bool(tangent_vars) and any(isinstance(v, Var) and v in tangent_vars for v in eqn.invars)
             with _equation_context(eqn):
                 if on_tangent or not self.needs_rewrite(eqn):
-                    outs = _bind(eqn.primitive, invals, eqn.params)
+                    outs = _bind(eqn.primitive, [read(v) for v in eqn.invars], eqn.params)
                 elif eqn.primitive is lax.dot_general_p:
                     scope = join_scope(self.scope, eqn.source_info.name_stack)
                     reason = skip_reason(eqn, self.config, scope)
                     if self.on_dot is not None:
                         self.on_dot(eqn, scope, reason)
                     if reason is None:
-                        outs = [rewrite_dot(eqn, invals, self.config)]
+                        # raw: a pre-quantized weight reaches the dot rule as codes and scales
+                        outs = [rewrite_dot(eqn, [read_raw(v) for v in eqn.invars], self.config)]
                     else:
-                        outs = _bind(eqn.primitive, invals, eqn.params)
+                        outs = _bind(eqn.primitive, [read(v) for v in eqn.invars], eqn.params)
                 else:
                     rule = higher_order_rules.get(eqn.primitive.name)
                     if rule is None:
@@ -287,7 +334,7 @@ class Rewriter:
                         )
                     with self.within(join_scope(self.scope, eqn.source_info.name_stack)):
                         new_params = rule(self, eqn.params)
-                    outs = _bind(eqn.primitive, invals, new_params)
+                    outs = _bind(eqn.primitive, [read(v) for v in eqn.invars], new_params)
             if on_tangent:
                 tangent_vars.update(eqn.outvars)
             env.update(zip(eqn.outvars, outs))
@@ -297,6 +344,15 @@ class Rewriter:
 def rewrite_dot(eqn, invals, config: RewriteConfig):
     """The rule for one float ``dot_general`` equation: the configured backend (the int8 contract by
     default), with a straight-through gradient."""
+    from .params import QuantizedArray
+
+    (lc, rc), _ = eqn.params["dimension_numbers"]
+    direct = config.backend == "int8" and config.scheme == Scheme()
+    invals = [
+        (x.quantized if direct and x.contracting == tuple(sorted(contract)) else x.dequantize())
+        if isinstance(x, QuantizedArray) else x
+        for x, contract in zip(invals, (lc, rc))
+    ]
     lhs, rhs = invals
     for v in eqn.invars:
         if jnp.issubdtype(v.aval.dtype, jnp.complexfloating):
@@ -304,8 +360,8 @@ def rewrite_dot(eqn, invals, config: RewriteConfig):
                 f"dot_general at {describe_source(eqn)} has complex operands ({describe_operands(eqn)}); "
                 "the int8 contract is defined for real floating dots only"
             )
-    lhs = lhs if _is_float(eqn.invars[0].aval.dtype) else lax.convert_element_type(lhs, np.float32)
-    rhs = rhs if _is_float(eqn.invars[1].aval.dtype) else lax.convert_element_type(rhs, np.float32)
+    lhs = lhs if isinstance(lhs, Quantized) or _is_float(eqn.invars[0].aval.dtype) else lax.convert_element_type(lhs, np.float32)
+    rhs = rhs if isinstance(rhs, Quantized) or _is_float(eqn.invars[1].aval.dtype) else lax.convert_element_type(rhs, np.float32)
     float_params = tuple(sorted(eqn.params.items()))
     return dot_backends[config.backend](lhs, rhs, float_params, eqn.outvars[0].aval.dtype, config)
 

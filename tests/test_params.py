@@ -1,0 +1,117 @@
+"""Weights quantized once (quantize_params / QuantizedArray): same numbers as the dynamic path, bit for bit."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import assert_all_dots_int8, iter_eqns
+from jaxpr_rewrite import Int8ifyError, QuantizedArray, int8ify, quantize_params
+
+rng = np.random.default_rng(7)
+
+
+def mlp(params, x):
+    for i, layer in enumerate(params):
+        x = x @ layer["w"] + layer["b"]
+        if i < len(params) - 1:
+            x = jax.nn.gelu(x)
+    return x
+
+
+PARAMS = [{"w": jnp.asarray(rng.normal(size=(32, 32)), jnp.float32), "b": jnp.asarray(rng.normal(size=32), jnp.float32)} for _ in range(3)]
+X = jnp.asarray(rng.normal(size=(8, 32)), jnp.float32)
+
+
+def test_weights_become_quantized_and_biases_stay():
+    q = quantize_params(mlp, PARAMS, X)
+    for layer in q:
+        assert isinstance(layer["w"], QuantizedArray) and layer["w"].codes.dtype == jnp.int8
+        assert layer["w"].scales.shape == (32,) and layer["w"].contracting == (0,)
+        assert not isinstance(layer["b"], QuantizedArray)
+
+
+def test_bit_identical_to_dynamic_path():
+    q = quantize_params(mlp, PARAMS, X)
+    f = jax.jit(int8ify(mlp))
+    np.testing.assert_array_equal(np.asarray(f(q, X)), np.asarray(f(PARAMS, X)))
+    np.testing.assert_array_equal(np.asarray(int8ify(mlp)(q, X)), np.asarray(f(PARAMS, X)))  # eager too
+
+
+def test_program_quantizes_only_activations():
+    q = quantize_params(mlp, PARAMS, X)
+    jaxpr = jax.make_jaxpr(int8ify(mlp))(q, X)
+    assert_all_dots_int8(jaxpr, 3)
+    # one absmax per dot: the activation's; none for the weights
+    assert sum(e.primitive.name == "reduce_max" for e in iter_eqns(jaxpr)) == 3
+    int8_inputs = [v for v in jaxpr.jaxpr.invars if v.aval.dtype == jnp.int8]
+    assert len(int8_inputs) == 3
+
+
+def test_memory_is_about_a_quarter():
+    params = [{"w": jnp.ones((512, 512)), "b": jnp.zeros(512)} for _ in range(2)]
+    q = quantize_params(mlp, params, jnp.ones((1, 512)))
+    total = lambda tree: sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(tree))  # noqa: E731
+    assert total(q) / total(params) <= 0.27  # biases included
+
+
+def test_leaf_used_outside_a_dot_stays_float():
+    """Weight tying: a table used by a lookup and by a dot keeps its float values for both."""
+
+    def tied(params, ids):
+        emb = params["table"][ids]
+        return emb @ params["table"].T  # also under a transpose: not a direct dot operand
+
+    params = {"table": jnp.asarray(rng.normal(size=(10, 16)), jnp.float32)}
+    ids = jnp.arange(4)
+    q = quantize_params(tied, params, ids)
+    assert not isinstance(q["table"], QuantizedArray)
+    np.testing.assert_array_equal(int8ify(tied)(q, ids), int8ify(tied)(params, ids))
+
+
+def test_leaf_used_with_two_contractions_stays_float():
+    def two_ways(params, x, y):
+        w = params["w"]
+        return x @ w, w @ y  # contracting dim 0 and dim 1
+
+    params = {"w": jnp.asarray(rng.normal(size=(16, 16)), jnp.float32)}
+    x = jnp.ones((2, 16))
+    q = quantize_params(two_ways, params, x, x.T)
+    assert not isinstance(q["w"], QuantizedArray)
+
+
+def test_quantized_array_passed_to_another_contraction_is_dequantized():
+    """A QuantizedArray used where its scales do not fit is dequantized, not misread."""
+    w = jnp.asarray(rng.normal(size=(16, 16)), jnp.float32)
+    qa = quantize_params(lambda p, x: x @ p, w, jnp.ones((2, 16)))
+    assert isinstance(qa, QuantizedArray)
+    y = jnp.ones((16, 3))
+    got = int8ify(lambda w, y: w @ y)(qa, y)  # w contracts its dim 1 here
+    want = int8ify(lambda w, y: w @ y)(qa.dequantize(), y)
+    np.testing.assert_array_equal(got, want)
+    # a non-dot use sees codes * scales
+    np.testing.assert_allclose(int8ify(lambda w: w * 2)(qa), 2 * qa.dequantize())
+
+
+def test_options_are_respected():
+    f = int8ify(mlp, min_contracting_size=64)  # every dot skipped: nothing to quantize
+    q = quantize_params(f, PARAMS, X)
+    assert not any(isinstance(layer["w"], QuantizedArray) for layer in q)
+    with pytest.raises(Int8ifyError, match="already quantized"):
+        quantize_params(mlp, quantize_params(mlp, PARAMS, X), X)
+
+
+def test_gradient_wrt_activations_with_quantized_weights():
+    q = quantize_params(mlp, PARAMS[:1], X)
+    g = jax.grad(lambda x: int8ify(mlp)(q, x).sum())(X)
+    w_deq = np.asarray(q[0]["w"].dequantize())
+    np.testing.assert_allclose(g, np.ones((8, 32)) @ w_deq.T, rtol=1e-5)
+
+
+def test_quantized_array_is_a_pytree():
+    qa = quantize_params(lambda p, x: x @ p, PARAMS[0]["w"], X)
+    leaves, tree = jax.tree_util.tree_flatten(qa)
+    assert [leaf.dtype for leaf in leaves] == [jnp.int8, jnp.float32]
+    back = jax.tree_util.tree_unflatten(tree, leaves)
+    assert back.contracting == qa.contracting and back.dtype == qa.dtype
+    assert "QuantizedArray(i8[32, 32]" in repr(qa)
