@@ -1,0 +1,132 @@
+"""How much the JX flake8 plugin adds to a flake8 run, on ~1k real files.
+
+Usage::
+
+    python benchmarks/lint_speed.py [CORPUS_DIR] [--max-files 1000] [--repeats 3] [--jobs 1]
+                                    [--sample 20]
+
+CORPUS_DIR is any directory of Python sources you did not write. Create one with::
+
+    pip install --target /path/to/corpus --no-deps flax optax equinox jax
+
+(flax + optax + equinox give ~300 files, jax's own source ~600 more). Without CORPUS_DIR the
+script does exactly that into a temporary directory (needs a package index).
+
+Both variants run the same flake8 (all installed plugins, default checks, output discarded) in a
+subprocess on the same files, interleaved, ``--repeats`` times each. The "without" run removes the
+plugin before flake8 loads anything: a small driver filters the ``flake8.extension`` entry point
+``lint_plugin.plugin:Int8Checker`` out of ``flake8.plugins.finder.find_plugins``, so the plugin's
+code is never imported; the "with" run uses the same driver without the filter. Afterwards one
+``flake8 --select=JX`` run counts flags per code (``--sample N`` prints N of them for review).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+PLUGIN_ENTRY_POINT = "lint_plugin.plugin:Int8Checker"
+
+DRIVER = f"""
+import sys
+from flake8.plugins import finder
+if sys.argv.pop(1) == "without":
+    _find = finder.find_plugins
+    def find_plugins(cfg, opts):
+        return [p for p in _find(cfg, opts) if p.entry_point.value != {PLUGIN_ENTRY_POINT!r}]
+    finder.find_plugins = find_plugins
+from flake8.main.cli import main
+sys.argv[0] = "flake8"
+raise SystemExit(main())
+"""
+
+
+def make_corpus(target: Path) -> Path:
+    print(f"creating corpus in {target} (pip install --no-deps flax optax equinox jax) ...", flush=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                    "flax", "optax", "equinox", "jax"], check=True)
+    return target
+
+
+def collect_files(corpus: Path, max_files: int) -> List[Path]:
+    files = sorted(p for p in corpus.rglob("*.py") if ".dist-info" not in str(p))
+    return files[:max_files]
+
+
+def run_flake8(variant: str, files: Sequence[Path], jobs: str, extra: Sequence[str] = ()) -> Tuple[float, str]:
+    with tempfile.TemporaryDirectory() as cwd:  # no project config files
+        args = [sys.executable, "-c", DRIVER, variant, "--isolated", "--exit-zero", f"--jobs={jobs}",
+                *extra, *map(str, files)]
+        t0 = time.perf_counter()
+        proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True)
+        elapsed = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"flake8 failed ({variant}):\n{proc.stderr[-2000:]}")
+    return elapsed, proc.stdout
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("corpus", nargs="?", type=Path, help="directory of real Python sources")
+    ap.add_argument("--max-files", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--jobs", default="1", help="flake8 --jobs (default 1, for stable timings)")
+    ap.add_argument("--sample", type=int, default=0, help="print this many JX flags for review")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(list(argv) or None)
+
+    tmp = None
+    corpus = args.corpus
+    if corpus is None:
+        tmp = tempfile.TemporaryDirectory(prefix="lintcorpus-")
+        corpus = make_corpus(Path(tmp.name))
+    files = collect_files(corpus, args.max_files)
+    if not files:
+        raise SystemExit(f"no .py files under {corpus}")
+    n_lines = sum(p.read_bytes().count(b"\n") for p in files)
+    print(f"corpus: {len(files)} files, {n_lines} lines, flake8 --jobs={args.jobs}, {args.repeats} repeats")
+
+    times: Dict[str, List[float]] = {"without": [], "with": []}
+    for r in range(args.repeats):
+        order = ("without", "with") if r % 2 == 0 else ("with", "without")
+        for variant in order:
+            elapsed, _ = run_flake8(variant, files, args.jobs, ["--output-file", os.devnull])
+            times[variant].append(elapsed)
+            print(f"  repeat {r + 1}: {variant:>7} plugin {elapsed:7.2f} s", flush=True)
+
+    print()
+    print(f"{'flake8':<16}{'min s':>9}{'median s':>10}{'lines/s':>10}")
+    for variant in ("without", "with"):
+        ts = times[variant]
+        print(f"{variant + ' JX':<16}{min(ts):>9.2f}{statistics.median(ts):>10.2f}"
+              f"{n_lines / statistics.median(ts):>10.0f}")
+    ratio_med = statistics.median(times["with"]) / statistics.median(times["without"])
+    ratio_min = min(times["with"]) / min(times["without"])
+    print(f"ratio with/without: {ratio_med:.2f} (medians), {ratio_min:.2f} (minima); target <= 2.00")
+
+    elapsed, out = run_flake8("with", files, args.jobs, ["--select=JX"])
+    flags = [line for line in out.splitlines() if ": JX" in line]
+    counts = collections.Counter(line.split(": ", 1)[1].split()[0] for line in flags)
+    print(f"\nflake8 --select=JX: {len(flags)} flags in {elapsed:.2f} s")
+    for code in sorted(counts):
+        print(f"  {code}  {counts[code]}")
+    if args.sample and flags:
+        print(f"\nsample of {min(args.sample, len(flags))} flags:")
+        for line in random.Random(args.seed).sample(flags, min(args.sample, len(flags))):
+            print("  " + line.replace(str(corpus) + os.sep, ""))
+    if tmp is not None:
+        tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
