@@ -274,7 +274,10 @@ def _cmd_report(ns, fn, specs) -> int:
 
 
 def _cmd_verify(ns, fn, specs) -> int:
-    target = _wrapped(fn, _options(ns)) if ns.int8ify else (fn.fn if isinstance(fn, Int8ified) and ns.as_written else fn)
+    if ns.int8ify:
+        target = _wrapped(fn, _options(ns))
+    else:
+        target = fn.fn if isinstance(fn, Int8ified) and ns.as_written else fn
     findings = verify(target, *specs)
     for f in findings:
         file = os.path.relpath(f.file) if f.file and not os.path.relpath(f.file).startswith("..") else f.file
@@ -285,13 +288,17 @@ def _cmd_verify(ns, fn, specs) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m jaxpr_rewrite", description="Inspect and verify the int8 rewrite of a JAX function.")
+    parser = argparse.ArgumentParser(
+        prog="python -m jaxpr_rewrite", description="Inspect and verify the int8 rewrite of a JAX function."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p):
         p.add_argument("target", help="module:function or path/to/file.py:function")
-        p.add_argument("--args", required=True, help='one array per positional argument, e.g. "f32[8,64] f32[64,32]"')
-        p.add_argument("--skip", action="append", metavar="PATTERN", help="name-scope pattern to keep in float (repeatable)")
+        p.add_argument("--args", required=True,
+                       help='one array per positional argument, e.g. "f32[8,64] f32[64,32]"')
+        p.add_argument("--skip", action="append", metavar="PATTERN",
+                       help="name-scope pattern to keep in float (repeatable)")
         p.add_argument("--min-contracting-size", type=int, help="keep dots summing fewer products in float")
         p.add_argument("--granularity", choices=("per-channel", "per-tensor"))
         p.add_argument("--block-size", type=int, help="one scale per block of this many contraction elements")
@@ -306,8 +313,10 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--no-measure", action="store_true", help="trace only: no measured errors")
     ver = sub.add_parser("verify", help="check the function against the int8 contract; exit 1 on findings")
     common(ver)
-    ver.add_argument("--int8ify", action="store_true", help="verify the rewritten program instead of the function as written")
-    ver.add_argument("--as-written", action="store_true", help="for an @int8ify target: verify the undecorated function")
+    ver.add_argument("--int8ify", action="store_true",
+                     help="verify the rewritten program instead of the function as written")
+    ver.add_argument("--as-written", action="store_true",
+                     help="for an @int8ify target: verify the undecorated function")
     return parser
 
 

@@ -164,7 +164,9 @@ def reference_block_matmul(x, w, block: int) -> tuple[np.ndarray, np.ndarray]:
     for start in range(0, k + pad, block):
         xb, wb = x32[:, start:start + block], w32[start:start + block]
         acc = reference_codes(xb, (1,)).astype(np.int64) @ reference_codes(wb, (0,)).astype(np.int64)
-        term = acc * reference_scales(xb, (1,)).astype(np.float64)[:, None] * reference_scales(wb, (0,)).astype(np.float64)[None, :]
+        sx = reference_scales(xb, (1,)).astype(np.float64)
+        sw = reference_scales(wb, (0,)).astype(np.float64)
+        term = acc * sx[:, None] * sw[None, :]
         y += term
         magnitude += np.abs(term)
     return y, magnitude
@@ -182,4 +184,7 @@ def away_from_ties_blocks(x, axis: int, block: int) -> np.ndarray:
 
 def float_dot_eqns(jaxpr):
     """The dot_generals of a (nested) program that still have a floating operand."""
-    return [e for e in dot_eqns(jaxpr) if any(np.issubdtype(v.aval.dtype, np.inexact) or "float" in str(v.aval.dtype) for v in e.invars)]
+    def is_float(dtype):
+        return np.issubdtype(dtype, np.inexact) or "float" in str(dtype)  # ml_dtypes' bfloat16 included
+
+    return [e for e in dot_eqns(jaxpr) if any(is_float(v.aval.dtype) for v in e.invars)]

@@ -2,7 +2,6 @@
 (per-tensor scales, sub-channel blocks), each against the independent numpy reference."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -47,7 +46,8 @@ def test_skip_by_scope_pattern_keeps_matching_dots_float():
     assert len(ints) == 1 and str(ints[0].outvars[0].aval.dtype) == "int32"
     h, y = f(X, W1, W2)
     # the skipped dot is the float dot: float32 rounding only, not int8's ~1e-2
-    np.testing.assert_allclose(np.asarray(h, np.float64), X.astype(np.float64) @ W1.astype(np.float64), rtol=1e-5, atol=1e-5)
+    want = X.astype(np.float64) @ W1.astype(np.float64)
+    np.testing.assert_allclose(np.asarray(h, np.float64), want, rtol=1e-5, atol=1e-5)
     h64 = np.asarray(h)
     assert_close_to_reference(y, reference_dot(h64, W2, MATMUL))
 
