@@ -562,7 +562,7 @@ class FunctionWalk:
 
     def _ev_call(self, node: cst.Call) -> int:
         func = node.func
-        fk = self.ev(func)
+        self.ev(func)
         arg_kinds: List[int] = []
         for a in node.args:
             arg_kinds.append(self.ev(a.value))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, List, Sequence, Tuple, Type
+from typing import Any, Iterator, Sequence, Tuple, Type
 
 from .engine import lint_source
 

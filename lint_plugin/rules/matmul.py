@@ -39,9 +39,8 @@ def match_matmul(node: cst.CSTNode, walk: FunctionWalk) -> Optional[Matmul]:
     positional = [a.value for a in node.args if a.keyword is None and not a.star]
     if q is not None and q in MATMUL_FUNCS:
         if q == "jax.numpy.einsum":
-            if not positional or not isinstance(positional[0], (cst.SimpleString, cst.ConcatenatedString,
-                                                                 cst.FormattedString, cst.Name,
-                                                                 cst.Attribute)):
+            subscripts = (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString, cst.Name, cst.Attribute)
+            if not positional or not isinstance(positional[0], subscripts):
                 return None
             operands = positional[1:]
             if len(operands) < 2:
