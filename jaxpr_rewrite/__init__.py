@@ -9,6 +9,7 @@ Public API (explicit re-exports):
 * :class:`Int8ifyError` -- raised for programs or options the rewrite cannot handle correctly.
 """
 
+from . import scaled_matmul as _scaled_matmul  # noqa: F401  (registers the mxfp8/nvfp4/auto backends)
 from .api import Int8ified, int8ify
 from .errors import Int8ifyError
 from .matmul import int8_matmul

@@ -10,6 +10,21 @@ What needs internals, and why:
 * ``shard_map_body_context``: a shard_map body can only be traced inside its mesh axis environment.
 * ``wrap_jaxpr_thunk``: custom_jvp/custom_vjp keep their jvp/fwd rules as ``linear_util.WrappedFun`` thunks
   that produce jaxprs; the rewrite wraps them to rewrite what they produce.
+* ``scaled_matmul_primitive``: ``jax.nn.scaled_matmul`` stages a ``jit`` around the ``scaled_matmul_wrapper``
+  primitive, which lowers (through ``custom_partitioning``) to the ``scaled_matmul`` primitive of
+  ``jax._src.cudnn.scaled_matmul_stablehlo``. JAX gives that primitive lowering rules for ``cuda`` (the
+  cuDNN ``__op$block_scaled_dot`` custom call) and ``rocm`` only; on CPU lowering fails with "MLIR
+  translation rule for primitive 'scaled_matmul' not found for platform cpu".
+* ``has_lowering``: whether JAX already has a rule for a primitive on a platform, so that the emulation is
+  registered only where JAX has none (never replacing JAX's own cuda/rocm rules).
+* ``generalize_batchers``: JAX's batching rule for ``scaled_matmul`` / ``scaled_matmul_wrapper`` asserts
+  that all four operands are batched along the same axis and assumes that axis is the leading one, so
+  ``jax.vmap`` over a rewritten function with an unbatched weight fails (``AssertionError``). The rule is
+  wrapped to move every batch axis to the front first (broadcasting unbatched operands), which is the
+  case JAX's rule handles.
+
+:func:`register_emulated_lowering` and :func:`generalize_batchers` are called at import of
+:mod:`jaxpr_rewrite.scaled_matmul`; both are idempotent.
 """
 
 from __future__ import annotations
@@ -17,10 +32,13 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Sequence
 
+from jax.interpreters import batching, mlir
 from jax._src import config as _config
-from jax._src import core as _core
 from jax._src import linear_util as _lu
 from jax._src import shard_map as _shard_map
+from jax._src import xla_bridge as _xb
+from jax._src.cudnn import scaled_matmul_stablehlo as _scaled_matmul_stablehlo
+from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import partial_eval as _pe
 from jax._src.mesh import use_abstract_mesh as _use_abstract_mesh
 
@@ -82,3 +100,65 @@ def make_debug_info(traced_for: str, fn: Callable, args, kwargs):
 
     return api_util.debug_info(traced_for, fn, args, kwargs)
 
+
+# Platforms on which the emulation may be registered when JAX has no rule there.
+EMULATED_PLATFORMS = ("cpu", "tpu")
+
+
+def scaled_matmul_primitive():
+    """The ``scaled_matmul`` primitive (``multiple_results=True``; params: ``preferred_element_type``)
+    that ``jax.nn.scaled_matmul`` finally lowers to."""
+    return _scaled_matmul_stablehlo._scaled_matmul_p
+
+
+def has_lowering(primitive, platform: str) -> bool:
+    """Whether ``primitive`` has a lowering rule on ``platform`` (a platform-specific or a common one)."""
+    return primitive in _mlir._platform_specific_lowerings.get(platform, {}) or primitive in _mlir._lowerings
+
+
+def register_emulated_lowering(emulation: Callable, platforms=EMULATED_PLATFORMS) -> tuple[str, ...]:
+    """Give the ``scaled_matmul`` primitive the lowering ``mlir.lower_fun(emulation)`` on each platform of
+    ``platforms`` that JAX knows and has no rule for.
+
+    Arguments:
+        emulation: ``fn(a, b, a_scales, b_scales, *, preferred_element_type) -> [out]`` computing the
+            documented math from the quantized operands.
+        platforms: candidate platforms.
+
+    Returns:
+        The platforms registered by this call (empty when called again: registering is idempotent).
+    """
+    primitive = scaled_matmul_primitive()
+    done = []
+    for platform in platforms:
+        if not _xb.is_known_platform(platform) or has_lowering(primitive, platform):
+            continue
+        mlir.register_lowering(primitive, mlir.lower_fun(emulation, multiple_results=True), platform=platform)
+        done.append(platform)
+    return tuple(done)
+
+
+def generalize_batchers() -> tuple[str, ...]:
+    """Replace the batching rules of ``scaled_matmul`` and ``scaled_matmul_wrapper`` by JAX's own rule
+    applied after moving every batch axis to the front (broadcasting unbatched operands), so any operand
+    may be unbatched and the batch axis may be anywhere.
+
+    Returns:
+        The names of the primitives whose rule was replaced by this call (empty when called again).
+    """
+    jax_rule = _scaled_matmul_stablehlo._scaled_matmul_batcher
+    done = []
+    for primitive in (_scaled_matmul_stablehlo._scaled_matmul_p, _scaled_matmul_stablehlo._scaled_matmul_p_wrapper):
+        if getattr(batching.fancy_primitive_batchers.get(primitive), "_int8ify_general", False):
+            continue
+
+        def rule(axis_data, batched_args, batch_dims, *, _primitive=primitive, **params):
+            if all(d is None for d in batch_dims):
+                return _primitive.bind(*batched_args, **params), [None]
+            args = [batching.bdim_at_front(a, d, axis_data.size) for a, d in zip(batched_args, batch_dims)]
+            return jax_rule(args, (0,) * len(args), **params)
+
+        rule._int8ify_general = True
+        batching.fancy_primitive_batchers[primitive] = rule
+        done.append(primitive.name)
+    return tuple(done)

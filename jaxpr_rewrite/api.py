@@ -44,7 +44,14 @@ class Int8ified:
     transformation the rewritten program runs through a cached ``jax.jit``.
     """
 
-    def __init__(self, fn: Callable, *, static_argnums: Iterable[int] = (), static_argnames: Iterable[str] = (), config: RewriteConfig):
+    def __init__(
+        self,
+        fn: Callable,
+        *,
+        static_argnums: Iterable[int] = (),
+        static_argnames: Iterable[str] = (),
+        config: RewriteConfig,
+    ):
         if not callable(fn):
             raise Int8ifyError(f"int8ify expects a callable, got {type(fn).__name__}")
         self.fn = fn

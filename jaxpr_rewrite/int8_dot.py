@@ -11,7 +11,6 @@ float operands.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple, Sequence
 
 import jax
@@ -106,6 +105,25 @@ def contraction_size(shape, contracting: Sequence[int]) -> int:
     return int(np.prod([shape[a] for a in contracting], dtype=np.int64))
 
 
+def _matrix_vector_safe_dot(lhs_codes, rhs_codes, dimension_numbers):
+    """The int8 x int8 -> int32 dot, with a one-row lhs padded to two rows.
+
+    XLA's CPU backend runs an s8 x s8 -> s32 dot with a single lhs row (batch-1 inference) on a slow
+    matrix-vector path, about 3x slower than the same dot with two rows (benchmarks/speed.py). Padding the
+    row with zeros and slicing it off again keeps one int8 dot and exact sums.
+    """
+    (lc, rc), (lb, rb) = dimension_numbers
+    lhs_free = _free_axes(lhs_codes.ndim, lc, lb)
+    rhs_free = _free_axes(rhs_codes.ndim, rc, rb)
+    one_row = lhs_free and all(lhs_codes.shape[a] == 1 for a in lhs_free)
+    if not one_row or contraction_size(rhs_codes.shape, rhs_free) <= 1:
+        return lax.dot_general(lhs_codes, rhs_codes, dimension_numbers, preferred_element_type=np.int32)
+    padding = [(0, 1 if a == lhs_free[0] else 0, 0) for a in range(lhs_codes.ndim)]
+    padded = lax.pad(lhs_codes, np.int8(0), padding)
+    acc = lax.dot_general(padded, rhs_codes, dimension_numbers, preferred_element_type=np.int32)
+    return lax.slice_in_dim(acc, 0, 1, axis=len(lb))
+
+
 def _int32_dot(lhs_codes, rhs_codes, dimension_numbers):
     """``dot_general`` of int8 codes into int32, split along the contraction when it could overflow.
 
@@ -119,8 +137,7 @@ def _int32_dot(lhs_codes, rhs_codes, dimension_numbers):
     (lc, rc), (lb, rb) = dimension_numbers
     contraction = contraction_size(lhs_codes.shape, lc)
     if contraction <= MAX_INT32_SAFE_CONTRACTION:
-        acc = lax.dot_general(lhs_codes, rhs_codes, dimension_numbers, preferred_element_type=np.int32)
-        return lax.convert_element_type(acc, np.float32)
+        return lax.convert_element_type(_matrix_vector_safe_dot(lhs_codes, rhs_codes, dimension_numbers), np.float32)
     n_chunks = -(-contraction // MAX_INT32_SAFE_CONTRACTION)
     chunk = -(-contraction // n_chunks)
     lhs3 = _blocked(lhs_codes, lc, lb, n_chunks, chunk)
@@ -175,29 +192,6 @@ def int8_dot_general_impl(lhs, rhs, dimension_numbers, out_dtype, scheme: Scheme
     return out if out.dtype == out_dtype else lax.convert_element_type(out, out_dtype)
 
 
-def _float_params(params: tuple) -> dict:
-    return dict(params)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
-def int8_dot_general(lhs, rhs, float_params: tuple, out_dtype, scheme: Scheme = PER_CHANNEL):
-    """One float ``dot_general`` computed in int8, with a straight-through gradient.
-
-    Arguments:
-        lhs, rhs: the dot's operands: floating arrays, or :class:`Quantized` codes and per-channel scales
-            (pre-quantized weights; no gradient flows into those).
-        float_params: the original equation's params as a sorted tuple of items (hashable); the
-            ``dimension_numbers`` drive the int8 dot, and all of them are reused verbatim for the float
-            dots of the JVP.
-        out_dtype: the dot's output dtype.
-        scheme: the scale layout (:class:`Scheme`); the contract's per-channel scales by default.
-
-    Returns:
-        The dot's value in ``out_dtype``, computed as ``int32_sum * lhs_scale * rhs_scale``.
-    """
-    return int8_dot_general_impl(lhs, rhs, _float_params(float_params)["dimension_numbers"], out_dtype, scheme)
-
-
 def _float_value(operand, contracting, like):
     """The float value of an operand for the JVP's float dots: pre-quantized weights are dequantized."""
     if not isinstance(operand, Quantized):
@@ -210,21 +204,47 @@ def _has_tangent(primal, tangent) -> bool:
     return not isinstance(primal, Quantized) and type(tangent) is not SymbolicZero
 
 
-def _straight_through_jvp(float_params, out_dtype, scheme, primals, tangents):
-    lhs, rhs = primals
-    lhs_dot, rhs_dot = tangents
-    out = int8_dot_general(lhs, rhs, float_params, out_dtype, scheme)
-    params = _float_params(float_params)
-    (lc, rc), _ = params["dimension_numbers"]
-    terms = []
-    if _has_tangent(lhs, lhs_dot):
-        terms.append(lax.dot_general_p.bind(lhs_dot, _float_value(rhs, rc, lhs_dot), **params))
-    if _has_tangent(rhs, rhs_dot):
-        terms.append(lax.dot_general_p.bind(_float_value(lhs, lc, rhs_dot), rhs_dot, **params))
-    if not terms:
-        return out, lax.zeros_like_array(out)
-    tangent = terms[0] if len(terms) == 1 else lax.add(*terms)
-    return out, tangent.astype(out.dtype)
+def straight_through(impl):
+    """Wrap a quantized dot into a function with a straight-through gradient.
+
+    Arguments:
+        impl: ``impl(lhs, rhs, dimension_numbers, out_dtype, option)``, the quantized program for one
+            ``dot_general`` (``option``: a hashable description of the scheme or format).
+
+    Returns:
+        A ``jax.custom_jvp`` function ``fn(lhs, rhs, float_params, out_dtype, option)``, where
+        ``float_params`` are the original ``dot_general`` params as a sorted tuple of items. Its JVP is the
+        float dot's, evaluated at the float operands (pre-quantized operands: at ``codes * scales``), so
+        ``grad`` sees the float dot while the forward pass stays quantized.
+    """
+
+    def dot(lhs, rhs, float_params, out_dtype, option):
+        return impl(lhs, rhs, dict(float_params)["dimension_numbers"], out_dtype, option)
+
+    dot.__name__ = dot.__qualname__ = impl.__name__.removesuffix("_impl")
+    dot = jax.custom_jvp(dot, nondiff_argnums=(2, 3, 4))
+
+    def straight_through_jvp(float_params, out_dtype, option, primals, tangents):
+        lhs, rhs = primals
+        lhs_dot, rhs_dot = tangents
+        out = dot(lhs, rhs, float_params, out_dtype, option)
+        params = dict(float_params)
+        (lc, rc), _ = params["dimension_numbers"]
+        terms = []
+        if _has_tangent(lhs, lhs_dot):
+            terms.append(lax.dot_general_p.bind(lhs_dot, _float_value(rhs, rc, lhs_dot), **params))
+        if _has_tangent(rhs, rhs_dot):
+            terms.append(lax.dot_general_p.bind(_float_value(lhs, lc, rhs_dot), rhs_dot, **params))
+        if not terms:
+            return out, lax.zeros_like_array(out)
+        tangent = terms[0] if len(terms) == 1 else lax.add(*terms)
+        return out, tangent.astype(out.dtype)
+
+    dot.defjvp(straight_through_jvp, symbolic_zeros=True)
+    return dot
 
 
-int8_dot_general.defjvp(_straight_through_jvp, symbolic_zeros=True)
+int8_dot_general = straight_through(int8_dot_general_impl)
+"""``int8_dot_general(lhs, rhs, float_params, out_dtype, scheme)``: one float ``dot_general`` computed in
+int8 under :class:`Scheme` ``scheme``, as ``int32_sum * lhs_scale * rhs_scale`` in ``out_dtype``, with a
+straight-through gradient. ``lhs``/``rhs`` may be :class:`Quantized` (pre-quantized weights, no gradient)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import jax
-import numpy as np
 from jax import lax
 
 from .int8_dot import scale_to_output, _int32_dot

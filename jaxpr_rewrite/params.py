@@ -17,6 +17,7 @@ import numpy as np
 from jax import lax
 
 from .errors import Int8ifyError
+from .int8_dot import Scheme
 from .quantize import Quantized, dequantize, quantize
 
 
@@ -125,7 +126,8 @@ def quantize_params(fn: Callable, params, *example_args, **example_kwargs):
                 quantizable = False
                 break
             contracting.add(tuple(eqn.params["dimension_numbers"][0][side]))
-        if quantizable and len(contracting) == 1 and config.backend == "int8" and config.scheme.granularity == "per-channel" and config.block_size is None:
+        per_channel_int8 = config.resolved_backend == "int8" and config.scheme == Scheme()
+        if quantizable and len(contracting) == 1 and per_channel_int8:
             new_leaves.append(quantize_array(leaf, next(iter(contracting))))
         else:
             new_leaves.append(leaf)

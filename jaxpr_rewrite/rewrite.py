@@ -37,6 +37,8 @@ GRANULARITIES = ("per-channel", "per-tensor")
 
 # Backends a float dot can be rewritten to: name -> fn(lhs, rhs, float_params, out_dtype, config).
 dot_backends: dict[str, Callable] = {}
+# Names that stand for a backend chosen when the rewrite runs (e.g. "auto"): name -> fn() -> backend name.
+backend_aliases: dict[str, Callable[[], str]] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,15 +75,23 @@ class RewriteConfig:
         if self.granularity not in GRANULARITIES:
             raise Int8ifyError(f"granularity must be one of {GRANULARITIES}, got {self.granularity!r}")
         if self.block_size is not None:
-            if not isinstance(self.block_size, (int, np.integer)) or not 1 <= self.block_size <= MAX_INT32_SAFE_CONTRACTION:
+            is_int = isinstance(self.block_size, (int, np.integer))
+            if not is_int or not 1 <= self.block_size <= MAX_INT32_SAFE_CONTRACTION:
                 raise Int8ifyError(
                     f"block_size must be an int in [1, {MAX_INT32_SAFE_CONTRACTION}] (int32 partial sums of a "
                     f"block must not overflow), got {self.block_size!r}"
                 )
             if self.granularity != "per-channel":
                 raise Int8ifyError("block_size refines per-channel scales; it cannot be combined with per-tensor")
-        if self.backend not in dot_backends:
-            raise Int8ifyError(f"backend must be one of {sorted(dot_backends)}, got {self.backend!r}")
+        if self.backend not in dot_backends and self.backend not in backend_aliases:
+            known = sorted([*dot_backends, *backend_aliases])
+            raise Int8ifyError(f"backend must be one of {known}, got {self.backend!r}")
+
+    @property
+    def resolved_backend(self) -> str:
+        """The backend dots are rewritten to, aliases such as ``"auto"`` resolved for this machine."""
+        alias = backend_aliases.get(self.backend)
+        return alias() if alias is not None else self.backend
 
     @property
     def scheme(self) -> Scheme:
@@ -239,16 +249,20 @@ class Rewriter:
         for i, v in enumerate(jaxpr.invars):
             if i in quantized:
                 q = quantized[i]
-                in_avals += [jax.core.ShapedArray(q.codes.shape, np.int8), jax.core.ShapedArray(q.scales.shape, np.float32)]
+                in_avals.append(jax.core.ShapedArray(q.codes.shape, np.int8))
+                in_avals.append(jax.core.ShapedArray(q.scales.shape, np.float32))
             else:
                 in_avals.append(v.aval)
 
         def interpret(*flat):
             flat = iter(flat)
-            args = [
-                QuantizedArray(next(flat), next(flat), quantized[i].contracting, quantized[i].dtype) if i in quantized else next(flat)
-                for i in range(len(jaxpr.invars))
-            ]
+            args = []
+            for i in range(len(jaxpr.invars)):
+                if i in quantized:
+                    codes, scales = next(flat), next(flat)
+                    args.append(QuantizedArray(codes, scales, quantized[i].contracting, quantized[i].dtype))
+                else:
+                    args.append(next(flat))
             return self.interpret(jaxpr, closed_jaxpr.consts, args)
 
         new_jaxpr, consts = _compat.trace_to_jaxpr(interpret, in_avals, jaxpr.debug_info)
@@ -347,7 +361,7 @@ def rewrite_dot(eqn, invals, config: RewriteConfig):
     from .params import QuantizedArray
 
     (lc, rc), _ = eqn.params["dimension_numbers"]
-    direct = config.backend == "int8" and config.scheme == Scheme()
+    direct = config.resolved_backend == "int8" and config.scheme == Scheme()
     invals = [
         (x.quantized if direct and x.contracting == tuple(sorted(contract)) else x.dequantize())
         if isinstance(x, QuantizedArray) else x
@@ -360,10 +374,13 @@ def rewrite_dot(eqn, invals, config: RewriteConfig):
                 f"dot_general at {describe_source(eqn)} has complex operands ({describe_operands(eqn)}); "
                 "the int8 contract is defined for real floating dots only"
             )
-    lhs = lhs if isinstance(lhs, Quantized) or _is_float(eqn.invars[0].aval.dtype) else lax.convert_element_type(lhs, np.float32)
-    rhs = rhs if isinstance(rhs, Quantized) or _is_float(eqn.invars[1].aval.dtype) else lax.convert_element_type(rhs, np.float32)
+    # an integer operand of a mixed dot is quantized like a float one
+    lhs, rhs = (
+        x if isinstance(x, Quantized) or _is_float(v.aval.dtype) else lax.convert_element_type(x, np.float32)
+        for x, v in zip((lhs, rhs), eqn.invars)
+    )
     float_params = tuple(sorted(eqn.params.items()))
-    return dot_backends[config.backend](lhs, rhs, float_params, eqn.outvars[0].aval.dtype, config)
+    return dot_backends[config.resolved_backend](lhs, rhs, float_params, eqn.outvars[0].aval.dtype, config)
 
 
 def _int8_backend(lhs, rhs, float_params, out_dtype, config: RewriteConfig):

@@ -41,12 +41,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.custom_derivatives import SymbolicZero
 
-from . import _compat_scaled
+from . import _compat
 from .errors import Int8ifyError
-from .int8_dot import _blocked, _free_axes, contraction_size
-from .rewrite import RewriteConfig, dot_backends
+from .int8_dot import _blocked, _free_axes, contraction_size, straight_through
+from .rewrite import RewriteConfig, backend_aliases, dot_backends
 
 
 class BlockFormat(NamedTuple):
@@ -216,36 +215,6 @@ def scaled_dot_general_impl(lhs, rhs, dimension_numbers, out_dtype, fmt: BlockFo
     return out if out.dtype == out_dtype else lax.convert_element_type(out, out_dtype)
 
 
-def straight_through(impl):
-    """Wrap ``impl(lhs, rhs, dimension_numbers, out_dtype, option)`` into a ``custom_jvp`` function
-    ``fn(lhs, rhs, float_params, out_dtype, option)`` whose JVP is the float dot's at the float operands
-    (``float_params``: the original ``dot_general`` params as a sorted tuple of items)."""
-
-    def dot(lhs, rhs, float_params, out_dtype, option):
-        return impl(lhs, rhs, dict(float_params)["dimension_numbers"], out_dtype, option)
-
-    dot.__name__ = dot.__qualname__ = impl.__name__.removesuffix("_impl")
-    dot = jax.custom_jvp(dot, nondiff_argnums=(2, 3, 4))
-
-    def jvp(float_params, out_dtype, option, primals, tangents):
-        lhs, rhs = primals
-        lhs_dot, rhs_dot = tangents
-        out = dot(lhs, rhs, float_params, out_dtype, option)
-        params = dict(float_params)
-        terms = []
-        if type(lhs_dot) is not SymbolicZero:
-            terms.append(lax.dot_general_p.bind(lhs_dot, rhs, **params))
-        if type(rhs_dot) is not SymbolicZero:
-            terms.append(lax.dot_general_p.bind(lhs, rhs_dot, **params))
-        if not terms:
-            return out, lax.zeros_like_array(out)
-        tangent = terms[0] if len(terms) == 1 else lax.add(*terms)
-        return out, tangent.astype(out.dtype)
-
-    dot.defjvp(jvp, symbolic_zeros=True)
-    return dot
-
-
 scaled_dot_general = straight_through(scaled_dot_general_impl)
 """``scaled_dot_general(lhs, rhs, float_params, out_dtype, fmt)``: one float dot through
 ``jax.nn.scaled_matmul`` in ``fmt``, with a straight-through gradient."""
@@ -270,8 +239,8 @@ def emulated_scaled_matmul(a, b, a_scales, b_scales, *, preferred_element_type):
     return [out.astype(preferred_element_type)]
 
 
-EMULATED_ON = _compat_scaled.register_emulated_lowering(emulated_scaled_matmul)
-_compat_scaled.generalize_batchers()
+EMULATED_ON = _compat.register_emulated_lowering(emulated_scaled_matmul)
+_compat.generalize_batchers()
 
 
 # -- backends -------------------------------------------------------------------------------------------
@@ -315,11 +284,10 @@ def _format_backend(fmt: BlockFormat):
     return backend
 
 
-def _auto_backend(lhs, rhs, float_params, out_dtype, config: RewriteConfig):
-    name = "mxfp8" if is_blackwell() else "int8"
-    return dot_backends[name](lhs, rhs, float_params, out_dtype, config)
+def _auto_backend_name() -> str:
+    return "mxfp8" if is_blackwell() else "int8"
 
 
 dot_backends["mxfp8"] = _format_backend(MXFP8)
 dot_backends["nvfp4"] = _format_backend(NVFP4)
-dot_backends["auto"] = _auto_backend
+backend_aliases["auto"] = _auto_backend_name

@@ -284,4 +284,3 @@ def assert_int8(fn, *args, **kwargs) -> None:
     if findings:
         lines = "\n".join(f"  {f}" for f in findings)
         raise AssertionError(f"{len(findings)} int8 contract finding(s):\n{lines}")
-

@@ -22,7 +22,7 @@ from jax import lax
 from jax.extend.core import jaxprs_in_params
 
 from jaxpr_rewrite import Int8ifyError, int8ify
-from jaxpr_rewrite import _compat_scaled
+from jaxpr_rewrite import _compat
 from jaxpr_rewrite import scaled_matmul as sm
 
 FORMATS = {"mxfp8": sm.MXFP8, "nvfp4": sm.NVFP4}
@@ -334,11 +334,11 @@ def test_int8_only_options_are_rejected():
 
 
 def test_registration_is_idempotent_and_only_where_jax_has_no_rule():
-    assert _compat_scaled.register_emulated_lowering(sm.emulated_scaled_matmul) == ()
-    assert _compat_scaled.generalize_batchers() == ()
+    assert _compat.register_emulated_lowering(sm.emulated_scaled_matmul) == ()
+    assert _compat.generalize_batchers() == ()
     assert "cpu" in sm.EMULATED_ON and "cuda" not in sm.EMULATED_ON and "rocm" not in sm.EMULATED_ON
-    prim = _compat_scaled.scaled_matmul_primitive()
-    assert _compat_scaled.has_lowering(prim, "cuda") and _compat_scaled.has_lowering(prim, "cpu")
+    prim = _compat.scaled_matmul_primitive()
+    assert _compat.has_lowering(prim, "cuda") and _compat.has_lowering(prim, "cpu")
 
 
 def test_jax_nn_scaled_matmul_runs_on_cpu_with_documented_value():
