@@ -138,6 +138,20 @@ class Int8ified:
         key, dynamic = self._split(args, kwargs)
         return self._program(key, dynamic).closed
 
+    def report(self, *args, **kwargs):
+        """One row per dot_general, with the rewrite's decision and measured int8 error.
+
+        Arguments:
+            *args, **kwargs: the call's arguments; concrete arrays get each dot's error measured,
+                ``jax.ShapeDtypeStruct`` only traces.
+
+        Returns:
+            A :class:`~jaxpr_rewrite.report.Report` (prints as an aligned table).
+        """
+        from .report import report
+
+        return report(self, *args, **kwargs)
+
     def __call__(self, *args, **kwargs):
         key, dynamic = self._split(args, kwargs)
         program = self._program(key, dynamic)
