@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from typing import Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Tuple
 
@@ -14,6 +15,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from .dataflow import Hook, analyze
 from .discovery import discover
+from .prefilter import may_have_traced_code
 from .rules import ANYWHERE, PLAIN, RULES, Rule
 
 __all__ = ["PARSE_ERROR_CODE", "Violation", "lint_source", "might_contain_traced_code"]
@@ -119,7 +121,8 @@ def _span(node: cst.CSTNode, positions) -> Tuple[int, int]:  # type: ignore[no-u
 
 
 def lint_source(source: str, extra_decorators: Iterable[str] = (), *, raise_errors: bool = False,
-                filename: Optional[str] = None, honour_noqa: bool = True) -> List[Violation]:
+                filename: Optional[str] = None, honour_noqa: bool = True,
+                tree: Optional[ast.AST] = None) -> List[Violation]:
     """All violations in ``source``, sorted by position.
 
     flake8 applies ``# noqa`` only to the physical line it reports (and to multi-line strings);
@@ -129,6 +132,14 @@ def lint_source(source: str, extra_decorators: Iterable[str] = (), *, raise_erro
     extra: FrozenSet[str] = frozenset(d.strip() for d in extra_decorators if d and d.strip())
     if not might_contain_traced_code(source, extra):
         return []
+    if "int8" not in source:  # JX102 applies anywhere; the other rules need traced code
+        if tree is None:
+            try:
+                tree = ast.parse(source)
+            except (SyntaxError, ValueError):
+                tree = None  # let libcst report it
+        if tree is not None and not may_have_traced_code(tree, extra):
+            return []
     try:
         module = cst.parse_module(source)
     except Exception as exc:  # libcst raises ParserSyntaxError, occasionally others

@@ -15,8 +15,8 @@ class Int8Checker:
     """flake8 entry point ``JX = lint_plugin.plugin:Int8Checker``.
 
     flake8 only runs a plugin as a tree plugin when ``__init__`` takes ``tree``; the rules work on
-    a libcst module built from ``lines`` (``tree`` is unused: the libcst tree carries the
-    parentheses and comments the position mapping needs).
+    a libcst module built from ``lines``. ``tree`` (parsed by flake8 anyway) only serves the cheap
+    pre-check that skips the libcst parse of files without traced code.
     """
 
     name = "int8ify-lint"
@@ -51,5 +51,5 @@ class Int8Checker:
     def run(self) -> Iterator[Tuple[int, int, str, Type["Int8Checker"]]]:
         source = "".join(self.lines)
         for v in lint_source(source, self.traced_decorators, filename=self.filename,
-                             honour_noqa=self.honour_noqa):
+                             honour_noqa=self.honour_noqa, tree=self.tree):
             yield v.line, v.col, v.message, type(self)
