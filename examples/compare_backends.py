@@ -20,7 +20,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from mlp import init_mlp  # noqa: E402
 
-import jaxpr_rewrite.scaled_matmul  # noqa: E402,F401  (registers the mxfp8/nvfp4/auto backends)
 from jaxpr_rewrite import int8ify  # noqa: E402
 
 BACKENDS = ("int8", "mxfp8", "nvfp4")
