@@ -15,6 +15,7 @@ from jax import lax
 INT8_MAX = 127
 # The largest contraction whose int8 x int8 products cannot overflow an int32 sum: 127 * 127 * K < 2**31.
 MAX_INT32_SAFE_CONTRACTION = (2**31 - 1) // (INT8_MAX * INT8_MAX)
+SMALLEST_NORMAL = np.finfo(np.float32).tiny
 
 
 class Quantized(NamedTuple):
@@ -38,14 +39,19 @@ def absmax_scale(x, reduce_axes: Sequence[int]):
 
     Returns:
         float32 scales over the remaining axes, in their original order. A slice holding NaN or Inf gets a
-        non-finite scale, so every output that depends on it comes out non-finite.
+        non-finite scale, so every output that depends on it comes out non-finite. A nonzero slice whose
+        scale would be subnormal (absmax below ``127 * 1.18e-38``) gets the smallest normal float32.
     """
     x32 = x if x.dtype == np.float32 else lax.convert_element_type(x, np.float32)
     amax = lax.reduce_max(lax.abs(x32), tuple(reduce_axes))
     if any(x.shape[a] == 0 for a in reduce_axes):
         # reduce_max of an empty slice is -inf; an empty slice is an all-zero slice.
         amax = lax.max(amax, np.float32(0))
-    return lax.select(lax.eq(amax, np.float32(0)), lax.full_like(amax, 1.0), lax.div(amax, np.float32(INT8_MAX)))
+    # XLA flushes subnormal floats to zero on CPU and GPU: an absmax below 127 * FLT_MIN would give a zero
+    # scale and divide by it. Such slices get the smallest normal scale instead (their products underflow
+    # to zero in float32 either way); NaN still propagates through max.
+    scale = lax.max(lax.div(amax, np.float32(INT8_MAX)), np.float32(SMALLEST_NORMAL))
+    return lax.select(lax.eq(amax, np.float32(0)), lax.full_like(amax, 1.0), scale)
 
 
 def quantize(x, reduce_axes: Sequence[int]) -> Quantized:

@@ -797,22 +797,9 @@ class _Fixpoint:
             if i == 0 and fi.method_of is not None and name in ("self", "cls"):
                 env[name] = FLAX_SELF if flax_self else UNKNOWN
                 continue
-            k: Optional[int] = None
-            for spec in fi.roots:
-                k = merge_seed(k, _root_param_kind(spec, i, p, fi))
-            s = fi.seed.get(name)
-            if s is not None:
-                k = merge_seed(k, s)
-            env[name] = UNKNOWN if k is None or _scalar_annotation(p) else k
+            env[name] = _param_seed(fi, i, p)
         for p in node.params.kwonly_params:
-            name = p.name.value
-            k = None
-            for spec in fi.roots:
-                k = merge_seed(k, _root_param_kind(spec, None, p, fi))
-            s = fi.seed.get(name)
-            if s is not None:
-                k = merge_seed(k, s)
-            env[name] = UNKNOWN if k is None or _scalar_annotation(p) else k
+            env[p.name.value] = _param_seed(fi, None, p)
         for star in (node.params.star_arg, node.params.star_kwarg):
             if isinstance(star, cst.Param):
                 env[star.name.value] = UNKNOWN
@@ -904,6 +891,18 @@ def _scalar_annotation(p: cst.Param) -> bool:
         return head is not None and head.rsplit(".", 1)[-1] in (
             "Optional", "Callable", "Sequence", "Tuple", "tuple", "Literal", "Union", "Mapping", "Iterable")
     return False
+
+
+def _param_seed(fi: "FuncInfo", index: Optional[int], param: cst.Param) -> int:
+    """The kind a parameter starts with: merged over the roots that trace the function (positional
+    ``index``, or None for keyword-only) and the kinds call sites passed; unknown for a scalar annotation."""
+    kind: Optional[int] = None
+    for spec in fi.roots:
+        kind = merge_seed(kind, _root_param_kind(spec, index, param, fi))
+    seeded = fi.seed.get(param.name.value)
+    if seeded is not None:
+        kind = merge_seed(kind, seeded)
+    return UNKNOWN if kind is None or _scalar_annotation(param) else kind
 
 
 def _root_param_kind(spec: RootSpec, index: Optional[int], p: cst.Param, fi: FuncInfo) -> int:

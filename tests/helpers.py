@@ -16,7 +16,10 @@ def reference_scales(x, reduce_axes) -> np.ndarray:
     """float32 ``absmax / 127`` over ``reduce_axes`` (1 for an all-zero slice), kept axes in order."""
     x = np.asarray(x, np.float32)
     amax = np.max(np.abs(x), axis=tuple(reduce_axes), initial=np.float32(0))
-    return np.where(amax == 0, np.float32(1), amax / np.float32(127)).astype(np.float32)
+    # the library's one documented departure: a scale that would be subnormal (XLA flushes those to zero)
+    # is raised to the smallest normal float32
+    scale = np.maximum(amax / np.float32(127), np.finfo(np.float32).tiny)
+    return np.where(amax == 0, np.float32(1), scale).astype(np.float32)
 
 
 def reference_codes(x, reduce_axes) -> np.ndarray:

@@ -88,11 +88,11 @@ def test_show_diff_marks_rewritten_equations(module, capsys):
     assert code == 0
     lines = out.splitlines()
     assert "float program" in lines[0] and "rewritten program" in lines[0]
-    changed = [l for l in lines if l.startswith("- ")]
-    assert len(changed) == 2 and all("dot_general" in l for l in changed)
-    assert sum("custom_jvp_call[name=int8_dot_general]" in l for l in lines) == 2
-    assert sum("preferred=int32" in l and "| +" in l for l in lines) == 2
-    assert any(l.startswith("  ") and "tanh" in l and "| " in l for l in lines)  # unchanged, side by side
+    changed = [line for line in lines if line.startswith("- ")]
+    assert len(changed) == 2 and all("dot_general" in line for line in changed)
+    assert sum("custom_jvp_call[name=int8_dot_general]" in line for line in lines) == 2
+    assert sum("preferred=int32" in line and "| +" in line for line in lines) == 2
+    assert any(line.startswith("  ") and "tanh" in line and "| " in line for line in lines)  # unchanged, side by side
 
 
 def test_report_table_with_measured_errors(module, capsys):
@@ -113,7 +113,7 @@ def test_verify_exit_status_and_format(module, capsys):
     assert code == 1
     assert out.startswith("tinymodel.py:15: JX103 ")
     code, out, _ = _run(capsys, "verify", "tinymodel:mlp", "--args", ARGS)
-    assert code == 1 and [l.split()[1] for l in out.splitlines()] == ["JX101", "JX101"]
+    assert code == 1 and [line.split()[1] for line in out.splitlines()] == ["JX101", "JX101"]
     code, out, _ = _run(capsys, "verify", "tinymodel:mlp", "--args", ARGS, "--int8ify")
     assert code == 0 and "no findings" in out
     code, out, _ = _run(capsys, "verify", "tinymodel:int8_matmul", "--args", "f32[4,16] f32[16,3]")

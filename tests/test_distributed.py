@@ -1,7 +1,7 @@
 """int8ify under sharding: jit with NamedSharding over a mesh of 8 CPU devices, and inside shard_map."""
 
 import jax
-import jax.numpy as jnp
+
 import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding

@@ -125,7 +125,8 @@ def test_integer_and_int8_dots_are_left_alone():
     def f(a, b, c, d):
         return a @ b, jax.lax.dot_general(c, d, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
 
-    args = (jnp.ones((2, 3), jnp.int32), jnp.ones((3, 4), jnp.int32), jnp.ones((2, 3), jnp.int8), jnp.ones((3, 4), jnp.int8))
+    args = (jnp.ones((2, 3), jnp.int32), jnp.ones((3, 4), jnp.int32))
+    args += (jnp.ones((2, 3), jnp.int8), jnp.ones((3, 4), jnp.int8))
     before = jax.make_jaxpr(f)(*args)
     after = jax.make_jaxpr(int8ify(f))(*args)
     assert str(before) == str(after)
@@ -143,7 +144,10 @@ def test_bfloat16_scales_and_epilogue_in_float32():
 
 def test_preferred_float32_output_from_bf16_operands():
     a = jnp.asarray(np.random.default_rng(2).normal(size=(4, 8)), jnp.bfloat16)
-    f = lambda a, b: jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)  # noqa: E731
+
+    def f(a, b):
+        return jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
     out = int8ify(f)(a, a.T)
     assert out.dtype == jnp.float32
     want = reference_dot(np.asarray(a, np.float32), np.asarray(a, np.float32).T, (((1,), (0,)), ((), ())))

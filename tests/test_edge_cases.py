@@ -1,7 +1,7 @@
 """Edge cases: long contractions (int32 overflow), zero-size dims, NaN/Inf, literal and constant operands."""
 
 import jax
-import jax.numpy as jnp
+
 import numpy as np
 import pytest
 from jax import lax
@@ -89,3 +89,18 @@ def test_literal_and_constant_operands():
     np.testing.assert_allclose(np.asarray(y, np.float64), reference_dot(x, const, MATMUL), rtol=1e-6)
     # no contraction: each element is its own channel, quantized to +-127 exactly
     np.testing.assert_allclose(np.asarray(outer), 2 * x, rtol=1e-6)
+
+
+def test_tiny_slices_get_the_smallest_normal_scale():
+    """A scale of absmax / 127 below the smallest normal float32 would be flushed to zero by XLA; it is
+    raised to the smallest normal instead, so codes stay finite and exact zeros stay zero."""
+    from jaxpr_rewrite import int8_matmul
+
+    tiny = np.finfo(np.float32).tiny
+    x = np.array([[1.0, 2.0], [0.0, 0.0]], np.float32)
+    w = np.array([[0.0, 9.630474e-38], [0.0, -5.0e-38]], np.float32)
+    out = jax.jit(int8_matmul)(x, w)
+    np.testing.assert_array_equal(np.asarray(out["w_scales"]), [1.0, tiny])
+    np.testing.assert_array_equal(np.asarray(out["w_q"])[:, 1], np.clip(np.rint(w[:, 1] / tiny), -127, 127))
+    assert np.all(np.isfinite(np.asarray(out["y"])))
+    np.testing.assert_array_equal(np.asarray(out["y"])[1], 0)

@@ -19,7 +19,10 @@ def mlp(params, x):
     return x
 
 
-PARAMS = [{"w": jnp.asarray(rng.normal(size=(32, 32)), jnp.float32), "b": jnp.asarray(rng.normal(size=32), jnp.float32)} for _ in range(3)]
+PARAMS = [
+    {"w": jnp.asarray(rng.normal(size=(32, 32)), jnp.float32), "b": jnp.asarray(rng.normal(size=32), jnp.float32)}
+    for _ in range(3)
+]
 X = jnp.asarray(rng.normal(size=(8, 32)), jnp.float32)
 
 
