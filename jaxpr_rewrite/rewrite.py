@@ -230,37 +230,43 @@ class Rewriter:
             self._rewritten[key] = (closed_jaxpr, result)
         return result
 
-    def with_quantized_inputs(self, closed_jaxpr: ClosedJaxpr, quantized: dict) -> ClosedJaxpr:
-        """Rewrite a program whose inputs ``quantized`` arrive as int8 codes and scales.
+    def with_quantized_inputs(self, closed_jaxpr: ClosedJaxpr, quantized: dict, shared: Sequence[int]) -> ClosedJaxpr:
+        """Rewrite a program whose inputs ``quantized`` arrive as pre-quantized weights.
 
         Arguments:
             closed_jaxpr: the program, traced with float inputs of the weights' original types.
             quantized: input index -> the :class:`~jaxpr_rewrite.params.QuantizedArray` passed there
-                (only its ``contracting`` axes and ``dtype`` are used).
+                (its structure and the types of its arrays are used).
+            shared: for each array of the inputs flattened (QuantizedArrays expanded), the position of the
+                array it is the same object as; only first occurrences become inputs.
 
         Returns:
-            A ``ClosedJaxpr`` taking, for each such input, two inputs (codes, scales) instead of one. Dots
-            with a matching contraction use the codes directly; any other use sees ``codes * scales``.
+            A ``ClosedJaxpr`` taking, for each such input, the arrays of the ``QuantizedArray`` (codes,
+            scales, smoothing factors) instead of one. Dots with a matching contraction use the codes
+            directly; any other use sees the dequantized value.
         """
-        from .params import QuantizedArray
-
         jaxpr = closed_jaxpr.jaxpr
-        in_avals = []
+        flat_avals, structures = [], {}
         for i, v in enumerate(jaxpr.invars):
             if i in quantized:
-                q = quantized[i]
-                in_avals.append(jax.core.ShapedArray(q.codes.shape, np.int8))
-                in_avals.append(jax.core.ShapedArray(q.scales.shape, np.float32))
+                leaves, treedef = jax.tree_util.tree_flatten(quantized[i])
+                structures[i] = (treedef, len(leaves))
+                flat_avals += [jax.core.ShapedArray(leaf.shape, leaf.dtype) for leaf in leaves]
             else:
-                in_avals.append(v.aval)
+                flat_avals.append(v.aval)
+        in_avals = [aval for i, aval in enumerate(flat_avals) if shared[i] == i]
 
-        def interpret(*flat):
-            flat = iter(flat)
+        def interpret(*unique):
+            unique = iter(unique)
+            values = []
+            for i, first in enumerate(shared):
+                values.append(next(unique) if first == i else values[first])
+            flat = iter(values)
             args = []
             for i in range(len(jaxpr.invars)):
-                if i in quantized:
-                    codes, scales = next(flat), next(flat)
-                    args.append(QuantizedArray(codes, scales, quantized[i].contracting, quantized[i].dtype))
+                if i in structures:
+                    treedef, n = structures[i]
+                    args.append(jax.tree_util.tree_unflatten(treedef, [next(flat) for _ in range(n)]))
                 else:
                     args.append(next(flat))
             return self.interpret(jaxpr, closed_jaxpr.consts, args)
@@ -308,6 +314,7 @@ class Rewriter:
         env: dict = {}
         tangent_vars = set(tangents)
         dequantized: dict = {}
+        smoothed: dict = {}  # (activation, axis, smoothing group) -> activation / smooth, shared by its dots
 
         def read_raw(atom):
             return atom.val if isinstance(atom, Literal) else env[atom]
@@ -335,7 +342,7 @@ class Rewriter:
                         self.on_dot(eqn, scope, reason)
                     if reason is None:
                         # raw: a pre-quantized weight reaches the dot rule as codes and scales
-                        outs = [rewrite_dot(eqn, [read_raw(v) for v in eqn.invars], self.config)]
+                        outs = [rewrite_dot(eqn, [read_raw(v) for v in eqn.invars], self.config, smoothed)]
                     else:
                         outs = _bind(eqn.primitive, [read(v) for v in eqn.invars], eqn.params)
                 else:
@@ -355,19 +362,50 @@ class Rewriter:
         return [read(v) for v in jaxpr.outvars]
 
 
-def rewrite_dot(eqn, invals, config: RewriteConfig):
+def rewrite_dot(eqn, invals, config: RewriteConfig, smoothed: dict | None = None):
     """The rule for one float ``dot_general`` equation: the configured backend (the int8 contract by
-    default), with a straight-through gradient."""
+    default), with a straight-through gradient.
+
+    Arguments:
+        eqn: the ``dot_general`` equation.
+        invals: its operand values; a :class:`~jaxpr_rewrite.params.QuantizedArray` is a pre-quantized weight.
+        config: the rewrite options.
+        smoothed: a per-program cache of activations divided by a smoothing group's factors, so weights of
+            one group reading the same activation share that division (and XLA then its quantization).
+    """
     from .params import QuantizedArray
 
-    (lc, rc), _ = eqn.params["dimension_numbers"]
+    contractions = eqn.params["dimension_numbers"][0]
     direct = config.resolved_backend == "int8" and config.scheme == Scheme()
-    invals = [
-        (x.quantized if direct and x.contracting == tuple(sorted(contract)) else x.dequantize())
-        if isinstance(x, QuantizedArray) else x
-        for x, contract in zip(invals, (lc, rc))
+    usable = [
+        isinstance(x, QuantizedArray) and direct and x.contracting == tuple(sorted(contract))
+        for x, contract in zip(invals, contractions)
     ]
-    lhs, rhs = invals
+    operands = []
+    for side, x in enumerate(invals):
+        other = invals[1 - side]
+        if usable[side] and x.smooth is not None and isinstance(other, QuantizedArray):
+            usable[side] = False  # two weights: the smoothing cannot move into the other one
+        operands.append(x.quantized if usable[side] else x.dequantize() if isinstance(x, QuantizedArray) else x)
+    for side in (0, 1):
+        # a smoothed weight stands for smooth * w: the other operand is divided by smooth first
+        if usable[side] and invals[side].smooth is not None:
+            (other_axis,) = contractions[1 - side]
+            other, group = operands[1 - side], invals[side].smooth_group
+            key = (id(other), other_axis, group)
+            shareable = group is not None and smoothed is not None
+            if shareable and key in smoothed:
+                divided = smoothed[key][1]
+            else:
+                # times 1/smooth rather than divided by smooth: XLA copies a cheap multiply into both the
+                # absmax reduction and the quantization that read it, where a divide gets materialized
+                inverse = lax.div(np.float32(1), lax.convert_element_type(invals[side].smooth, np.float32))
+                inverse = lax.convert_element_type(inverse, other.dtype)
+                divided = lax.mul(other, lax.broadcast_in_dim(inverse, other.shape, (other_axis,)))
+                if shareable:
+                    smoothed[key] = (other, divided)  # holds `other`, so no other value reuses its id
+            operands[1 - side] = divided
+    lhs, rhs = operands
     for v in eqn.invars:
         if jnp.issubdtype(v.aval.dtype, jnp.complexfloating):
             raise Int8ifyError(

@@ -118,3 +118,67 @@ def test_quantized_array_is_a_pytree():
     back = jax.tree_util.tree_unflatten(tree, leaves)
     assert back.contracting == qa.contracting and back.dtype == qa.dtype
     assert "QuantizedArray(i8[32, 32]" in repr(qa)
+
+
+def outlier_data():
+    """Activations with two outlier channels (as LayerNorm outputs of transformers have)."""
+    x = rng.normal(size=(64, 32)).astype(np.float32)
+    x[:, [3, 17]] *= 40
+    w = (rng.normal(size=(32, 16)) / 6).astype(np.float32)
+    return jnp.asarray(x), {"w": jnp.asarray(w)}
+
+
+def dense(params, x):
+    return x @ params["w"]
+
+
+def test_smoothing_matches_its_reference_and_cuts_the_error():
+    from helpers import reference_dot
+
+    x, params = outlier_data()
+    q = quantize_params(dense, params, x, smooth_alpha=0.5)
+    s = np.asarray(q["w"].smooth)
+    # the factors: sqrt(max|x_k|) / sqrt(max|w_k|)
+    want_s = np.sqrt(np.abs(np.asarray(x)).max(0)) / np.sqrt(np.abs(np.asarray(params["w"])).max(1))
+    np.testing.assert_allclose(s, want_s, rtol=1e-5)
+    got = np.asarray(jax.jit(int8ify(dense))(q, x), np.float64)
+    # exactly the contract applied to (x * (1 / s)) and (s * w)
+    x_s = (np.asarray(x) * (np.float32(1) / s.astype(np.float32))).astype(np.float32)
+    w_s = (np.asarray(params["w"]) * s[:, None].astype(np.float32)).astype(np.float32)
+    np.testing.assert_allclose(got, reference_dot(x_s, w_s, (((1,), (0,)), ((), ()))), rtol=1e-5)
+    # and the outlier channels no longer dominate every token's scale
+    exact = np.asarray(x, np.float64) @ np.asarray(params["w"], np.float64)
+    plain = np.asarray(int8ify(dense)(params, x), np.float64)
+    err = lambda y: np.linalg.norm(y - exact) / np.linalg.norm(exact)  # noqa: E731
+    assert err(got) < 0.5 * err(plain), (err(got), err(plain))
+
+
+def test_smoothed_weights_keep_float_semantics():
+    x, params = outlier_data()
+    q = quantize_params(dense, params, x, smooth_alpha=0.5, calibration=[(x[:8],), (x[8:],)])
+    w_max = float(jnp.abs(params["w"]).max())
+    np.testing.assert_allclose(q["w"].dequantize(), params["w"], rtol=0.02, atol=0.02 * w_max)
+    # a use with another contraction sees the dequantized (unsmoothed) weight
+    got = int8ify(lambda w, y: w @ y)(q["w"], jnp.ones((16, 3)))
+    want = int8ify(lambda w, y: w @ y)(q["w"].dequantize(), jnp.ones((16, 3)))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    # straight-through gradient wrt the activations: through x / s, at s * w: the float weight
+    g = jax.grad(lambda x: int8ify(dense)(q, x).sum())(x)
+    np.testing.assert_allclose(g, np.ones((64, 16)) @ np.asarray(q["w"].dequantize()).T, rtol=1e-4, atol=1e-5)
+    with pytest.raises(Int8ifyError, match="smooth_alpha must be in"):
+        quantize_params(dense, params, x, smooth_alpha=1.5)
+
+
+def test_smooth_skip_by_scope():
+    x, params = outlier_data()
+
+    def two_layers(params, x):
+        with jax.named_scope("first"):
+            h = x @ params["w"]
+        with jax.named_scope("second"):
+            return h @ params["v"]
+
+    params = {**params, "v": jnp.asarray(rng.normal(size=(16, 8)), jnp.float32)}
+    q = quantize_params(two_layers, params, x, smooth_alpha=0.5, smooth_skip=("*second*",))
+    assert q["w"].smooth is not None and q["v"].smooth is None
+    assert isinstance(q["v"], QuantizedArray)
