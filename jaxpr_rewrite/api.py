@@ -31,21 +31,6 @@ class _Program(NamedTuple):
     run_compiled: Callable | None  # jit of the rewritten program, for calls outside any trace
 
 
-def _shared_arrays(dynamic) -> tuple[int, ...]:
-    """For each array of the flattened arguments, the position of its first occurrence among the arrays of
-    ``QuantizedArray``s (shared smoothing factors), else its own position.
-
-    One smoothing vector shared by the weights that read the same activation becomes one program input,
-    so the program divides and quantizes that activation once instead of once per weight.
-    """
-    first, shared = {}, []
-    for x in dynamic:
-        for leaf in jax.tree_util.tree_leaves(x):
-            position = len(shared)
-            shared.append(first.setdefault(id(leaf), position) if is_quantized(x) else position)
-    return tuple(shared)
-
-
 def _quantized_signature(x):
     """A QuantizedArray's part of the cache key: its structure (contracting axes, dtype, smoothing or not)
     and the types of its arrays."""
@@ -103,7 +88,7 @@ class Int8ified:
             _quantized_signature(x) if is_quantized(x) else jax.typeof(x)
             for x in dynamic
         )
-        key = (tree, is_dynamic, avals, static_pos, static_kw, static_leaves, _shared_arrays(dynamic))
+        key = (tree, is_dynamic, avals, static_pos, static_kw, static_leaves)
         try:
             hash(key)
         except TypeError as e:
@@ -114,7 +99,7 @@ class Int8ified:
         return key, dynamic
 
     def _rebuild(self, key, dynamic):
-        tree, is_dynamic, _, static_pos, static_kw, static_leaves, _ = key
+        tree, is_dynamic, _, static_pos, static_kw, static_leaves = key
         dyn_iter, static_iter = iter(dynamic), iter(static_leaves)
         leaves = [next(dyn_iter) if d else next(static_iter) for d in is_dynamic]
         dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(tree, leaves)
@@ -143,7 +128,7 @@ class Int8ified:
         quantized = {i: x for i, x in enumerate(dynamic) if is_quantized(x)}
         rewriter = Rewriter(self.config)
         if quantized:
-            closed = rewriter.with_quantized_inputs(traced, quantized, key[-1])
+            closed = rewriter.with_quantized_inputs(traced, quantized)
         else:
             closed = rewriter.closed(traced)
         captures_tracer = any(isinstance(c, jax.core.Tracer) for c in closed.consts)
@@ -180,9 +165,7 @@ class Int8ified:
     def __call__(self, *args, **kwargs):
         key, dynamic = self._split(args, kwargs)
         program = self._program(key, dynamic)
-        # a QuantizedArray passes its arrays; one array shared by several of them is passed once
-        shared = key[-1]
-        dynamic = [x for i, x in enumerate(jax.tree_util.tree_leaves(dynamic)) if shared[i] == i]
+        dynamic = jax.tree_util.tree_leaves(dynamic)  # a QuantizedArray passes its arrays
         if program.run_compiled is not None and not any(isinstance(x, jax.core.Tracer) for x in dynamic):
             out = program.run_compiled(program.closed.consts, *dynamic)
         else:

@@ -230,15 +230,13 @@ class Rewriter:
             self._rewritten[key] = (closed_jaxpr, result)
         return result
 
-    def with_quantized_inputs(self, closed_jaxpr: ClosedJaxpr, quantized: dict, shared: Sequence[int]) -> ClosedJaxpr:
+    def with_quantized_inputs(self, closed_jaxpr: ClosedJaxpr, quantized: dict) -> ClosedJaxpr:
         """Rewrite a program whose inputs ``quantized`` arrive as pre-quantized weights.
 
         Arguments:
             closed_jaxpr: the program, traced with float inputs of the weights' original types.
             quantized: input index -> the :class:`~jaxpr_rewrite.params.QuantizedArray` passed there
                 (its structure and the types of its arrays are used).
-            shared: for each array of the inputs flattened (QuantizedArrays expanded), the position of the
-                array it is the same object as; only first occurrences become inputs.
 
         Returns:
             A ``ClosedJaxpr`` taking, for each such input, the arrays of the ``QuantizedArray`` (codes,
@@ -246,22 +244,17 @@ class Rewriter:
             directly; any other use sees the dequantized value.
         """
         jaxpr = closed_jaxpr.jaxpr
-        flat_avals, structures = [], {}
+        in_avals, structures = [], {}
         for i, v in enumerate(jaxpr.invars):
             if i in quantized:
                 leaves, treedef = jax.tree_util.tree_flatten(quantized[i])
                 structures[i] = (treedef, len(leaves))
-                flat_avals += [jax.core.ShapedArray(leaf.shape, leaf.dtype) for leaf in leaves]
+                in_avals += [jax.core.ShapedArray(leaf.shape, leaf.dtype) for leaf in leaves]
             else:
-                flat_avals.append(v.aval)
-        in_avals = [aval for i, aval in enumerate(flat_avals) if shared[i] == i]
+                in_avals.append(v.aval)
 
-        def interpret(*unique):
-            unique = iter(unique)
-            values = []
-            for i, first in enumerate(shared):
-                values.append(next(unique) if first == i else values[first])
-            flat = iter(values)
+        def interpret(*flat):
+            flat = iter(flat)
             args = []
             for i in range(len(jaxpr.invars)):
                 if i in structures:

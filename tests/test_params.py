@@ -182,3 +182,24 @@ def test_smooth_skip_by_scope():
     q = quantize_params(two_layers, params, x, smooth_alpha=0.5, smooth_skip=("*second*",))
     assert q["w"].smooth is not None and q["v"].smooth is None
     assert isinstance(q["v"], QuantizedArray)
+
+
+def test_weights_reading_one_activation_share_their_smoothing():
+    x, params = outlier_data()
+    params = {"q": params["w"], "k": params["w"] * 2, "v": params["w"] * 3}
+
+    def qkv(params, x):
+        return x @ params["q"], x @ params["k"], x @ params["v"]
+
+    q = quantize_params(qkv, params, x, smooth_alpha=0.5)
+    groups = {q[name].smooth_group for name in "qkv"}
+    assert len(groups) == 1 and None not in groups
+    np.testing.assert_array_equal(q["q"].smooth, q["v"].smooth)
+    # the program rescales the shared activation once (XLA then merges its three identical quantizations)
+    jaxpr = jax.make_jaxpr(int8ify(qkv))(q, x)
+    rescales = [e for e in iter_eqns(jaxpr) if e.primitive.name == "mul" and e.outvars[0].aval.shape == x.shape]
+    assert len(rescales) == 1
+    outs = jax.jit(int8ify(qkv))(q, x)
+    exact = [np.asarray(x, np.float64) @ np.asarray(params[n], np.float64) for n in "qkv"]
+    for got, want in zip(outs, exact):
+        assert np.linalg.norm(np.asarray(got) - want) / np.linalg.norm(want) < 0.02
