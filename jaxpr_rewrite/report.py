@@ -30,6 +30,7 @@ from jax.extend import source_info_util
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, jaxprs_in_params
 
 from .api import Int8ified, int8ify
+from .params import is_quantized
 from .rewrite import Rewriter, is_float_dot, join_scope, rewrite_dot, skip_reason
 
 __all__ = ["DotRow", "Report", "report", "source_location", "trace"]
@@ -198,12 +199,17 @@ def trace(fn, *args, **kwargs) -> tuple[Int8ified, ClosedJaxpr, list, bool]:
     """Trace the float program of ``fn`` (a function or an :class:`Int8ified`) without running it.
 
     Arguments may be arrays or ``jax.ShapeDtypeStruct``; non-array leaves are static, as for ``int8ify``.
+    A :class:`~jaxpr_rewrite.params.QuantizedArray` stands for its dequantized value: the report shows the
+    program's dots, and measures each on that value (with the dynamic path's quantization).
 
     Returns:
         ``(int8ified, float_jaxpr, dynamic_args, concrete)``: the wrapper that holds the options, the traced
         float program over the dynamic leaves, those leaves, and whether all of them are real values.
     """
     wrapped = as_int8ified(fn)
+    args, kwargs = jax.tree_util.tree_map(
+        lambda x: x.dequantize() if is_quantized(x) else x, (args, kwargs), is_leaf=is_quantized
+    )
     abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves((args, kwargs)))
     args, kwargs = jax.tree_util.tree_map(_placeholder, (args, kwargs))
     key, dynamic = wrapped._split(args, kwargs)

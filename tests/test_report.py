@@ -139,3 +139,19 @@ def test_static_arguments_of_an_int8ified_function():
     f = int8ify(lambda x, w, act: act(x @ w), static_argnames="act")
     rep = report(f, X, W1, act=jnp.tanh)
     assert len(rep) == 1 and rep[0].error is not None
+
+
+def test_report_with_prequantized_weights():
+    """QuantizedArray inputs are reported through their dequantized values."""
+    from jaxpr_rewrite import quantize_params
+
+    rng = np.random.default_rng(11)
+    params = {"w": jnp.asarray(rng.normal(size=(16, 8)), jnp.float32)}
+    x = jnp.asarray(rng.normal(size=(4, 16)), jnp.float32)
+
+    def f(params, x):
+        return x @ params["w"]
+
+    q = quantize_params(f, params, x)
+    rows = list(int8ify(f).report(q, x))
+    assert len(rows) == 1 and rows[0].rewritten and rows[0].error is not None and rows[0].error < 0.05
