@@ -194,36 +194,44 @@ class _Walker:
 
 # ----------------------------------------------------------------------------- transform args
 
-def _literal_ints(node: cst.BaseExpression) -> Optional[Set[int]]:
+def _literal_int(node: cst.BaseExpression) -> Optional[int]:
     if isinstance(node, cst.Integer):
-        return {int(node.evaluated_value)}
+        return int(node.evaluated_value)
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus) \
             and isinstance(node.expression, cst.Integer):
-        return {-int(node.expression.evaluated_value)}
+        return -int(node.expression.evaluated_value)
+    return None
+
+
+def _literal_str(node: cst.BaseExpression) -> Optional[str]:
+    if isinstance(node, cst.SimpleString) and isinstance(node.evaluated_value, str):
+        return node.evaluated_value
+    return None
+
+
+def _literal_set(node: cst.BaseExpression, element) -> Optional[set]:
+    """The values of a literal, or of a literal tuple/list of them (``static_argnums=(0, 2)``), as
+    ``element`` reads one; None when any part is not such a literal."""
+    single = element(node)
+    if single is not None:
+        return {single}
     if isinstance(node, (cst.Tuple, cst.List)):
-        out: Set[int] = set()
+        out: set = set()
         for el in node.elements:
-            sub = _literal_ints(el.value)
+            sub = _literal_set(el.value, element)
             if sub is None:
                 return None
             out |= sub
         return out
     return None
+
+
+def _literal_ints(node: cst.BaseExpression) -> Optional[Set[int]]:
+    return _literal_set(node, _literal_int)
 
 
 def _literal_strs(node: cst.BaseExpression) -> Optional[Set[str]]:
-    if isinstance(node, cst.SimpleString):
-        v = node.evaluated_value
-        return {v} if isinstance(v, str) else None
-    if isinstance(node, (cst.Tuple, cst.List)):
-        out: Set[str] = set()
-        for el in node.elements:
-            sub = _literal_strs(el.value)
-            if sub is None:
-                return None
-            out |= sub
-        return out
-    return None
+    return _literal_set(node, _literal_str)
 
 
 def _apply_kwargs(spec: RootSpec, args: Sequence[cst.Arg]) -> None:
