@@ -363,8 +363,31 @@ def rewrite_dot(eqn, invals, config: RewriteConfig, smoothed: dict | None = None
         eqn: the ``dot_general`` equation.
         invals: its operand values; a :class:`~jaxpr_rewrite.params.QuantizedArray` is a pre-quantized weight.
         config: the rewrite options.
-        smoothed: a per-program cache of activations divided by a smoothing group's factors, so weights of
-            one group reading the same activation share that division (and XLA then its quantization).
+        smoothed: a per-program cache of activations rescaled by a smoothing group's factors, so weights of
+            one group reading the same activation share that rescaling (and XLA then its quantization).
+    """
+    for v in eqn.invars:
+        if jnp.issubdtype(v.aval.dtype, jnp.complexfloating):
+            raise Int8ifyError(
+                f"dot_general at {describe_source(eqn)} has complex operands ({describe_operands(eqn)}); "
+                "the int8 contract is defined for real floating dots only"
+            )
+    lhs, rhs = _prequantized_operands(eqn, invals, config, smoothed)
+    # an integer operand of a mixed dot is quantized like a float one
+    lhs, rhs = (
+        x if isinstance(x, Quantized) or _is_float(v.aval.dtype) else lax.convert_element_type(x, np.float32)
+        for x, v in zip((lhs, rhs), eqn.invars)
+    )
+    float_params = tuple(sorted(eqn.params.items()))
+    return dot_backends[config.resolved_backend](lhs, rhs, float_params, eqn.outvars[0].aval.dtype, config)
+
+
+def _prequantized_operands(eqn, invals, config: RewriteConfig, smoothed: dict | None) -> list:
+    """Resolve pre-quantized weights among a dot's operands.
+
+    A :class:`~jaxpr_rewrite.params.QuantizedArray` whose scales fit this dot (int8 per-channel, same
+    contraction) goes on as its codes and scales; any other is dequantized. A usable smoothed weight stands
+    for ``smooth * w``, so the other operand is multiplied by ``1 / smooth`` first.
     """
     from .params import QuantizedArray
 
@@ -374,44 +397,31 @@ def rewrite_dot(eqn, invals, config: RewriteConfig, smoothed: dict | None = None
         isinstance(x, QuantizedArray) and direct and x.contracting == tuple(sorted(contract))
         for x, contract in zip(invals, contractions)
     ]
-    operands = []
     for side, x in enumerate(invals):
-        other = invals[1 - side]
-        if usable[side] and x.smooth is not None and isinstance(other, QuantizedArray):
+        if usable[side] and x.smooth is not None and isinstance(invals[1 - side], QuantizedArray):
             usable[side] = False  # two weights: the smoothing cannot move into the other one
-        operands.append(x.quantized if usable[side] else x.dequantize() if isinstance(x, QuantizedArray) else x)
+    operands = [
+        x.quantized if use else x.dequantize() if isinstance(x, QuantizedArray) else x
+        for x, use in zip(invals, usable)
+    ]
     for side in (0, 1):
-        # a smoothed weight stands for smooth * w: the other operand is divided by smooth first
-        if usable[side] and invals[side].smooth is not None:
-            (other_axis,) = contractions[1 - side]
-            other, group = operands[1 - side], invals[side].smooth_group
-            key = (id(other), other_axis, group)
-            shareable = group is not None and smoothed is not None
-            if shareable and key in smoothed:
-                divided = smoothed[key][1]
-            else:
-                # times 1/smooth rather than divided by smooth: XLA copies a cheap multiply into both the
-                # absmax reduction and the quantization that read it, where a divide gets materialized
-                inverse = lax.div(np.float32(1), lax.convert_element_type(invals[side].smooth, np.float32))
-                inverse = lax.convert_element_type(inverse, other.dtype)
-                divided = lax.mul(other, lax.broadcast_in_dim(inverse, other.shape, (other_axis,)))
-                if shareable:
-                    smoothed[key] = (other, divided)  # holds `other`, so no other value reuses its id
-            operands[1 - side] = divided
-    lhs, rhs = operands
-    for v in eqn.invars:
-        if jnp.issubdtype(v.aval.dtype, jnp.complexfloating):
-            raise Int8ifyError(
-                f"dot_general at {describe_source(eqn)} has complex operands ({describe_operands(eqn)}); "
-                "the int8 contract is defined for real floating dots only"
-            )
-    # an integer operand of a mixed dot is quantized like a float one
-    lhs, rhs = (
-        x if isinstance(x, Quantized) or _is_float(v.aval.dtype) else lax.convert_element_type(x, np.float32)
-        for x, v in zip((lhs, rhs), eqn.invars)
-    )
-    float_params = tuple(sorted(eqn.params.items()))
-    return dot_backends[config.resolved_backend](lhs, rhs, float_params, eqn.outvars[0].aval.dtype, config)
+        weight = invals[side]
+        if not usable[side] or weight.smooth is None:
+            continue
+        (other_axis,) = contractions[1 - side]
+        other = operands[1 - side]
+        key = (id(other), other_axis, weight.smooth_group)
+        shareable = weight.smooth_group is not None and smoothed is not None
+        if shareable and key in smoothed:
+            operands[1 - side] = smoothed[key][1]
+            continue
+        # the reciprocal is taken once on the small factor vector; each element then costs one multiply
+        inverse = lax.div(np.float32(1), lax.convert_element_type(weight.smooth, np.float32))
+        inverse = lax.convert_element_type(inverse, other.dtype)
+        operands[1 - side] = lax.mul(other, lax.broadcast_in_dim(inverse, other.shape, (other_axis,)))
+        if shareable:
+            smoothed[key] = (other, operands[1 - side])  # holds `other`, so no other value reuses its id
+    return operands
 
 
 def _int8_backend(lhs, rhs, float_params, out_dtype, config: RewriteConfig):

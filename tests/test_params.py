@@ -1,5 +1,8 @@
 """Weights quantized once (quantize_params / QuantizedArray): same numbers as the dynamic path, bit for bit."""
 
+import os
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,16 +11,10 @@ import pytest
 from helpers import assert_all_dots_int8, iter_eqns
 from jaxpr_rewrite import Int8ifyError, QuantizedArray, int8ify, quantize_params
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+from mlp import mlp  # noqa: E402  (the example's Dense + gelu MLP)
+
 rng = np.random.default_rng(7)
-
-
-def mlp(params, x):
-    for i, layer in enumerate(params):
-        x = x @ layer["w"] + layer["b"]
-        if i < len(params) - 1:
-            x = jax.nn.gelu(x)
-    return x
-
 
 PARAMS = [
     {"w": jnp.asarray(rng.normal(size=(32, 32)), jnp.float32), "b": jnp.asarray(rng.normal(size=32), jnp.float32)}
