@@ -107,3 +107,23 @@ def test_int8ify_leaves_no_float_dot(model):
     for eqn in dots:
         dtypes = [str(v.aval.dtype) for v in eqn.invars]
         assert dtypes == ["int8", "int8"], (dtypes, str(eqn.source_info.name_stack))
+
+
+def test_smoothquant_keeps_short_inputs_close(model):
+    """Very short inputs are where per-token int8 hurts most; SmoothQuant weights (calibrated on other
+    sentences, as examples/minilm/run.py does) keep them above 0.99 cosine."""
+    from jaxpr_rewrite import quantize_params
+
+    run = _load_example_module("minilm_example_run", "run.py")
+    params, tok = model
+    short = ["Thank you very much.", "Thanks a lot.", "Hi there!", "Hello!"]
+    encode = int8ify(minilm.encode)
+    calibration = minilm.tokenize(tok, run.CALIBRATION_SENTENCES, 32)
+    plain = quantize_params(encode, params, *calibration)
+    smooth = quantize_params(encode, params, *calibration, smooth_alpha=0.5, smooth_skip=("*/output",))
+    ids, mask = minilm.tokenize(tok, short, 32)
+    f32 = jax.jit(minilm.encode)(params, ids, mask)
+    cos_plain = _cosine(f32, jax.jit(encode)(plain, ids, mask))
+    cos_smooth = _cosine(f32, jax.jit(encode)(smooth, ids, mask))
+    assert min(cos_smooth) >= 0.99, cos_smooth
+    assert min(cos_smooth) > min(cos_plain), (cos_plain, cos_smooth)
