@@ -180,16 +180,33 @@ def int8_dot_general_impl(lhs, rhs, dimension_numbers, out_dtype, scheme: Scheme
         per_tensor = scheme.granularity == "per-tensor"
         lhs_reduce = tuple(range(lhs.ndim)) if per_tensor else lc
         rhs_reduce = tuple(range(rhs.ndim)) if per_tensor else rc
-        lhs_q = lhs if isinstance(lhs, Quantized) else quantize(lhs, lhs_reduce)
-        rhs_q = rhs if isinstance(rhs, Quantized) else quantize(rhs, rhs_reduce)
-        lhs, rhs = lhs_q.codes, rhs_q.codes
-        acc = _int32_dot(lhs_q.codes, rhs_q.codes, dimension_numbers)
-        lhs_kept = tuple(a for a in range(lhs.ndim) if a not in lhs_reduce)
-        rhs_kept = tuple(a for a in range(rhs.ndim) if a not in rhs_reduce)
-        lhs_scale = scale_to_output(lhs_q.scales, lhs_kept, lhs.ndim, dimension_numbers, 0, acc.shape)
-        rhs_scale = scale_to_output(rhs_q.scales, rhs_kept, rhs.ndim, dimension_numbers, 1, acc.shape)
-        out = lax.mul(lax.mul(acc, lhs_scale), rhs_scale)
+        _, _, out = scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce)
     return out if out.dtype == out_dtype else lax.convert_element_type(out, out_dtype)
+
+
+def scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce: Sequence[int], rhs_reduce: Sequence[int]):
+    """Quantize both operands (one scale per slice over ``*_reduce``), take their int8 dot into int32, and
+    scale it back: ``acc * lhs_scale * rhs_scale`` in float32.
+
+    Arguments:
+        lhs, rhs: floating operands, or :class:`Quantized` ones whose scales already run over the axes not
+            in ``*_reduce``.
+        dimension_numbers: the dot's dimension numbers.
+        lhs_reduce, rhs_reduce: the axes each scale covers (the contracting dims, or every axis).
+
+    Returns:
+        ``(lhs_q, rhs_q, out)``: both operands' codes and scales, and the float32 result.
+    """
+    lhs_q = lhs if isinstance(lhs, Quantized) else quantize(lhs, lhs_reduce)
+    rhs_q = rhs if isinstance(rhs, Quantized) else quantize(rhs, rhs_reduce)
+    acc = _int32_dot(lhs_q.codes, rhs_q.codes, dimension_numbers)
+    scaled = acc
+    for side, q in enumerate((lhs_q, rhs_q)):
+        ndim = q.codes.ndim
+        reduce = (lhs_reduce, rhs_reduce)[side]
+        kept = tuple(a for a in range(ndim) if a not in reduce)
+        scaled = lax.mul(scaled, scale_to_output(q.scales, kept, ndim, dimension_numbers, side, acc.shape))
+    return lhs_q, rhs_q, scaled
 
 
 def _float_value(operand, contracting, like):

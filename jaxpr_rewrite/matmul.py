@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import jax
-from jax import lax
 
-from .int8_dot import scale_to_output, _int32_dot
-from .quantize import quantize
+from .int8_dot import scaled_int8_dot
 
 _MATMUL_DIMS = (((1,), (0,)), ((), ()))
 
@@ -30,11 +28,5 @@ def int8_matmul(x, w) -> dict:
     for name, v in (("x", x), ("w", w)):
         if not jax.numpy.issubdtype(v.dtype, jax.numpy.floating):
             raise TypeError(f"int8_matmul expects floating {name}, got {v.dtype}")
-    x_q = quantize(x, (1,))
-    w_q = quantize(w, (0,))
-    acc = _int32_dot(x_q.codes, w_q.codes, _MATMUL_DIMS)
-    y = lax.mul(
-        lax.mul(acc, scale_to_output(x_q.scales, (0,), 2, _MATMUL_DIMS, 0, acc.shape)),
-        scale_to_output(w_q.scales, (1,), 2, _MATMUL_DIMS, 1, acc.shape),
-    )
+    x_q, w_q, y = scaled_int8_dot(x, w, _MATMUL_DIMS, (1,), (0,))
     return {"w_q": w_q.codes, "w_scales": w_q.scales, "x_q": x_q.codes, "x_scales": x_q.scales, "y": y}
