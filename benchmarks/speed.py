@@ -30,8 +30,7 @@ from jax import lax
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
-from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
-from jaxpr_rewrite.quantize import quantize  # noqa: E402
+from jaxpr_rewrite import dot_eqns, int8ify, quantize, quantize_params  # noqa: E402
 
 MATMUL = (((1,), (0,)), ((), ()))
 
@@ -125,18 +124,11 @@ def hand_block(qp, x, heads=4):
 
 def bare_dots(program_fn, *args):
     """The int8 dots of ``program_fn``'s int8ify'd program alone, fed int8 inputs of the right shapes."""
-    from jax.extend.core import jaxprs_in_params
-
-    dots = []
-
-    def walk(j):
-        for e in j.eqns:
-            if e.primitive.name == "dot_general" and e.invars[0].aval.dtype == jnp.int8:
-                dots.append((e.invars[0].aval.shape, e.invars[1].aval.shape, e.params["dimension_numbers"]))
-            for sub in jaxprs_in_params(e.params):
-                walk(sub)
-
-    walk(jax.make_jaxpr(int8ify(program_fn))(*args).jaxpr)
+    dots = [
+        (e.invars[0].aval.shape, e.invars[1].aval.shape, e.params["dimension_numbers"])
+        for e in dot_eqns(jax.make_jaxpr(int8ify(program_fn))(*args))
+        if e.invars[0].aval.dtype == jnp.int8
+    ]
     operands = [(jnp.ones(a, jnp.int8), jnp.ones(b, jnp.int8)) for a, b, _ in dots]
     dims = [d for _, _, d in dots]
 

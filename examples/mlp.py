@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpr_rewrite import int8ify, quantize_params
+from jaxpr_rewrite import dot_eqns, int8ify, quantize_params
 
 
 def init_mlp(key, width: int, layers: int):
@@ -34,20 +34,10 @@ def mlp(params, x):
 
 def dot_summary(jaxpr) -> list[str]:
     """One line per dot_general of a (possibly nested) jaxpr: operand types and accumulation type."""
-    from jax.extend.core import jaxprs_in_params
-
-    lines = []
-
-    def walk(j):
-        for eqn in j.eqns:
-            if eqn.primitive.name == "dot_general":
-                ops = " x ".join(v.aval.str_short() for v in eqn.invars)
-                lines.append(f"{ops} -> {eqn.outvars[0].aval.str_short()}")
-            for sub in jaxprs_in_params(eqn.params):
-                walk(sub)
-
-    walk(jaxpr.jaxpr)
-    return lines
+    return [
+        f"{' x '.join(v.aval.str_short() for v in eqn.invars)} -> {eqn.outvars[0].aval.str_short()}"
+        for eqn in dot_eqns(jaxpr)
+    ]
 
 
 def median_ms(fn, *args, repeats: int = 20) -> float:

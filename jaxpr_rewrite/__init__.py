@@ -2,21 +2,25 @@
 
 Public API (explicit re-exports):
 
-* :func:`int8ify` -- wrap a function; its traced program runs every float ``dot_general`` in int8.
+* :func:`int8ify`, :class:`Int8ified` -- wrap a function; its traced program runs every float matmul in int8.
 * :func:`int8_matmul` -- the contract for one ``(B, D_in) @ (D_in, D_out)`` product, with codes and scales.
-* :func:`quantize` -- symmetric per-slice int8 quantization (``absmax / 127``).
-* :func:`quantize_params`, :class:`QuantizedArray` -- weights quantized once, consumed by ``int8ify``.
-* :func:`report` -- one row per dot: source line, scope, types, rewritten or why not, measured int8 error.
-* :func:`verify`, :func:`assert_int8` -- check a traced program against the int8 contract (JX codes).
-* :class:`Int8ifyError` -- raised for programs or options the rewrite cannot handle correctly.
+* :func:`quantize`, :class:`QuantizedArray` -- symmetric per-slice int8 quantization (``absmax / 127``).
+* :func:`quantize_params` -- weights quantized once, consumed by ``int8ify``; :class:`QuantizationWarning`.
+* :func:`report`, :class:`Report`, :class:`DotRow` -- one row per matmul: source, scope, types, decision, error.
+* :func:`verify`, :func:`assert_int8`, :class:`Finding` -- check a traced program against the int8 contract.
+* :class:`RewriteConfig`, :func:`register_backend` -- the options, and the registry of what a float dot becomes.
+* :func:`iter_eqns`, :func:`dot_eqns` -- every equation / matmul of a program, nested jaxprs included.
+* :class:`Int8ifyError`, :class:`TracedValueError` -- raised for programs or options the rewrite cannot handle.
 """
 
 from . import scaled_matmul as _scaled_matmul  # noqa: F401  (registers the mxfp8/nvfp4/auto backends)
 from .api import Int8ified, int8ify
-from .errors import Int8ifyError
+from .config import RewriteConfig, register_backend, register_backend_alias
+from .errors import Int8ifyError, TracedValueError
+from .jaxprs import dot_eqns, iter_eqns
 from .matmul import int8_matmul
-from .params import QuantizedArray, quantize_params
-from .quantize import quantize
+from .params import QuantizationWarning, quantize_params
+from .quantized import QuantizedArray, quantize
 from .report import DotRow, Report, report
 from .verify import Finding, assert_int8, verify
 
@@ -25,13 +29,20 @@ __all__ = [
     "Finding",
     "Int8ified",
     "Int8ifyError",
+    "QuantizationWarning",
     "QuantizedArray",
     "Report",
+    "RewriteConfig",
+    "TracedValueError",
     "assert_int8",
     "int8_matmul",
+    "dot_eqns",
     "int8ify",
+    "iter_eqns",
     "quantize",
     "quantize_params",
+    "register_backend",
+    "register_backend_alias",
     "report",
     "verify",
 ]

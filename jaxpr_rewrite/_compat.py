@@ -15,6 +15,9 @@ What needs internals, and why:
   ``jax._src.cudnn.scaled_matmul_stablehlo``. JAX gives that primitive lowering rules for ``cuda`` (the
   cuDNN ``__op$block_scaled_dot`` custom call) and ``rocm`` only; on CPU lowering fails with "MLIR
   translation rule for primitive 'scaled_matmul' not found for platform cpu".
+* ``python_traceback``: the current Python stack as JAX records it; ``source_info_util.user_context`` only
+  replaces the recorded stack with another one, so the shared int8 program is traced under a fresh stack (its
+  equations then point at this library instead of the user line that happened to trace it first).
 * ``has_lowering``: whether JAX already has a rule for a primitive on a platform, so that the emulation is
   registered only where JAX has none (never replacing JAX's own cuda/rocm rules).
 * ``generalize_batchers``: JAX's batching rule for ``scaled_matmul`` / ``scaled_matmul_wrapper`` asserts
@@ -23,8 +26,8 @@ What needs internals, and why:
   wrapped to move every batch axis to the front first (broadcasting unbatched operands), which is the
   case JAX's rule handles.
 
-:func:`register_emulated_lowering` and :func:`generalize_batchers` are called at import of
-:mod:`jaxpr_rewrite.scaled_matmul`; both are idempotent.
+:func:`register_emulated_lowering` and :func:`generalize_batchers` are called when an fp8/fp4 backend is first
+used (:func:`jaxpr_rewrite.scaled_matmul.enable_emulation`), never at import; both are idempotent.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from jax._src import xla_bridge as _xb
 from jax._src.cudnn import scaled_matmul_stablehlo as _scaled_matmul_stablehlo
 from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import partial_eval as _pe
+from jax._src.lib import xla_client as _xla_client
 from jax._src.mesh import use_abstract_mesh as _use_abstract_mesh
 
 
@@ -77,6 +81,11 @@ def shard_map_body_context(params) -> contextlib.ExitStack:
     return stack
 
 
+def python_traceback():
+    """The current Python stack, as JAX records it in a ``SourceInfo``."""
+    return _xla_client.Traceback.get_traceback()
+
+
 def wrap_jaxpr_thunk(thunk, transform: Callable[[tuple], tuple]):
     """Wrap a ``WrappedFun`` that returns ``(jaxpr, consts, *rest)`` so its result passes through ``transform``.
 
@@ -94,15 +103,14 @@ def wrap_jaxpr_thunk(thunk, transform: Callable[[tuple], tuple]):
     return _lu.wrap_init(wrapped, debug_info=thunk.debug_info)
 
 
-def make_debug_info(traced_for: str, fn: Callable, args, kwargs):
-    """A ``DebugInfo`` naming ``fn``, so traced jaxprs point at the user's function."""
-    from jax._src import api_util
-
-    return api_util.debug_info(traced_for, fn, args, kwargs)
-
-
 # Platforms on which the emulation may be registered when JAX has no rule there.
 EMULATED_PLATFORMS = ("cpu", "tpu")
+_emulated: set[str] = set()
+
+
+def emulated_platforms() -> tuple[str, ...]:
+    """The platforms on which the ``scaled_matmul`` primitive runs the emulation registered here."""
+    return tuple(sorted(_emulated))
 
 
 def scaled_matmul_primitive():
@@ -134,6 +142,7 @@ def register_emulated_lowering(emulation: Callable, platforms=EMULATED_PLATFORMS
         if not _xb.is_known_platform(platform) or has_lowering(primitive, platform):
             continue
         mlir.register_lowering(primitive, mlir.lower_fun(emulation, multiple_results=True), platform=platform)
+        _emulated.add(platform)
         done.append(platform)
     return tuple(done)
 

@@ -17,7 +17,6 @@ Exit status: 0 success / no findings, 1 findings, 2 a usage error (bad target, s
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import difflib
 import importlib
 import importlib.util
@@ -35,8 +34,9 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, jaxprs_in_params
 
 from .api import Int8ified, int8ify
 from .errors import Int8ifyError
-from .report import _placeholder, report, trace
-from .rewrite import RewriteConfig
+from .report import report
+from .source import short_path
+from .tracing import trace
 from .verify import verify
 
 __all__ = ["main", "parse_args_spec", "resolve_target", "side_by_side"]
@@ -148,11 +148,7 @@ def _options(ns) -> dict:
 def _wrapped(fn, options: dict) -> Int8ified:
     """``fn`` under the command line's options; an ``@int8ify`` target keeps its own unless overridden."""
     if isinstance(fn, Int8ified):
-        if not options:
-            return fn
-        base = {f.name: getattr(fn.config, f.name) for f in dataclasses.fields(RewriteConfig)}
-        return int8ify(fn.fn, static_argnums=tuple(fn._static_argnums),
-                       static_argnames=tuple(fn._static_argnames), **{**base, **options})
+        return fn.with_options(**options) if options else fn
     return int8ify(fn, **options)
 
 
@@ -256,10 +252,9 @@ def side_by_side(before, after, width: int = 72) -> str:
 # -- commands --------------------------------------------------------------------------------------------
 def _cmd_show(ns, fn, specs) -> int:
     wrapped = _wrapped(fn, _options(ns))
-    placeholders = [_placeholder(s) for s in specs]
-    rewritten = wrapped.rewritten_jaxpr(*placeholders)
+    rewritten = wrapped.rewritten_jaxpr(*specs)
     if ns.diff:
-        _, before, _, _ = trace(wrapped, *specs)
+        before, _ = trace(wrapped.fn, *wrapped.signature(tuple(specs), {}))
         print(side_by_side(before, rewritten, width=ns.width))
     else:
         print(rewritten)
@@ -280,8 +275,7 @@ def _cmd_verify(ns, fn, specs) -> int:
         target = fn.fn if isinstance(fn, Int8ified) and ns.as_written else fn
     findings = verify(target, *specs)
     for f in findings:
-        file = os.path.relpath(f.file) if f.file and not os.path.relpath(f.file).startswith("..") else f.file
-        print(f"{file}:{f.line}: {f.code} {f.message}")
+        print(f"{short_path(f.file) if f.file else '<unknown>'}:{f.line}: {f.code} {f.message}")
     if not findings:
         print(f"{ns.target}: no findings")
     return 1 if findings else 0

@@ -1,21 +1,30 @@
-"""Errors raised by the rewrite. Each names the primitive, shapes/dtypes and the user's source line."""
+"""Errors raised by int8ify. Each names what is wrong (primitive, shapes, dtypes, option) and the user's code."""
 
-import jax.extend  # noqa: F401  (makes jax.extend.source_info_util importable)
-from jax.extend import source_info_util
+from __future__ import annotations
+
+__all__ = ["Int8ifyError", "TracedValueError"]
 
 
 class Int8ifyError(Exception):
-    """A program, or an option, that the int8 rewrite cannot handle correctly.
+    """A program, an argument or an option that the int8 rewrite cannot handle correctly.
 
     Raised instead of leaving a float matmul behind or computing a wrong number.
     """
 
 
-def describe_source(eqn) -> str:
-    """``file:line (function)`` of the user's code that created ``eqn``."""
-    return source_info_util.summarize(eqn.source_info)
+class TracedValueError(Int8ifyError):
+    """Tracing failed because the function uses a traced array as a Python value (``if x > 0:``, ``int(x)``).
 
+    Attributes:
+        code: the lint code of the mistake: ``"JX201"`` (Python control flow on a traced value) or ``"JX202"``
+            (a traced value converted to a Python scalar).
+        file, line: where in the user's code (``None`` when unknown).
+        advice: what to write instead.
+        detail: JAX's own error, in one line.
+    """
 
-def describe_operands(eqn) -> str:
-    """The operand types of ``eqn`` in jaxpr notation, e.g. ``f32[8,64], bf16[64,32]``."""
-    return ", ".join(v.aval.str_short() for v in eqn.invars)
+    def __init__(self, code: str, file: str | None, line: int | None, text: str, advice: str, detail: str):
+        self.code, self.file, self.line, self.text, self.advice, self.detail = code, file, line, text, advice, detail
+        where = f"{file}:{line}" if line is not None else "<unknown location>"
+        at = f" at `{text}`" if text else ""
+        super().__init__(f"{where}: {code} {advice} ({detail}{at})")

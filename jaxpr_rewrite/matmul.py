@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 
 from .int8_dot import scaled_int8_dot
+from .quantize import ldexp_exact
 
 _MATMUL_DIMS = (((1,), (0,)), ((), ()))
 
@@ -29,4 +30,10 @@ def int8_matmul(x, w) -> dict:
         if not jax.numpy.issubdtype(v.dtype, jax.numpy.floating):
             raise TypeError(f"int8_matmul expects floating {name}, got {v.dtype}")
     x_q, w_q, y = scaled_int8_dot(x, w, _MATMUL_DIMS, (1,), (0,))
-    return {"w_q": w_q.codes, "w_scales": w_q.scales, "x_q": x_q.codes, "x_scales": x_q.scales, "y": y}
+    return {"w_q": w_q.codes, "w_scales": _scale_values(w_q), "x_q": x_q.codes, "x_scales": _scale_values(x_q), "y": y}
+
+
+def _scale_values(q):
+    """The scales as float32 values, ``scales * 2**exponents`` (subnormal for a slice whose absmax is below
+    ``127 * 2**-126``; the codes and ``y`` keep full precision there, see :mod:`jaxpr_rewrite.quantize`)."""
+    return ldexp_exact(q.scales, q.exponents)

@@ -1,207 +1,153 @@
-"""Weights quantized once: :class:`QuantizedArray` and :func:`quantize_params`.
+"""Weights quantized once: :func:`quantize_params`.
 
-``quantize_params(fn, params, *example_args)`` finds the parameter leaves that feed a dot as an operand,
-quantizes each with the per-channel scales of that dot, and returns the same pytree with those leaves
-replaced by :class:`QuantizedArray` (int8 codes + float32 scales, about 4x smaller than float32).
-``int8ify(fn)(qparams, *args)`` then uses the codes directly: its program quantizes only the activations,
-and computes the same numbers as the dynamic path, bit for bit.
+``quantize_params(fn, params, *example_args)`` follows every parameter leaf through ``fn``'s traced program and
+quantizes, once, each leaf whose every use is as an operand of a rewritten matmul with one contraction: directly,
+after a float cast (``flax`` layers with ``dtype=bfloat16``), inside a nested ``jit``, ``remat`` or ``cond``, as a
+constant of a ``while_loop`` or ``scan`` (decode loops), or as the sliced ``xs`` of a ``scan`` over stacked layers.
+It returns the same pytree with those leaves replaced by
+:class:`~jaxpr_rewrite.quantized.QuantizedArray` (int8 codes + float32 scales, about 4x smaller than float32);
+``int8ify(fn)(qparams, *args)`` then feeds the codes straight into the int8 dots, inside the loops too, and computes
+the same numbers as the dynamic path, bit for bit. A leaf left float is never silent: ``explain=True`` returns the
+reason for every leaf, and a leaf that feeds a matmul but stays float is named in a warning.
 
-With ``smooth_alpha`` it also moves activation outliers into the weights (SmoothQuant, Xiao et al. 2023):
-per contracting index ``k`` a factor ``s_k = max|x_k|**alpha / max|w_k|**(1 - alpha)`` from calibration
-inputs; the weight is stored as ``s * w`` and the rewritten dot divides the activation by ``s`` before
-quantizing it. ``(x / s) @ (s * w) == x @ w`` in exact arithmetic, so the float function is unchanged,
-while a channel that is large in every token no longer dictates every token's scale.
+With ``smooth_alpha`` it also moves activation outliers into the weights (SmoothQuant, Xiao et al. 2023): per
+contracting index ``k`` a factor ``s_k = max|x_k|**alpha / max|w_k|**(1 - alpha)`` from calibration inputs; the
+weight is stored as ``s * w`` and the rewritten dot divides the activation by ``s`` before quantizing it.
+``(x / s) @ (s * w) == x @ w`` in exact arithmetic, so the float function is unchanged, while a channel that is
+large in every token no longer dictates every token's scale.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import functools
+import uuid
+import warnings
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend.core import Literal
 
+from .config import RewriteConfig, join_scope, skip_reason
 from .errors import Int8ifyError
-from .int8_dot import Scheme
-from .quantize import Quantized, dequantize, quantize
+from .evaluate import bind, evaluate
+from .jaxprs import SUBJAXPR_PARAMS, is_float_dot, open_jaxpr
+from .quantized import QuantizedArray, is_quantized, quantize
+from .source import describe_source
+from .tracing import StaticArgs, split_call, trace
+
+__all__ = ["QuantizationWarning", "quantize_params", "smoothing_factors", "weight_absmax"]
 
 
-@jax.tree_util.register_pytree_node_class
-class QuantizedArray:
-    """A float array stored as int8 codes and per-channel float32 scales.
-
-    Attributes:
-        codes: int8, the original shape.
-        scales: float32, over the axes not in ``contracting``, in order.
-        contracting: the axes one scale covers (the contracting dims of the dot this weight feeds).
-        dtype: the original float dtype, which the traced program sees.
-        smooth: ``None``, or float32 smoothing factors over the (single) contracting axis: the codes then
-            stand for ``smooth * w`` and the dot divides its other operand by ``smooth``.
-        smooth_group: weights with the same group (an int) hold the same ``smooth`` values, so a program
-            reading one activation through several of them divides and quantizes it once.
-    """
-
-    def __init__(self, codes, scales, contracting: tuple[int, ...], dtype, smooth=None, smooth_group=None):
-        self.codes = codes
-        self.scales = scales
-        self.contracting = tuple(int(a) for a in contracting)
-        self.dtype = np.dtype(dtype)
-        self.smooth = smooth
-        self.smooth_group = smooth_group
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.codes.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(int(np.prod(leaf.shape)) * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(self))
-
-    @property
-    def quantized(self) -> Quantized:
-        return Quantized(self.codes, self.scales)
-
-    def dequantize(self):
-        """The float array this stands for: ``codes * scales`` (divided by ``smooth``), in the original dtype."""
-        value = dequantize(self.quantized, self.contracting)
-        if self.smooth is not None:
-            value = lax.div(value, lax.broadcast_in_dim(self.smooth, self.shape, self.contracting))
-        return value.astype(self.dtype)
-
-    def tree_flatten(self):
-        return (self.codes, self.scales, self.smooth), (self.contracting, self.dtype, self.smooth_group)
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        codes, scales, smooth = children
-        contracting, dtype, smooth_group = aux
-        return cls(codes, scales, contracting, dtype, smooth=smooth, smooth_group=smooth_group)
-
-    def __repr__(self):
-        return f"QuantizedArray(i8{list(self.shape)}, contracting={self.contracting}, dtype={self.dtype.name})"
+class QuantizationWarning(UserWarning):
+    """A parameter that feeds a matmul was left float by :func:`quantize_params`."""
 
 
-def is_quantized(x) -> bool:
-    return isinstance(x, QuantizedArray)
+@dataclasses.dataclass(frozen=True)
+class _Use:
+    """One use of a parameter as a matmul operand."""
+
+    from_end: tuple[int, ...]  # the contracting axes, counted from the end
+    cast: object  # the float dtype it is cast to before the matmul, or None
+    direct: bool  # an operand of a top-level dot_general (SmoothQuant needs that)
+    eqn: object  # the matmul
+    side: int  # 0: lhs, 1: rhs
+    jaxpr: object  # the jaxpr holding the matmul
 
 
-def quantize_array(x, contracting, smooth=None, smooth_group=None) -> QuantizedArray:
-    """Quantize one weight with one scale per index of its non-contracting axes (the contract's rule).
-
-    Arguments:
-        x: the weight.
-        contracting: the axes the dot it feeds contracts.
-        smooth: optional smoothing factors over the single contracting axis (``smooth * x`` is quantized).
-        smooth_group: see :class:`QuantizedArray`.
-    """
-    x = jnp.asarray(x)
-    contracting = tuple(sorted(a % x.ndim for a in contracting))
-    if smooth is not None:
-        smooth = jnp.asarray(smooth, jnp.float32)
-        x = (x.astype(jnp.float32) * lax.broadcast_in_dim(smooth, x.shape, contracting)).astype(x.dtype)
-    q = quantize(x, contracting)
-    return QuantizedArray(q.codes, q.scales, contracting, x.dtype, smooth, smooth_group)
+_CALLS = ("jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint")
 
 
-def _dot_operand_uses(jaxpr, var):
-    """For each use of ``var`` in ``jaxpr``: ``(eqn, side)`` for a dot operand, ``(eqn, None)`` otherwise."""
-    uses = []
-    for eqn in jaxpr.eqns:
-        for side, v in enumerate(eqn.invars):
-            if v is var:
-                uses.append((eqn, side if eqn.primitive is lax.dot_general_p else None))
+def _uses(jaxpr, var, config: RewriteConfig, scope: str, cast, top: bool, refused: list) -> list[_Use]:
+    """Every matmul use of ``var`` in ``jaxpr``, followed through casts and the higher-order primitives the
+    rewrite carries pre-quantized weights through; every other use is described in ``refused``."""
+    jaxpr = open_jaxpr(jaxpr)
+    found: list[_Use] = []
     if any(v is var for v in jaxpr.outvars):
-        uses.append((None, None))
-    return uses
-
-
-def _quantizable_leaves(jaxpr, n_leaves: int, config) -> dict:
-    """Parameter leaf index -> the contracting dims of the dots it feeds, for the leaves ``int8ify`` can
-    use pre-quantized: every use an operand of a rewritten dot, all with one contraction."""
-    from .rewrite import is_float_dot, skip_reason
-
-    if not (config.resolved_backend == "int8" and config.scheme == Scheme()):
-        return {}
-    found = {}
-    for index, var in enumerate(jaxpr.invars[:n_leaves]):
-        uses = _dot_operand_uses(jaxpr, var)
-        if not uses or not jnp.issubdtype(var.aval.dtype, jnp.floating):
+        refused.append("it is returned" + ("" if top else " from a nested call or loop body"))
+    for eqn in jaxpr.eqns:
+        positions = [k for k, v in enumerate(eqn.invars) if v is var]
+        if not positions:
             continue
-        contractions = set()
-        for eqn, side in uses:
-            if side is None or not is_float_dot(eqn) or skip_reason(eqn, config, str(eqn.source_info.name_stack)):
-                break
-            contractions.add(tuple(eqn.params["dimension_numbers"][0][side]))
+        here = join_scope(scope, eqn.source_info.name_stack)
+        name = eqn.primitive.name
+        where = describe_source(eqn)
+        if is_float_dot(eqn) and positions[0] < 2:
+            if len(positions) > 1:
+                refused.append(f"it is both operands of the matmul at {where}")
+                continue
+            reason = skip_reason(eqn, config, here)
+            if reason is not None:
+                refused.append(f"its matmul at {where} stays float ({reason})")
+                continue
+            dims = eqn.params.get("dimension_numbers")
+            if dims is None:
+                dims = eqn.params["ragged_dot_dimension_numbers"].dot_dimension_numbers
+            side = positions[0]
+            ndim = len(var.aval.shape)
+            from_end = tuple(sorted(a - ndim for a in dims[0][side]))
+            found.append(_Use(from_end, cast, top and name == "dot_general", eqn, side, jaxpr))
+        elif name == "convert_element_type" and jnp.issubdtype(eqn.params["new_dtype"], jnp.floating):
+            found += _uses(jaxpr, eqn.outvars[0], config, here, eqn.params["new_dtype"], top, refused)
+        elif name in _CALLS:
+            (param,) = SUBJAXPR_PARAMS[name]
+            sub = open_jaxpr(eqn.params[param])
+            for k in positions:
+                found += _uses(sub, sub.invars[k], config, here, cast, False, refused)
+        elif name == "scan":
+            p = eqn.params
+            sub = open_jaxpr(p["jaxpr"])
+            for k in positions:
+                if p["num_consts"] <= k < p["num_consts"] + p["num_carry"]:
+                    refused.append(f"it is carried through the scan at {where}")
+                    continue
+                found += _uses(sub, sub.invars[k], config, here, cast, False, refused)
+        elif name == "while":
+            p = eqn.params
+            for k in positions:
+                if k < p["cond_nconsts"]:
+                    sub, index = open_jaxpr(p["cond_jaxpr"]), k
+                elif k < p["cond_nconsts"] + p["body_nconsts"]:
+                    sub, index = open_jaxpr(p["body_jaxpr"]), k - p["cond_nconsts"]
+                else:
+                    refused.append(f"it is carried through the while_loop at {where}")
+                    continue
+                found += _uses(sub, sub.invars[index], config, here, cast, False, refused)
+        elif name == "cond" and 0 not in positions:
+            for branch in eqn.params["branches"]:
+                sub = open_jaxpr(branch)
+                for k in positions:
+                    found += _uses(sub, sub.invars[k - 1], config, here, cast, False, refused)
         else:
-            if len(contractions) == 1:
-                found[index] = contractions.pop()
+            refused.append(f"it is used by {name} at {where}")
     return found
 
 
-def _activation_absmax(closed, n_leaves: int, leaves: dict, flat_args) -> dict:
-    """Per weight leaf, the absmax of the activations its dots meet, per contracting index.
-
-    Arguments:
-        closed: the float program, traced on one calibration input.
-        n_leaves: how many of its inputs are parameter leaves.
-        leaves: leaf index -> contracting dims (single-dim contractions only).
-        flat_args: the program's flat input values.
-
-    Returns:
-        leaf index -> float32 vector over the weight's contracting axis.
-    """
-    jaxpr = closed.jaxpr
-    targets = {}
-    for index in leaves:
-        for eqn, side in _dot_operand_uses(jaxpr, jaxpr.invars[index]):
-            targets[id(eqn)] = (index, side)
-
-    def run(consts, *args):
-        env = dict(zip(jaxpr.constvars, consts))
-        env.update(zip(jaxpr.invars, args))
-        stats = {}
-        for eqn in jaxpr.eqns:
-            invals = [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars]
-            if id(eqn) in targets:
-                index, side = targets[id(eqn)]
-                activation = jnp.abs(invals[1 - side].astype(jnp.float32))
-                (contract,) = eqn.params["dimension_numbers"][0][1 - side]
-                others = tuple(a for a in range(activation.ndim) if a != contract)
-                amax = jnp.max(activation, axis=others)
-                stats[index] = amax if index not in stats else jnp.maximum(stats[index], amax)
-            outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
-            env.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))
-        return stats
-
-    return jax.jit(run)(closed.consts, *flat_args)
+def _plan(jaxpr, var, config: RewriteConfig) -> tuple[list[_Use], str]:
+    """The uses of a parameter input and how it is quantized, or ``([], reason)`` when it stays float."""
+    if not jnp.issubdtype(var.aval.dtype, jnp.floating):
+        return [], f"not a float array ({var.aval.str_short()})"
+    refused: list[str] = []
+    uses = _uses(jaxpr, var, config, "", None, True, refused)
+    if not uses:
+        return [], "kept float: it feeds no matmul" + (f" ({refused[0]})" if refused else "")
+    if refused:
+        return [], f"kept float: {refused[0]}"
+    if len({u.from_end for u in uses}) > 1:
+        return [], "kept float: its matmuls contract different axes"
+    if len({np.dtype(u.cast) if u.cast is not None else None for u in uses}) > 1:
+        return [], "kept float: it is cast to different dtypes before its matmuls"
+    return uses, ""
 
 
+# -- SmoothQuant -------------------------------------------------------------------------------------------------
 def weight_absmax(weight, contracting: int):
     """``max|w_k|`` per index ``k`` of the contracting axis, in float32."""
     w = jnp.abs(jnp.asarray(weight, jnp.float32))
     return jnp.max(w, axis=tuple(a for a in range(w.ndim) if a != contracting))
-
-
-def _any_scope_matches(jaxpr, var, patterns) -> bool:
-    """Whether a dot reading ``var`` sits in a name scope matching one of ``patterns``."""
-    scopes = [str(eqn.source_info.name_stack) for eqn, _ in _dot_operand_uses(jaxpr, var)]
-    return any(fnmatch.fnmatchcase(scope, p) for scope in scopes for p in patterns)
-
-
-def _groups_by_activation(jaxpr, leaf_indices) -> list[list[int]]:
-    """Parameter leaves grouped by the activations their dots read (same variable, same contracting axis)."""
-    groups: dict = {}
-    for index in leaf_indices:
-        reads = frozenset(
-            (eqn.invars[1 - side], eqn.params["dimension_numbers"][0][1 - side])
-            for eqn, side in _dot_operand_uses(jaxpr, jaxpr.invars[index])
-        )
-        groups.setdefault(reads, []).append(index)
-    return list(groups.values())
 
 
 def smoothing_factors(activation_absmax, weight_absmax, alpha: float):
@@ -213,7 +159,7 @@ def smoothing_factors(activation_absmax, weight_absmax, alpha: float):
         alpha: how much of the outliers moves into the weight (0: none, 1: all).
 
     Returns:
-        float32 factors; 1 where either side is all zero.
+        float32 factors; 1 where either side is all zero or not finite.
     """
     a, b = jnp.asarray(activation_absmax, jnp.float32), jnp.asarray(weight_absmax, jnp.float32)
     usable = (a > 0) & (b > 0) & jnp.isfinite(a) & jnp.isfinite(b)
@@ -221,71 +167,190 @@ def smoothing_factors(activation_absmax, weight_absmax, alpha: float):
     return jnp.where(usable, factors, 1.0)
 
 
-def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | None = None, calibration=None,
-                    smooth_skip=(), **example_kwargs):
-    """Quantize, once, the leaves of ``params`` that ``int8ify(fn)`` would quantize on every call.
-
-    A leaf is quantized when every use of it in ``fn(params, *example_args)`` is as an operand of a dot
-    that the rewrite replaces, all with the same contracting dims. A leaf also used otherwise (a bias, an
-    embedding table also used as a lookup, a weight used under a transpose or inside a nested ``jit``
-    or ``scan``) stays as it is, and the rewrite keeps quantizing it per call, so the numbers never change.
+def _activation_absmax(closed, targets: dict, flat_args) -> dict:
+    """Per parameter, the absmax of the activations its top-level dots meet, per contracting index.
 
     Arguments:
-        fn: the function, plain or already wrapped with :func:`int8ify` (its options are then used:
-            a dot the options skip does not get quantized weights).
+        closed: the float program, traced on one calibration input.
+        targets: ``id(dot equation) -> (parameter index, side of the parameter)``.
+        flat_args: the program's input values.
+    """
+
+    def run(consts, args):
+        stats: dict = {}
+
+        def step(eqn, invals):
+            target = targets.get(id(eqn))
+            if target is not None:
+                index, side = target
+                activation = jnp.abs(invals[1 - side].astype(jnp.float32))
+                (contract,) = eqn.params["dimension_numbers"][0][1 - side]
+                amax = jnp.max(activation, axis=tuple(a for a in range(activation.ndim) if a != contract))
+                stats[index] = amax if index not in stats else jnp.maximum(stats[index], amax)
+            return bind(eqn, invals)
+
+        evaluate(closed.jaxpr, consts, args, step)
+        return stats
+
+    return jax.jit(run)(closed.consts, list(flat_args))
+
+
+# -- entry point ------------------------------------------------------------------------------------------------
+def _target(fn) -> tuple[Callable, RewriteConfig, Callable]:
+    if hasattr(fn, "config") and hasattr(fn, "signature"):  # an Int8ified: its options and static arguments
+        return fn.fn, fn.config, fn.signature
+    if not callable(fn):
+        raise Int8ifyError(f"quantize_params expects the model function as its first argument, got "
+                           f"{type(fn).__name__} {fn!r:.40}")
+    name = getattr(fn, "__name__", repr(fn))
+    return fn, RewriteConfig(), lambda args, kwargs: split_call(args, kwargs, StaticArgs(frozenset(), frozenset()),
+                                                               name)
+
+
+def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | None = None, calibration=None,
+                    smooth_skip=(), explain: bool = False, **example_kwargs):
+    """Quantize, once, the leaves of ``params`` that ``int8ify(fn)`` would quantize on every call.
+
+    A leaf is quantized when every use of it in ``fn(params, *example_args)`` is as an operand of a matmul that
+    the rewrite replaces, all with the same contracting axes, reached directly or through float casts, nested
+    ``jit``/``remat``/``cond``, the constants of ``while_loop``/``scan`` or the ``xs`` of a ``scan``. Any other
+    leaf stays as it is, and the rewrite keeps quantizing it per call, so the numbers never change.
+
+    Arguments:
+        fn: the function, plain or already wrapped with :func:`~jaxpr_rewrite.int8ify` (its options and static
+            arguments are then used: a matmul the options skip does not get quantized weights).
         params: a pytree, ``fn``'s first argument.
-        *example_args, **example_kwargs: the other arguments (only their shapes and dtypes matter, unless
-            they are the calibration input).
-        smooth_alpha: if set (0 to 1, 0.5 is the usual choice), weights with one contracting dim also get
-            SmoothQuant factors from the activations they meet on the calibration inputs. The numbers then
-            differ from the dynamic path (that is the point: a smaller int8 error where activations have
-            outlier channels); without it they are bit-identical.
-        calibration: an iterable of argument tuples (the arguments after ``params``, with
-            ``example_kwargs``) to measure activations on; defaults to ``[example_args]``.
-        smooth_skip: name-scope patterns (``fnmatch``, as ``int8ify(skip=...)``); weights of dots whose
-            scope matches one are quantized without smoothing.
+        *example_args, **example_kwargs: the other arguments (only their shapes and dtypes matter, unless they are
+            the calibration input).
+        smooth_alpha: if set (0 to 1, 0.5 is the usual choice), weights with one contracting axis that feed
+            top-level dots also get SmoothQuant factors from the activations they meet on the calibration inputs.
+            The numbers then differ from the dynamic path (that is the point: a smaller int8 error where
+            activations have outlier channels); without it they are bit-identical.
+        calibration: an iterable of argument tuples (the arguments after ``params``, with ``example_kwargs``) to
+            measure activations on; defaults to ``[example_args]``.
+        smooth_skip: name-scope patterns (``fnmatch``, as ``int8ify(skip=...)``); weights of dots whose scope
+            matches one are quantized without smoothing.
+        explain: also return, per leaf (by its ``jax.tree_util.keystr`` path), what was done and why.
 
     Returns:
-        ``params`` with the quantizable leaves replaced by :class:`QuantizedArray`.
-    """
-    from .api import Int8ified
-    from .rewrite import RewriteConfig
+        ``params`` with the quantizable leaves replaced by :class:`~jaxpr_rewrite.quantized.QuantizedArray`; with
+        ``explain=True``, ``(qparams, explanation)``.
 
-    config = fn.config if isinstance(fn, Int8ified) else RewriteConfig()
-    raw_fn = fn.fn if isinstance(fn, Int8ified) else fn
-    leaves, tree = jax.tree_util.tree_flatten(params, is_leaf=is_quantized)
+    Warns:
+        QuantizationWarning: when a leaf that feeds a rewritten matmul stays float (``explain=True`` instead
+            returns every leaf's reason and does not warn).
+    """
+    function, config, signature_of = _target(fn)
+    paths_and_leaves, tree = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_quantized)
+    paths = [jax.tree_util.keystr(path) for path, _ in paths_and_leaves]
+    leaves = [leaf for _, leaf in paths_and_leaves]
     if any(is_quantized(x) for x in leaves):
         raise Int8ifyError("quantize_params got params that are already quantized")
-    if smooth_alpha is not None and not 0 <= smooth_alpha <= 1:
+    if smooth_alpha is not None and not (isinstance(smooth_alpha, (int, float)) and 0 <= smooth_alpha <= 1):
         raise Int8ifyError(f"smooth_alpha must be in [0, 1], got {smooth_alpha!r}")
 
-    def trace(args):
-        return jax.make_jaxpr(lambda p, *a: raw_fn(p, *a, **example_kwargs))(params, *args)
+    def traced(args):
+        signature, dynamic = signature_of((params, *args), example_kwargs)
+        if 0 in {i for i, _ in signature.static_positional}:
+            raise Int8ifyError("quantize_params needs params (the first argument) to be traced, not static")
+        closed, _ = trace(function, signature, dynamic)
+        # the params' leaves come first among the call's leaves; the static ones are not program inputs
+        inputs, position = {}, 0
+        for i, is_dynamic in enumerate(signature.is_dynamic[:len(leaves)]):
+            if is_dynamic:
+                inputs[i] = position
+                position += 1
+        return closed, inputs, dynamic
 
-    example = trace(example_args).jaxpr
-    quantizable = _quantizable_leaves(example, len(leaves), config)
+    example, inputs, _ = traced(example_args)
+    jaxpr = example.jaxpr
+    plans, explanation = {}, {}
+    for i, path in enumerate(paths):
+        if i not in inputs:
+            explanation[path] = "static (not an array)"
+            continue
+        uses, reason = _plan(jaxpr, jaxpr.invars[inputs[i]], config)
+        if not config.uses_per_channel_int8 and uses:
+            uses, reason = [], "kept float: the options do not use per-channel int8 scales"
+        if uses:
+            plans[i] = uses
+        else:
+            explanation[path] = reason
+
     smooth = {}
     if smooth_alpha is not None:
-        patterns = (smooth_skip,) if isinstance(smooth_skip, str) else tuple(smooth_skip)
-        single = {
-            i: c for i, c in quantizable.items()
-            if len(c) == 1 and not _any_scope_matches(example, example.invars[i], patterns)
-        }
-        absmax = {}
-        for args in [example_args] if calibration is None else calibration:
-            flat = jax.tree_util.tree_leaves((params, tuple(args)))
-            for index, value in _activation_absmax(trace(tuple(args)), len(leaves), single, flat).items():
-                absmax[index] = value if index not in absmax else jnp.maximum(absmax[index], value)
-        # Weights that read the same activation share one factor vector (from the largest of their
-        # weights), so the program divides and quantizes that activation once for all of them.
-        for group_id, group in enumerate(_groups_by_activation(example, absmax)):
-            w_absmax = functools.reduce(jnp.maximum, [
-                weight_absmax(leaves[i], single[i][0] % leaves[i].ndim) for i in group
-            ])
-            factors = smoothing_factors(absmax[group[0]], w_absmax, smooth_alpha)
-            smooth.update({i: (factors, group_id) for i in group})
-    new_leaves = [
-        quantize_array(leaf, quantizable[i], *smooth.get(i, (None, None))) if i in quantizable else leaf
-        for i, leaf in enumerate(leaves)
-    ]
-    return jax.tree_util.tree_unflatten(tree, new_leaves)
+        calibration = [tuple(example_args)] if calibration is None else [tuple(args) for args in calibration]
+        smooth = _smoothing(plans, leaves, smooth_alpha, smooth_skip, calibration, traced)
+
+    new_leaves = []
+    for i, leaf in enumerate(leaves):
+        if i not in plans:
+            new_leaves.append(leaf)
+            continue
+        use = plans[i][0]
+        value = jnp.asarray(leaf)
+        factors, group = smooth.get(i, (None, None))
+        quantized_value = value.astype(use.cast) if use.cast is not None else value
+        if factors is not None:
+            axis = use.from_end[0] + value.ndim
+            scaled = quantized_value.astype(jnp.float32) * lax.broadcast_in_dim(factors, value.shape, (axis,))
+            quantized_value = scaled.astype(quantized_value.dtype)
+        q = quantize(quantized_value, tuple(a + value.ndim for a in use.from_end))
+        new_leaves.append(QuantizedArray(q.codes, q.scales, q.exponents, q.contracting, value.dtype, factors, group))
+        cast = f" after a cast to {np.dtype(use.cast).name}" if use.cast is not None else ""
+        smoothing = " with SmoothQuant factors" if factors is not None else ""
+        explanation.setdefault(paths[i], f"quantized: {len(plans[i])} matmul use(s), contracting axes "
+                                         f"{q.contracting}{cast}{smoothing}")
+
+    if not explain:
+        surprising = {p: r for p, r in explanation.items() if r.startswith("kept float") and "feeds no matmul" not in r
+                      and "not a float" not in r}
+        if surprising:
+            lines = "; ".join(f"{p}: {r.removeprefix('kept float: ')}" for p, r in surprising.items())
+            warnings.warn(f"quantize_params left {len(surprising)} parameter(s) that feed a matmul in float "
+                          f"(int8ify quantizes them on every call instead): {lines}", QuantizationWarning,
+                          stacklevel=2)
+    qparams = jax.tree_util.tree_unflatten(tree, new_leaves)
+    return (qparams, {p: explanation[p] for p in paths}) if explain else qparams
+
+
+def _smoothing(plans, leaves, alpha, smooth_skip, calibration, traced) -> dict:
+    """SmoothQuant factors for the planned leaves with one contracting axis and only top-level dot uses:
+    ``leaf index -> (factors, group token)``; weights reading one activation share one factor vector."""
+    patterns = (smooth_skip,) if isinstance(smooth_skip, str) else tuple(smooth_skip)
+    single = {}
+    for i, uses in plans.items():
+        scopes = [str(u.eqn.source_info.name_stack) for u in uses]
+        if any(fnmatch.fnmatchcase(scope, p) for scope in scopes for p in patterns):
+            continue
+        if len(uses[0].from_end) == 1 and all(u.direct and u.cast is None for u in uses):
+            single[i] = uses
+    absmax: dict = {}
+    for args in calibration:
+        closed, call_inputs, dynamic = traced(args)
+        targets = {}
+        for i in single:
+            for eqn in closed.jaxpr.eqns:
+                positions = [k for k, v in enumerate(eqn.invars[:2]) if v is closed.jaxpr.invars[call_inputs[i]]]
+                if eqn.primitive.name == "dot_general" and positions:
+                    targets[id(eqn)] = (i, positions[0])
+        for i, value in _activation_absmax(closed, targets, jax.tree_util.tree_leaves(dynamic)).items():
+            absmax[i] = value if i not in absmax else jnp.maximum(absmax[i], value)
+    # weights reading the same activation (same variable, same axis) share one factor vector, taken from the
+    # largest of their weights, so the program divides and quantizes that activation once for all of them
+    groups: dict = {}
+    for i, uses in single.items():
+        reads = frozenset((u.eqn.invars[1 - u.side], u.eqn.params["dimension_numbers"][0][1 - u.side]) for u in uses)
+        groups.setdefault(reads, []).append(i)
+    token = uuid.uuid4().hex[:12]
+    smooth = {}
+    for number, group in enumerate(groups.values()):
+        if not all(i in absmax for i in group):
+            continue
+        w_absmax = functools.reduce(jnp.maximum, [
+            weight_absmax(leaves[i], single[i][0].from_end[0] + np.ndim(leaves[i])) for i in group
+        ])
+        factors = smoothing_factors(absmax[group[0]], w_absmax, alpha)
+        smooth.update({i: (factors, f"{token}-{number}") for i in group})
+    return smooth
+

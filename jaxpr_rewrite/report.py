@@ -1,61 +1,42 @@
-"""``report``: one row per ``dot_general`` of a program -- where it comes from, what it multiplies, whether
-the rewrite turns it into int8 (and why not), and, given real inputs, how much accuracy int8 costs there.
+"""``report``: one row per matmul of a program -- where it comes from, what it multiplies, whether the rewrite
+turns it into int8 (and why not), and, given real inputs, how much accuracy int8 costs there.
 
-The report traces the function (``jax.make_jaxpr``, nothing runs), asks the :class:`~.rewrite.Rewriter` which
-float dots it rewrites under the function's options, and lists every dot of the traced program, the ones in
-nested jaxprs (``jit``, ``scan``, ``cond``, ``while_loop``, ``remat``, ``custom_jvp``/``custom_vjp``, ...)
-included. Integer dots are listed too (they are left as they are).
+The report traces the function (nothing runs for that), decides for every matmul of the traced program what the
+rewrite does with it under the function's options, and lists them all, the ones in nested jaxprs (``jit``,
+``scan``, ``cond``, ``while_loop``, ``remat``, ``custom_jvp``/``custom_vjp``, ...) included. Integer matmuls are
+listed too (they are left as they are).
 
-When the inputs are concrete arrays, the float program is evaluated once by an interpreter that records the
-operands of every dot; each float dot is then computed both ways on those operands and its *measured error*
-is ``||int8 - float||_F / ||float||_F``. Dots inside ``jit``/``pjit``, ``closed_call``, ``remat``,
-``custom_jvp``/``custom_vjp`` (their primal), the taken branch of ``cond``, and the bodies of ``scan`` and
-``while_loop`` (every iteration; the error is over all iterations together) are measured; a dot in a branch
-that was not taken, in a loop that ran zero times, or inside another higher-order primitive (e.g.
-``shard_map``) gets a note such as ``n/a (inside shard_map)`` instead.
+When the inputs are concrete arrays, the float program is compiled once more with every float matmul also computed
+the rewritten way on the same operands, and run once: each row's *measured error* is
+``||int8 - float||_F / ||float||_F`` of that matmul on its actual operands (every iteration of a loop pooled).
+Matmuls inside ``jit``/``pjit``, ``closed_call``, ``remat``, the primal of ``custom_jvp``/``custom_vjp``, the taken
+branch of ``cond``, and the bodies of ``scan`` and ``while_loop`` are measured (loops keep running sums in their
+carry); one in a branch that was not taken, a loop that ran zero times, or inside another higher-order primitive
+(e.g. ``shard_map``) gets a note such as ``n/a (inside shard_map)`` instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.extend  # noqa: F401
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend import source_info_util
-from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, jaxprs_in_params
+from jax.extend.core import ClosedJaxpr, Jaxpr, jaxprs_in_params
 
-from .api import Int8ified, int8ify
-from .params import is_quantized
-from .rewrite import Rewriter, is_float_dot, join_scope, rewrite_dot, skip_reason
+from .config import RewriteConfig, join_scope, skip_reason
+from .evaluate import bind, evaluate
+from .int8_dot import supports_ragged
+from .jaxprs import DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS, is_float_dot, is_matmul, open_jaxpr
+from .quantized import is_quantized
+from .rewrite import Rewriter, higher_order_rules
+from .source import Location, eqn_location, short_path
+from .tracing import StaticArgs, split_call, trace
 
-__all__ = ["DotRow", "Report", "report", "source_location", "trace"]
-
-_SUMMARY = re.compile(r"^(?P<file>.*?):(?P<line>\d+)(?::\d+)? \((?P<function>[^()]*)\)$")
-
-
-def source_location(eqn) -> tuple[str | None, int | None, str | None]:
-    """``(file, line, function)`` of the user code that created ``eqn`` (``None``s when unknown)."""
-    summary = source_info_util.summarize(eqn.source_info)
-    match = _SUMMARY.match(summary)
-    if match is None:
-        return None, None, None
-    return match["file"], int(match["line"]), match["function"]
-
-
-def short_path(path: str | None) -> str:
-    """``path`` relative to the working directory when it lies below it, else its base name."""
-    if not path:
-        return "?"
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return os.path.basename(path)
-    return os.path.basename(path) if rel.startswith("..") else rel
+__all__ = ["DotRow", "Report", "report"]
 
 
 def _format_dims(dimension_numbers) -> str:
@@ -63,24 +44,31 @@ def _format_dims(dimension_numbers) -> str:
     return f"(({list(lc)}, {list(rc)}), ({list(lb)}, {list(rb)}))"
 
 
+def matmul_dimension_numbers(eqn):
+    """The ``dot_general`` dimension numbers of a matmul equation (a ragged dot's underlying ones)."""
+    dims = eqn.params.get("dimension_numbers")
+    return dims if dims is not None else eqn.params["ragged_dot_dimension_numbers"].dot_dimension_numbers
+
+
 @dataclasses.dataclass(frozen=True)
 class DotRow:
-    """One ``dot_general`` of the program.
+    """One matmul (``dot_general`` or ``ragged_dot_general``) of the program.
 
     Attributes:
         index: position in the report (program order, nested jaxprs in place).
-        file, line, function: the user's source of the dot (``None`` when unknown).
+        file, line, function: the user's source of the matmul (``None`` when unknown).
         scope: its full name scope (``jax.named_scope`` / module path, nested scopes joined by ``/``).
         lhs, rhs, out: operand and result types in jaxpr notation (``f32[8,64]``).
         dimension_numbers: ``((lhs_contract, rhs_contract), (lhs_batch, rhs_batch))``.
         rewritten: whether the rewrite computes it in int8.
         reason: why it is not rewritten (``"integer dot"``, a skip option), ``None`` when it is.
         error: measured relative Frobenius error of the int8 result against the float result on the same
-            operands (``None`` when not measured). For a float dot that an option keeps in float, it is the
+            operands (``None`` when not measured). For a float matmul that an option keeps in float, it is the
             error rewriting it *would* cost.
         note: why ``error`` is missing when inputs were concrete (e.g. ``"n/a (branch not taken)"``).
-        path: position in the nested program (equation and sub-jaxpr indices), identifying the dot.
-        eqn: the ``dot_general`` equation itself.
+        primitive: ``"dot_general"`` or ``"ragged_dot_general"``.
+        path: position in the nested program (equation and sub-jaxpr indices), identifying the matmul.
+        eqn: the equation itself.
     """
 
     index: int
@@ -96,6 +84,7 @@ class DotRow:
     reason: str | None
     error: float | None = None
     note: str | None = None
+    primitive: str = "dot_general"
     path: tuple = dataclasses.field(default=(), repr=False, compare=False)
     eqn: Any = dataclasses.field(default=None, repr=False, compare=False)
 
@@ -105,6 +94,10 @@ class DotRow:
         if self.line is None:
             return "?"
         return f"{short_path(self.file)}:{self.line} ({self.function})"
+
+    @property
+    def is_float(self) -> bool:
+        return self.reason != "integer dot"
 
 
 _COLUMNS = ("#", "source", "scope", "operands", "dimension numbers", "int8", "error", "why not")
@@ -132,11 +125,11 @@ class Report:
 
     @property
     def kept(self) -> list[DotRow]:
-        """The dots that are not rewritten (skipped float dots and integer dots)."""
+        """The matmuls that are not rewritten (kept float ones and integer ones)."""
         return [r for r in self.rows if not r.rewritten]
 
     def worst(self) -> DotRow | None:
-        """The rewritten dot with the largest measured error."""
+        """The rewritten matmul with the largest measured error."""
         measured = [r for r in self.rewritten if r.error is not None]
         return max(measured, key=lambda r: r.error) if measured else None
 
@@ -147,11 +140,14 @@ class Report:
             error = row.note
         else:
             error = "-"
+        operands = f"{row.lhs} x {row.rhs} -> {row.out}"
+        if row.primitive != "dot_general":
+            operands = f"{row.primitive}: {operands}"
         return (
             str(row.index),
             row.source,
             row.scope or "-",
-            f"{row.lhs} x {row.rhs} -> {row.out}",
+            operands,
             _format_dims(row.dimension_numbers),
             "yes" if row.rewritten else "no",
             error,
@@ -159,7 +155,7 @@ class Report:
         )
 
     def summary(self) -> str:
-        n_float = sum(1 for r in self.rows if r.reason != "integer dot")
+        n_float = sum(1 for r in self.rows if r.is_float)
         n_int = len(self.rows) - n_float
         text = f"{len(self.rows)} dot_general(s): {len(self.rewritten)} rewritten to int8"
         text += f", {n_float - len(self.rewritten)} kept in float, {n_int} integer"
@@ -178,221 +174,245 @@ class Report:
         return f"<Report: {self.summary()}>"
 
 
-# -- tracing ---------------------------------------------------------------------------------------------
-def _placeholder(leaf):
-    """A zero-strided numpy array standing for a ``jax.ShapeDtypeStruct`` (no memory, traceable)."""
-    if isinstance(leaf, jax.ShapeDtypeStruct):
-        return np.broadcast_to(np.zeros((), leaf.dtype), leaf.shape)
-    return leaf
-
-
-def _is_concrete(leaf) -> bool:
-    return not isinstance(leaf, (jax.ShapeDtypeStruct, jax.core.Tracer))
-
-
-def as_int8ified(fn) -> Int8ified:
-    """``fn`` itself when it is an :class:`Int8ified`, else ``int8ify(fn)`` with the default options."""
-    return fn if isinstance(fn, Int8ified) else int8ify(fn)
-
-
-def trace(fn, *args, **kwargs) -> tuple[Int8ified, ClosedJaxpr, list, bool]:
-    """Trace the float program of ``fn`` (a function or an :class:`Int8ified`) without running it.
-
-    Arguments may be arrays or ``jax.ShapeDtypeStruct``; non-array leaves are static, as for ``int8ify``.
-    A :class:`~jaxpr_rewrite.params.QuantizedArray` stands for its dequantized value: the report shows the
-    program's dots, and measures each on that value (with the dynamic path's quantization).
-
-    Returns:
-        ``(int8ified, float_jaxpr, dynamic_args, concrete)``: the wrapper that holds the options, the traced
-        float program over the dynamic leaves, those leaves, and whether all of them are real values.
-    """
-    wrapped = as_int8ified(fn)
-    args, kwargs = jax.tree_util.tree_map(
-        lambda x: x.dequantize() if is_quantized(x) else x, (args, kwargs), is_leaf=is_quantized
-    )
-    abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves((args, kwargs)))
-    args, kwargs = jax.tree_util.tree_map(_placeholder, (args, kwargs))
-    key, dynamic = wrapped._split(args, kwargs)
-    concrete = not abstract and all(_is_concrete(x) for x in dynamic)
-
-    def flat_fn(*flat):
-        a, k = wrapped._rebuild(key, flat)
-        return jax.tree_util.tree_leaves(wrapped.fn(*a, **k))
-
-    closed = jax.make_jaxpr(flat_fn)(*dynamic)
-    return wrapped, closed, dynamic, concrete
-
-
-# -- the dots of a program -------------------------------------------------------------------------------
+# -- the matmuls of a program, and what the rewrite does with each -------------------------------------------
 @dataclasses.dataclass
 class _Site:
     path: tuple
     eqn: Any
     scope: str
     enclosing: tuple[str, ...]  # primitive names of the enclosing higher-order equations
+    reason: str | None  # why it is not rewritten (None: rewritten)
+    measurable: bool  # a float matmul of the forward program that the rewrite can express
 
 
-def _dot_sites(jaxpr: Jaxpr, scope: str = "", path: tuple = (), enclosing: tuple = ()) -> list[_Site]:
+def _derivative_only(eqn) -> list:
+    """The sub-jaxprs of ``eqn`` that only define derivatives."""
+    fields = DERIVATIVE_ONLY_PARAMS.get(eqn.primitive.name, ())
+    found = []
+    for param in SUBJAXPR_PARAMS.get(eqn.primitive.name, ()):
+        value = eqn.params[param]
+        found += [open_jaxpr(getattr(value, f)) for f in fields if getattr(value, f, None) is not None]
+    return found
+
+
+def _site(eqn, path, scope, enclosing, config: RewriteConfig, derivative_only: str | None,
+          no_rule: str | None) -> _Site:
+    if not is_float_dot(eqn):
+        return _Site(path, eqn, scope, enclosing, "integer dot", False)
+    if derivative_only is not None:
+        return _Site(path, eqn, scope, enclosing, f"runs only for derivatives ({derivative_only})", False)
+    reason = skip_reason(eqn, config, scope)
+    if eqn.primitive.name == "ragged_dot_general" and not supports_ragged(eqn.params):
+        return _Site(path, eqn, scope, enclosing, reason or "unsupported ragged layout (int8ify raises an error)",
+                     False)
+    if no_rule is not None and reason is None:
+        reason = f"inside {no_rule}, which int8ify has no rule for (int8ify raises an error)"
+        return _Site(path, eqn, scope, enclosing, reason, True)
+    return _Site(path, eqn, scope, enclosing, reason, True)
+
+
+def _sites(jaxpr: Jaxpr, config: RewriteConfig, scope: str = "", path: tuple = (), enclosing: tuple = (),
+           derivative_only: str | None = None, no_rule: str | None = None) -> list[_Site]:
+    """Every matmul of ``jaxpr`` in program order, nested ones included, with the rewrite's decision."""
     sites = []
     for i, eqn in enumerate(jaxpr.eqns):
-        eqn_scope = join_scope(scope, eqn.source_info.name_stack)
-        if eqn.primitive is lax.dot_general_p:
-            sites.append(_Site(path + (i,), eqn, eqn_scope, enclosing))
+        here = join_scope(scope, eqn.source_info.name_stack)
+        if is_matmul(eqn):
+            sites.append(_site(eqn, path + (i,), here, enclosing, config, derivative_only, no_rule))
+        derivative_subs = [id(j) for j in _derivative_only(eqn)]
+        name = eqn.primitive.name
         for j, sub in enumerate(jaxprs_in_params(eqn.params)):
-            sites += _dot_sites(sub, eqn_scope, path + (i, j), enclosing + (eqn.primitive.name,))
+            sub_derivative = name if id(sub) in derivative_subs else derivative_only
+            sub_no_rule = no_rule if no_rule is not None or name in higher_order_rules else name
+            sites += _sites(sub, config, here, path + (i, j), enclosing + (name,), sub_derivative, sub_no_rule)
     return sites
 
 
-# -- measuring -------------------------------------------------------------------------------------------
+# -- measuring ------------------------------------------------------------------------------------------------
 _CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
           "remat2": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr",
           "custom_vjp_call": "call_jaxpr"}
 MEASURED_PRIMITIVES = frozenset(_CALLS) | {"cond", "scan", "while"}
 
 
-def _bind(eqn, invals):
-    primitive = eqn.primitive
-    out = primitive.bind(*invals, **primitive.get_bind_params(eqn.params))
-    return list(out) if primitive.multiple_results else [out]
+def _sub_index(eqn, sub) -> int:
+    sub = open_jaxpr(sub)
+    return next(j for j, s in enumerate(jaxprs_in_params(eqn.params)) if s is sub)
 
 
-def _sub_index(eqn, jaxpr: Jaxpr) -> int:
-    return next(j for j, sub in enumerate(jaxprs_in_params(eqn.params)) if sub is jaxpr)
+def _zeros(paths) -> dict:
+    return {p: jnp.zeros((3,), jnp.float32) for p in paths}
 
 
-def _split_closed(value):
-    return (value.jaxpr, value.consts) if isinstance(value, ClosedJaxpr) else (value, [])
+def _add(a: dict, b: dict) -> dict:
+    return {p: a[p] + b[p] if p in b else a[p] for p in a}
 
 
-class _Recorder:
-    """Evaluates a float program eagerly, measuring every float dot it meets (see the module docstring)."""
+class _Measurer:
+    """Evaluates the float program under ``jax.jit`` and sums, per measured matmul, the squared error of its
+    rewritten form, the squared float result, and how many times it ran."""
 
-    def __init__(self, measure: Callable[[tuple, Any, list, Any], None]):
-        self.measure = measure
+    def __init__(self, rewriter: Rewriter, measured: set):
+        self.rewriter = rewriter
+        self.measured = measured  # paths of the float matmuls to measure
 
-    def run(self, jaxpr: Jaxpr, consts, args, path: tuple = ()) -> list:
-        env: dict = {}
+    def paths_under(self, prefix: tuple) -> list:
+        return [p for p in self.measured if p[:len(prefix)] == prefix]
 
-        def read(atom):
-            return atom.val if isinstance(atom, Literal) else env[atom]
+    def run(self, closed, args, prefix: tuple = ()) -> tuple[list, dict]:
+        jaxpr, consts = open_jaxpr(closed), closed.consts if isinstance(closed, ClosedJaxpr) else []
+        stats = _zeros(self.paths_under(prefix))
+        index = iter(range(len(jaxpr.eqns)))
 
-        env.update(zip(jaxpr.constvars, consts))
-        env.update(zip(jaxpr.invars, args))
-        for i, eqn in enumerate(jaxpr.eqns):
-            invals = [read(v) for v in eqn.invars]
-            here = path + (i,)
-            name = eqn.primitive.name
-            if eqn.primitive is lax.dot_general_p:
-                outs = _bind(eqn, invals)
-                if is_float_dot(eqn):
-                    self.measure(here, eqn, invals, outs[0])
-            elif name in _CALLS:
-                sub, sub_consts = _split_closed(eqn.params[_CALLS[name]])
-                outs = self.run(sub, sub_consts, invals, here + (_sub_index(eqn, sub),))
-            elif name == "cond":
-                branch = eqn.params["branches"][int(np.asarray(invals[0]))]
-                outs = self.run(branch.jaxpr, branch.consts, invals[1:], here + (_sub_index(eqn, branch.jaxpr),))
-            elif name == "scan":
-                outs = self._scan(eqn, invals, here)
-            elif name == "while":
-                outs = self._while(eqn, invals, here)
-            else:
-                outs = _bind(eqn, invals)
-            env.update(zip(eqn.outvars, outs))
-        return [read(v) for v in jaxpr.outvars]
+        def step(eqn, invals):
+            here = prefix + (next(index),)
+            outs, found = self.eqn(eqn, invals, here)
+            stats.update(_add({p: stats[p] for p in found}, found))
+            return outs
+
+        return evaluate(jaxpr, consts, args, step), stats
+
+    def eqn(self, eqn, invals, here) -> tuple[list, dict]:
+        name = eqn.primitive.name
+        if here in self.measured:
+            float_out = bind(eqn, invals)
+            q = self.rewriter.rewrite_matmul(eqn, invals)
+            f32, q32 = float_out[0].astype(jnp.float32), q.astype(jnp.float32)
+            sums = jnp.stack([jnp.sum(jnp.square(q32 - f32)), jnp.sum(jnp.square(f32)), jnp.float32(1)])
+            return float_out, {here: sums}
+        if name in _CALLS and self.paths_under(here):
+            sub = eqn.params[_CALLS[name]]
+            return self.run(sub, invals, here + (_sub_index(eqn, sub),))
+        if name == "cond" and self.paths_under(here):
+            return self._cond(eqn, invals, here)
+        if name == "scan" and self.paths_under(here):
+            return self._scan(eqn, invals, here)
+        if name == "while" and self.paths_under(here):
+            return self._while(eqn, invals, here)
+        return bind(eqn, invals), {}
+
+    def _cond(self, eqn, invals, here):
+        index, *operands = invals
+        branches = eqn.params["branches"]
+        every = self.paths_under(here)
+
+        def branch_fn(branch):
+            def fn(ops):
+                outs, stats = self.run(branch, list(ops), here + (_sub_index(eqn, branch),))
+                return outs, _add(_zeros(every), stats)
+            return fn
+
+        outs, stats = lax.switch(index, [branch_fn(b) for b in branches], operands)
+        return list(outs), stats
 
     def _scan(self, eqn, invals, here):
         p = eqn.params
-        length, n_consts, n_carry = p["length"], p["num_consts"], p["num_carry"]
-        if length == 0:
-            return _bind(eqn, invals)
+        n_consts, n_carry = p["num_consts"], p["num_carry"]
+        consts, init, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
         body = p["jaxpr"]
-        sub_path = here + (_sub_index(eqn, body.jaxpr),)
-        consts, carry, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
-        ys: list = [None] * length
-        steps = range(length - 1, -1, -1) if p["reverse"] else range(length)
-        for t in steps:
-            outs = self.run(body.jaxpr, body.consts, [*consts, *carry, *(x[t] for x in xs)], sub_path)
-            carry, ys[t] = outs[:n_carry], outs[n_carry:]
-        stacked = [jax.numpy.stack([y[k] for y in ys]) for k in range(len(eqn.outvars) - n_carry)]
-        return [*carry, *stacked]
+        sub = here + (_sub_index(eqn, body),)
+
+        def step(state, x):
+            carry, acc = state
+            outs, stats = self.run(body, [*consts, *carry, *x], sub)
+            return (outs[:n_carry], _add(acc, stats)), outs[n_carry:]
+
+        (carry, acc), ys = lax.scan(step, (list(init), _zeros(self.paths_under(sub))), list(xs),
+                                    length=p["length"], reverse=p["reverse"], unroll=p["unroll"])
+        return [*carry, *ys], acc
 
     def _while(self, eqn, invals, here):
         p = eqn.params
+        n_cond, n_body = p["cond_nconsts"], p["body_nconsts"]
+        cond_consts, body_consts = invals[:n_cond], invals[n_cond:n_cond + n_body]
+        init = invals[n_cond + n_body:]
         cond, body = p["cond_jaxpr"], p["body_jaxpr"]
-        cond_consts = invals[: p["cond_nconsts"]]
-        body_consts = invals[p["cond_nconsts"]: p["cond_nconsts"] + p["body_nconsts"]]
-        carry = invals[p["cond_nconsts"] + p["body_nconsts"]:]
-        cond_path = here + (_sub_index(eqn, cond.jaxpr),)
-        body_path = here + (_sub_index(eqn, body.jaxpr),)
-        while bool(self.run(cond.jaxpr, cond.consts, [*cond_consts, *carry], cond_path)[0]):
-            carry = self.run(body.jaxpr, body.consts, [*body_consts, *carry], body_path)
-        return carry
+        sub = here + (_sub_index(eqn, body),)
+
+        def keep_going(state):
+            return evaluate(cond.jaxpr, cond.consts, [*cond_consts, *state[0]])[0]
+
+        def step(state):
+            carry, acc = state
+            outs, stats = self.run(body, [*body_consts, *carry], sub)
+            return outs, _add(acc, stats)
+
+        carry, acc = lax.while_loop(keep_going, step, (list(init), _zeros(self.paths_under(sub))))
+        return list(carry), acc
 
 
-def _missing_note(site: _Site) -> str:
+def _missing_note(site: _Site, ran_zero_times: bool) -> str:
     for name in site.enclosing:
         if name not in MEASURED_PRIMITIVES:
             return f"n/a (inside {name})"
-    if "cond" in site.enclosing:
+    if ran_zero_times and site.enclosing and site.enclosing[-1] == "cond":
         return "n/a (branch not taken)"
     return "n/a (not executed)"
 
 
+# -- entry point ------------------------------------------------------------------------------------------------
+def _target(fn) -> tuple[Callable, RewriteConfig, Callable]:
+    """``(function, options, signature)`` of an ``int8ify``-wrapped function, or of a plain one under the
+    default options."""
+    if hasattr(fn, "config") and hasattr(fn, "signature"):  # an Int8ified
+        return fn.fn, fn.config, fn.signature
+    name = getattr(fn, "__name__", repr(fn))
+    return fn, RewriteConfig(), lambda args, kwargs: split_call(args, kwargs, StaticArgs(frozenset(), frozenset()),
+                                                               name)
+
+
+def _is_concrete(leaf) -> bool:
+    return not isinstance(leaf, (jax.ShapeDtypeStruct, jax.core.Tracer))
+
+
 def report(fn, *args, **kwargs) -> Report:
-    """One row per ``dot_general`` of ``fn``'s program, with the rewrite's decision for each.
+    """One row per matmul of ``fn``'s program, with the rewrite's decision for each.
 
     Arguments:
-        fn: an :class:`Int8ified` (``int8ify(f, **options)``: its options decide what is rewritten), or a
-            plain function (reported under the default options).
-        *args, **kwargs: the arguments of a call. Arrays give measured errors; ``jax.ShapeDtypeStruct``
-            leaves trace only (no errors). Non-array leaves are static, as for ``int8ify``.
+        fn: an ``int8ify``-wrapped function (its options decide what is rewritten), or a plain function
+            (reported under the default options).
+        *args, **kwargs: the arguments of a call. Arrays give measured errors; ``jax.ShapeDtypeStruct`` leaves
+            trace only (no errors). A :class:`~jaxpr_rewrite.quantized.QuantizedArray` is reported through its
+            materialised value. Non-array leaves are static, as for ``int8ify``.
 
     Returns:
         A :class:`Report`; ``print`` it for the table.
     """
-    wrapped, closed, dynamic, concrete = trace(fn, *args, **kwargs)
-    config = wrapped.config
-    decisions: dict = {}
+    function, config, signature_of = _target(fn)
+    args, kwargs = jax.tree_util.tree_map(
+        lambda x: x.materialise() if is_quantized(x) else x, (args, kwargs), is_leaf=is_quantized
+    )
+    signature, dynamic = signature_of(args, kwargs)
+    closed, _ = trace(function, signature, dynamic)
+    concrete = all(_is_concrete(x) for x in dynamic)
+    sites = _sites(closed.jaxpr, config)
 
-    def on_dot(eqn, scope, reason):
-        decisions[(id(eqn), scope)] = reason
-
-    Rewriter(config, on_dot=on_dot).closed(closed)
-
-    sites = _dot_sites(closed.jaxpr)
-    stats: dict[tuple, list[float]] = {}
-
-    def measure(path, eqn, invals, float_out):
-        q = np.asarray(rewrite_dot(eqn, invals, config), np.float64)
-        f = np.asarray(float_out, np.float64)
-        acc = stats.setdefault(path, [0.0, 0.0])
-        acc[0] += float(np.sum((q - f) ** 2))
-        acc[1] += float(np.sum(f**2))
-
+    stats: dict = {}
     if concrete:
-        _Recorder(measure).run(closed.jaxpr, closed.consts, dynamic)
+        measured = {s.path for s in sites if s.measurable}
+        if measured:
+            measurer = _Measurer(Rewriter(config), measured)
+            stats = jax.jit(lambda consts, flat: measurer.run(ClosedJaxpr(closed.jaxpr, consts), flat)[1])(
+                closed.consts, dynamic)
+            stats = {p: np.asarray(v, np.float64) for p, v in stats.items()}
 
     rows = []
     for index, site in enumerate(sites):
         eqn = site.eqn
-        if not is_float_dot(eqn):
-            reason = "integer dot"
-        else:
-            key = (id(eqn), site.scope)
-            reason = decisions[key] if key in decisions else skip_reason(eqn, config, site.scope)
         error = note = None
-        if concrete and reason != "integer dot":
-            if site.path in stats:
-                err2, ref2 = stats[site.path]
+        if concrete and site.measurable:
+            sums = stats.get(site.path)
+            if sums is not None and sums[2] > 0:
+                err2, ref2 = sums[0], sums[1]
                 error = float(np.sqrt(err2 / ref2)) if ref2 > 0 else (0.0 if err2 == 0 else float("inf"))
             else:
-                note = _missing_note(site)
-        file, line, function = source_location(eqn)
-        lhs, rhs = (v.aval.str_short(short_dtypes=True) for v in eqn.invars)
+                note = _missing_note(site, sums is not None)
+        location: Location = eqn_location(eqn)
+        lhs, rhs = (v.aval.str_short(short_dtypes=True) for v in eqn.invars[:2])
         rows.append(DotRow(
-            index=index, file=file, line=line, function=function, scope=site.scope, lhs=lhs, rhs=rhs,
-            out=eqn.outvars[0].aval.str_short(short_dtypes=True), dimension_numbers=eqn.params["dimension_numbers"],
-            rewritten=reason is None, reason=reason, error=error, note=note, path=site.path, eqn=eqn,
+            index=index, file=location.file, line=location.line, function=location.function, scope=site.scope,
+            lhs=lhs, rhs=rhs, out=eqn.outvars[0].aval.str_short(short_dtypes=True),
+            dimension_numbers=matmul_dimension_numbers(eqn), rewritten=site.reason is None, reason=site.reason,
+            error=error, note=note, primitive=eqn.primitive.name, path=site.path, eqn=eqn,
         ))
     return Report(rows, measured=concrete)

@@ -26,10 +26,13 @@ An all-zero block gets scale 1 and zero codes, so it contributes exact zeros. A 
 a NaN scale (both scale formats have NaN; float4_e2m1fn has none), so every output that depends on it comes
 out NaN; nvfp4's tensor scale is taken over the finite values only, so other outputs are unaffected.
 
-``jax.nn.scaled_matmul`` lowers only on CUDA (cuDNN) and ROCm; this module gives its primitive a lowering that
-computes the documented math (:func:`emulated_scaled_matmul`) on platforms where JAX has none (CPU), so the
-very same rewritten program runs everywhere; it also generalises JAX's batching rule for it, so ``jax.vmap``
-works with unbatched operands. Gradients are straight-through, as for int8.
+``jax.nn.scaled_matmul`` lowers only on CUDA (cuDNN) and ROCm, and cuDNN runs it on Blackwell GPUs only (compute
+capability 10 and up). When an fp8/fp4 backend is first used, :func:`enable_emulation` gives its primitive a
+lowering that computes the documented math (:func:`emulated_scaled_matmul`) on platforms where JAX has none (CPU),
+and the rewrite picks the emulation on a GPU older than Blackwell (a Hopper H100/H200 has no block-scaled fp8), so
+the very same rewritten program runs everywhere; it also generalises JAX's batching rule for it, so ``jax.vmap``
+works with unbatched operands. Importing the package changes nothing in JAX. Gradients are straight-through, as
+for int8.
 """
 
 from __future__ import annotations
@@ -43,9 +46,9 @@ import numpy as np
 from jax import lax
 
 from . import _compat
+from .config import RewriteConfig, contraction_size, register_backend, register_backend_alias
 from .errors import Int8ifyError
-from .int8_dot import _blocked, _free_axes, contraction_size, straight_through
-from .rewrite import RewriteConfig, backend_aliases, dot_backends
+from .int8_dot import blocked, free_axes, straight_through
 
 
 class BlockFormat(NamedTuple):
@@ -104,12 +107,12 @@ def to_bmk(x, contract, batch, block_size: int):
         A float32 array ``(prod(batch), prod(free), n_blocks * block_size)``.
     """
     x = x if x.dtype == np.float32 else lax.convert_element_type(x, np.float32)
-    free = _free_axes(x.ndim, contract, batch)
+    free = free_axes(x.ndim, contract, batch)
     b = contraction_size(x.shape, batch)
     m = contraction_size(x.shape, free)
     n_blocks = -(-contraction_size(x.shape, contract) // block_size)
-    blocked = _blocked(x, tuple(contract), tuple(batch), n_blocks, block_size)
-    return lax.reshape(blocked, (b, m, n_blocks * block_size))
+    blocks = blocked(x, tuple(contract), tuple(batch), n_blocks, block_size)
+    return lax.reshape(blocks, (b, m, n_blocks * block_size))
 
 
 # -- quantization ---------------------------------------------------------------------------------------
@@ -200,22 +203,32 @@ def scaled_dot_general_impl(lhs, rhs, dimension_numbers, out_dtype, fmt: BlockFo
     (lc, rc), (lb, rb) = dimension_numbers
     out_shape = (
         *(lhs.shape[a] for a in lb),
-        *(lhs.shape[a] for a in _free_axes(lhs.ndim, lc, lb)),
-        *(rhs.shape[a] for a in _free_axes(rhs.ndim, rc, rb)),
+        *(lhs.shape[a] for a in free_axes(lhs.ndim, lc, lb)),
+        *(rhs.shape[a] for a in free_axes(rhs.ndim, rc, rb)),
     )
     if contraction_size(lhs.shape, lc) == 0 or 0 in out_shape:
         return lax.full(out_shape, 0, out_dtype)
     lhs_q = quantize_blocks(to_bmk(lhs, lc, lb, fmt.block_size), fmt)
     rhs_q = quantize_blocks(to_bmk(rhs, rc, rb, fmt.block_size), fmt)
-    out = jax.nn.scaled_matmul(lhs_q.codes, rhs_q.codes, lhs_q.scales, rhs_q.scales,
-                               preferred_element_type=jnp.float32)
+    if _needs_inline_emulation():
+        # a GPU older than Blackwell: cuDNN has no block-scaled matmul there, so the math is emitted inline
+        (out,) = emulated_scaled_matmul(lhs_q.codes, rhs_q.codes, lhs_q.scales, rhs_q.scales,
+                                        preferred_element_type=jnp.float32)
+    else:
+        out = jax.nn.scaled_matmul(lhs_q.codes, rhs_q.codes, lhs_q.scales, rhs_q.scales,
+                                   preferred_element_type=jnp.float32)
     if fmt.tensor_scale:
         out = lax.mul(out, lax.mul(lhs_q.tensor_scale, rhs_q.tensor_scale))
     out = lax.reshape(out, out_shape)
     return out if out.dtype == out_dtype else lax.convert_element_type(out, out_dtype)
 
 
-scaled_dot_general = straight_through(scaled_dot_general_impl)
+def _scaled_impl(lhs, rhs, float_params, out_dtype, fmt: BlockFormat):
+    return scaled_dot_general_impl(lhs, rhs, dict(float_params)["dimension_numbers"], out_dtype, fmt)
+
+
+_scaled_impl.__name__ = "scaled_dot_general_impl"
+scaled_dot_general = straight_through(_scaled_impl)
 """``scaled_dot_general(lhs, rhs, float_params, out_dtype, fmt)``: one float dot through
 ``jax.nn.scaled_matmul`` in ``fmt``, with a straight-through gradient."""
 
@@ -239,8 +252,16 @@ def emulated_scaled_matmul(a, b, a_scales, b_scales, *, preferred_element_type):
     return [out.astype(preferred_element_type)]
 
 
-EMULATED_ON = _compat.register_emulated_lowering(emulated_scaled_matmul)
-_compat.generalize_batchers()
+def enable_emulation() -> tuple[str, ...]:
+    """Register :func:`emulated_scaled_matmul` as the ``scaled_matmul`` lowering on the platforms where JAX has
+    none, and generalise its batching rule; called when an fp8/fp4 backend is first used (idempotent).
+
+    Returns:
+        The platforms that run the emulation.
+    """
+    _compat.register_emulated_lowering(emulated_scaled_matmul)
+    _compat.generalize_batchers()
+    return _compat.emulated_platforms()
 
 
 # -- backends -------------------------------------------------------------------------------------------
@@ -267,6 +288,12 @@ def is_blackwell() -> bool:
     return _default_device_is_blackwell()
 
 
+@functools.lru_cache(maxsize=None)
+def _needs_inline_emulation() -> bool:
+    device = jax.devices()[0]
+    return device.platform == "gpu" and not _device_is_blackwell(device)
+
+
 def _check_options(config: RewriteConfig, fmt: BlockFormat):
     if config.block_size is not None or config.granularity != "per-channel":
         raise Int8ifyError(
@@ -278,16 +305,20 @@ def _check_options(config: RewriteConfig, fmt: BlockFormat):
 def _format_backend(fmt: BlockFormat):
     def backend(lhs, rhs, float_params, out_dtype, config: RewriteConfig):
         _check_options(config, fmt)
+        enable_emulation()
+        lhs, rhs = (x.materialise() if hasattr(x, "materialise") else x for x in (lhs, rhs))
         return scaled_dot_general(lhs, rhs, float_params, out_dtype, fmt)
 
     backend.__name__ = f"{fmt.name}_backend"
-    return backend
+    return register_backend(fmt.name)(backend)
 
 
-def _auto_backend_name() -> str:
+mxfp8_backend = _format_backend(MXFP8)
+nvfp4_backend = _format_backend(NVFP4)
+
+
+@register_backend_alias("auto")
+def auto_backend() -> str:
+    """``"mxfp8"`` on an NVIDIA Blackwell GPU, where cuDNN runs it; ``"int8"`` everywhere else (a Hopper GPU's
+    int8 tensor cores beat its emulated fp8)."""
     return "mxfp8" if is_blackwell() else "int8"
-
-
-dot_backends["mxfp8"] = _format_backend(MXFP8)
-dot_backends["nvfp4"] = _format_backend(NVFP4)
-backend_aliases["auto"] = _auto_backend_name

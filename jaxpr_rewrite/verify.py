@@ -4,8 +4,8 @@ The linter reads source code; ``verify`` traces the function and inspects the ja
 jaxprs included, so it sees through helpers, libraries and ``int8ify``. Findings use the lint plugin's codes:
 
 ======  ==============================================================================================
-JX101   float ``dot_general`` (a float matmul, einsum, or a matmul of scales)
-JX102   integer ``dot_general`` without int32 accumulation (``preferred_element_type`` not int32)
+JX101   float ``dot_general`` / ``ragged_dot_general`` (a float matmul, einsum, or a matmul of scales)
+JX102   integer matmul without int32 accumulation (``preferred_element_type`` not int32)
 JX103   a broadcast product of two operands expanded along different axes, fed to ``reduce_sum`` over a
         shared axis: a matmul emulated over all B x D_in x D_out products
 JX104   convolution (``conv_general_dilated``)
@@ -19,19 +19,16 @@ JX302   ``jax.debug.print`` / ``jax.debug.breakpoint`` / ``jax.debug.callback``
 from __future__ import annotations
 
 import dataclasses
-import linecache
-import os
-import re
-import traceback
 
 import jax
 import jax.extend  # noqa: F401
 import numpy as np
-from jax import lax
-from jax.extend.core import ClosedJaxpr, Jaxpr, Var, jaxprs_in_params
+from jax.extend.core import ClosedJaxpr, Jaxpr, Var
 
-from .api import Int8ified
-from .report import _placeholder, source_location
+from .errors import Int8ifyError, TracedValueError
+from .jaxprs import forward_jaxprs, is_matmul, open_jaxpr
+from .source import eqn_location
+from .tracing import StaticArgs, split_call, trace
 
 __all__ = ["Finding", "assert_int8", "verify", "verify_jaxpr"]
 
@@ -74,8 +71,8 @@ def _is_float(dtype) -> bool:
 
 
 def _finding(code: str, eqn, message: str) -> Finding:
-    file, line, _ = source_location(eqn)
-    return Finding(code, message, file, line, eqn.primitive.name)
+    location = eqn_location(eqn)
+    return Finding(code, message, location.file, location.line, eqn.primitive.name)
 
 
 # -- JX103: a matmul emulated by broadcasting --------------------------------------------------------------
@@ -127,6 +124,7 @@ def _emulated_matmul(eqn, producers, consumers) -> str | None:
 
 # -- the walk --------------------------------------------------------------------------------------------
 def _check_jaxpr(jaxpr: Jaxpr, findings: list, seen: set) -> None:
+    """Check one jaxpr and, through :func:`~jaxpr_rewrite.jaxprs.forward_jaxprs`, the ones nested in it."""
     if id(jaxpr) in seen:
         return
     seen.add(id(jaxpr))
@@ -139,18 +137,18 @@ def _check_jaxpr(jaxpr: Jaxpr, findings: list, seen: set) -> None:
                 consumers.setdefault(v, []).append(eqn)
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
-        if eqn.primitive is lax.dot_general_p:
-            dtypes = [v.aval.dtype for v in eqn.invars]
+        if is_matmul(eqn):
+            dtypes = [v.aval.dtype for v in eqn.invars[:2]]
             out_dtype = eqn.outvars[0].aval.dtype
             if any(_is_float(d) for d in dtypes):
                 findings.append(_finding("JX101", eqn, (
-                    f"float dot_general {_types(eqn)}: quantize both operands to int8 (absmax/127 scales per "
+                    f"float {name} {_types(eqn)}: quantize both operands to int8 (absmax/127 scales per "
                     "row/column) and multiply the codes with preferred_element_type=jnp.int32, or wrap the "
                     "function in int8ify"
                 )))
             elif np.dtype(out_dtype) not in _INTEGER_ACCUMULATORS:
                 findings.append(_finding("JX102", eqn, (
-                    f"integer dot_general {_types(eqn)} does not accumulate in int32 (sums of int8 products "
+                    f"integer {name} {_types(eqn)} does not accumulate in int32 (sums of int8 products "
                     "overflow int8/int16): pass preferred_element_type=jnp.int32"
                 )))
         elif name == "mul":
@@ -174,87 +172,34 @@ def _check_jaxpr(jaxpr: Jaxpr, findings: list, seen: set) -> None:
             findings.append(_finding("JX302", eqn, (
                 f"{_DEBUG[name]} left in the traced program: remove it (or guard it out) from the verified path"
             )))
-        for sub in jaxprs_in_params(eqn.params):
+        for sub in forward_jaxprs(eqn):
             _check_jaxpr(sub, findings, seen)
 
 
 def verify_jaxpr(jaxpr) -> list[Finding]:
-    """The findings of a traced program (a ``Jaxpr`` or ``ClosedJaxpr``), nested jaxprs included."""
+    """The findings of a traced program (a ``Jaxpr`` or ``ClosedJaxpr``), nested jaxprs included (not the ones
+    that only define derivatives, such as a ``custom_linear_solve``'s ``matvec``)."""
     findings: list[Finding] = []
-    _check_jaxpr(jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr, findings, set())
+    _check_jaxpr(open_jaxpr(jaxpr), findings, set())
     return findings
 
 
-# -- JX201 / JX202: tracing failed on a concrete-value conversion -----------------------------------------
-_TRACING_ERRORS = (
-    jax.errors.TracerBoolConversionError,
-    jax.errors.ConcretizationTypeError,
-    jax.errors.TracerIntegerConversionError,
-    jax.errors.TracerArrayConversionError,
-)
-_LIBRARY_DIRS = tuple(
-    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-    for m in (jax, np, __import__("jaxlib"), __import__("jaxpr_rewrite"))
-)
-_BRANCH = re.compile(r"^\s*(if|elif|while|assert)\b|\bif\b.*\belse\b")
-_CONVERSION = re.compile(r"\b(bool|int|float|complex|operator\.index)\(|\.item\(|\.tolist\(")
-
-
-def _user_frame(exc: BaseException):
-    frames = traceback.extract_tb(exc.__traceback__)
-    for frame in reversed(frames):
-        path = os.path.abspath(frame.filename)
-        if not path.startswith(_LIBRARY_DIRS) and not frame.filename.startswith("<frozen"):
-            return frame
-    return frames[-1] if frames else None
-
-
-def _tracing_finding(exc: BaseException) -> Finding:
-    frame = _user_frame(exc)
-    file, line = (frame.filename, frame.lineno) if frame is not None else (None, None)
-    text = (linecache.getline(file, line) if file else "") or (frame.line if frame is not None else "") or ""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if _BRANCH.search(text) or not _CONVERSION.search(text):
-        code, advice = "JX201", (
-            "Python control flow on a traced value: use jnp.where / lax.select for values, lax.cond / "
-            "lax.switch / lax.while_loop for control flow"
-        )
-    else:
-        code, advice = "JX202", (
-            "converting a traced value to a Python scalar (bool()/int()/float()/.item()): keep it an array "
-            "and use jnp.where / lax operations"
-        )
-    message = f"{advice} ({type(exc).__name__}: {first}"
-    message += f"; at `{text.strip()}`)" if text.strip() else ")"
-    return Finding(code, message, file, line, type(exc).__name__)
-
-
 # -- entry points ----------------------------------------------------------------------------------------
-def _is_dynamic_leaf(leaf) -> bool:
-    return isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int, float, complex, jax.ShapeDtypeStruct))
-
-
 def trace_program(fn, *args, **kwargs) -> ClosedJaxpr:
     """The program ``fn(*args, **kwargs)`` would run, traced without running.
 
-    An :class:`Int8ified` gives its rewritten program. For a plain function, array leaves (and
-    ``jax.ShapeDtypeStruct``, and Python numbers) are traced and every other leaf is passed as a static
-    Python value; use ``functools.partial`` for static numbers.
+    An ``int8ify``-wrapped function gives its rewritten program. Array leaves (and ``jax.ShapeDtypeStruct``) are
+    traced; every other leaf is a static Python value, as for ``int8ify``.
     """
-    args, kwargs = jax.tree_util.tree_map(_placeholder, (args, kwargs))
-    if isinstance(fn, Int8ified):
+    if hasattr(fn, "rewritten_jaxpr"):  # an Int8ified
         return fn.rewritten_jaxpr(*args, **kwargs)
-    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-    is_dynamic = [_is_dynamic_leaf(x) for x in leaves]
-    dynamic = [x for x, d in zip(leaves, is_dynamic) if d]
-
-    def flat_fn(*flat):
-        it = iter(flat)
-        full = [next(it) if d else x for x, d in zip(leaves, is_dynamic)]
-        a, k = jax.tree_util.tree_unflatten(tree, full)
-        return jax.tree_util.tree_leaves(fn(*a, **k))
-
-    return jax.make_jaxpr(flat_fn)(*dynamic)
+    if not callable(fn):
+        raise Int8ifyError(
+            f"verify expects a function, an int8ify-wrapped function or a jaxpr, got {type(fn).__name__} {fn!r:.40}"
+        )
+    signature, dynamic = split_call(args, kwargs, StaticArgs(frozenset(), frozenset()),
+                                    getattr(fn, "__name__", repr(fn)))
+    return trace(fn, signature, dynamic)[0]
 
 
 def verify(fn, *args, **kwargs) -> list[Finding]:
@@ -273,8 +218,9 @@ def verify(fn, *args, **kwargs) -> list[Finding]:
         return verify_jaxpr(fn)
     try:
         closed = trace_program(fn, *args, **kwargs)
-    except _TRACING_ERRORS as exc:
-        return [_tracing_finding(exc)]
+    except TracedValueError as exc:
+        message = f"{exc.advice} ({exc.detail}" + (f"; at `{exc.text}`)" if exc.text else ")")
+        return [Finding(exc.code, message, exc.file, exc.line, exc.detail.split(":")[0])]
     return verify_jaxpr(closed)
 
 

@@ -1,16 +1,27 @@
 """Test configuration shared by every test module.
 
 * Eight host CPU devices, so sharding tests have a mesh (must be set before JAX initialises).
-* Hypothesis profiles: ``ci`` (default) is bounded so the suite fits in a few minutes on 2 cores, since
-  every new shape costs an XLA compile; ``thorough`` runs many more examples
-  (``HYPOTHESIS_PROFILE=thorough pytest tests``).
+* Hypothesis profiles: ``ci`` (default) is bounded so the suite fits in a few minutes on 2 cores, since every new
+  shape costs an XLA compile; ``thorough`` runs many more examples (``HYPOTHESIS_PROFILE=thorough pytest tests``).
+* :func:`load_example`: the one way tests import the example programs under ``examples/`` (by path, as the
+  scripts themselves are run), and run them as ``__main__``.
 """
 
+import importlib.util
 import os
+import runpy
+import sys
+from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+if str(ROOT) not in sys.path:  # a checkout that is not pip-installed
+    sys.path.insert(0, str(ROOT))
 
 settings.register_profile(
     "ci",
@@ -21,3 +32,39 @@ settings.register_profile(
 )
 settings.register_profile("thorough", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def _load(relative: str):
+    """Import ``examples/<relative>`` as a module (its own folder on ``sys.path``, as when it runs)."""
+    path = EXAMPLES / relative
+    name = "example_" + relative.replace("/", "_").removesuffix(".py")
+    if name in sys.modules:
+        return sys.modules[name]
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def load_example():
+    """``load_example("mlp.py")`` -> the example module."""
+    return _load
+
+
+@pytest.fixture
+def run_example(monkeypatch, capsys):
+    """``run_example("mlp.py", ["--batch", "8"])`` runs the example as a script and returns what it printed."""
+
+    def run(relative: str, argv=()):
+        path = EXAMPLES / relative
+        monkeypatch.setattr(sys, "argv", [str(path), *argv])
+        monkeypatch.syspath_prepend(str(path.parent))
+        runpy.run_path(str(path), run_name="__main__")
+        return capsys.readouterr().out
+
+    return run

@@ -1,32 +1,47 @@
 """Shared test helpers: an independent numpy reference of the int8 contract, tie-free data, jaxpr walkers.
 
-The reference never calls the library: scales in float32 (``absmax / 127``, 1 for an all-zero slice), codes
-by numpy rounding, exact integer sums in int64, and ``a * s_x * s_w`` in float64.
+The reference never calls the library: scales in float32 (``absmax / 127``, correctly rounded by numpy; 1 for an
+all-zero slice), codes by numpy division and rounding (ties to even), exact integer sums in int64, and
+``a * s_x * s_w`` in float64.
 """
 
 from __future__ import annotations
 
-import jax
-import jax.extend  # noqa: F401
 import numpy as np
-from jax.extend.core import ClosedJaxpr, jaxprs_in_params
+
+from jaxpr_rewrite import dot_eqns, iter_eqns  # noqa: F401  (re-exported for the tests)
+
+TINY_ABSMAX = np.float32(2.0**-100)
+
+
+def reference_scale_parts(x, reduce_axes) -> tuple[np.ndarray, np.ndarray]:
+    """The contract's float32 scales over ``reduce_axes`` (kept axes in order) as ``(scales, exponents)``.
+
+    ``scales = absmax / 127`` in float32 (1 for an all-zero slice), exponents 0; the documented rule for tiny
+    slices: a slice with an absmax below ``2**-100`` has its scale taken on the slice times ``2**64``, so its
+    scale is ``scales * 2**-64`` with full precision (XLA would flush a subnormal scale to zero).
+    """
+    x = np.asarray(x, np.float32)
+    amax = np.max(np.abs(x), axis=tuple(reduce_axes), initial=np.float32(0))
+    tiny = (amax < TINY_ABSMAX) & (amax > 0)
+    shifted = np.where(tiny, amax * np.float32(2.0**64), amax).astype(np.float32)
+    scales = np.where(amax == 0, np.float32(1), shifted / np.float32(127)).astype(np.float32)
+    return scales, np.where(tiny, -64, 0).astype(np.int32)
 
 
 def reference_scales(x, reduce_axes) -> np.ndarray:
-    """float32 ``absmax / 127`` over ``reduce_axes`` (1 for an all-zero slice), kept axes in order."""
-    x = np.asarray(x, np.float32)
-    amax = np.max(np.abs(x), axis=tuple(reduce_axes), initial=np.float32(0))
-    # the library's one documented departure: a scale that would be subnormal (XLA flushes those to zero)
-    # is raised to the smallest normal float32
-    scale = np.maximum(amax / np.float32(127), np.finfo(np.float32).tiny)
-    return np.where(amax == 0, np.float32(1), scale).astype(np.float32)
+    """The scale of each slice as an exact float64 value (``scales * 2**exponents``)."""
+    scales, exponents = reference_scale_parts(x, reduce_axes)
+    return scales.astype(np.float64) * np.exp2(exponents.astype(np.float64))
 
 
 def reference_codes(x, reduce_axes) -> np.ndarray:
-    """int8 codes ``clip(round(x / s), -127, 127)`` with numpy's round-half-even."""
+    """int8 codes ``clip(rint(x / s), -127, 127)``: numpy's float32 division and round-half-even."""
     x = np.asarray(x, np.float32)
-    s = np.expand_dims(reference_scales(x, reduce_axes), tuple(reduce_axes))
-    return np.clip(np.rint(x / s), -127, 127).astype(np.int8)
+    scales, exponents = reference_scale_parts(x, reduce_axes)
+    s = np.expand_dims(scales, tuple(reduce_axes))
+    prescale = np.expand_dims(np.exp2(-exponents.astype(np.float64)), tuple(reduce_axes)).astype(np.float32)
+    return np.clip(np.rint((x * prescale) / s), -127, 127).astype(np.int8)
 
 
 def reference_dot(lhs, rhs, dimension_numbers) -> np.ndarray:
@@ -102,19 +117,6 @@ def away_from_ties(x, reduce_axes, margin=0.01, dtype=np.float32) -> np.ndarray:
     near_tie = np.abs(np.abs(r - np.floor(r)) - 0.5) < margin
     fixed = (np.round(r) - 0.25 * np.sign(r)) * s if dtype == np.float32 else np.zeros_like(r)
     return np.where(near_tie, fixed, x).astype(dtype)
-
-
-def iter_eqns(jaxpr):
-    """Every equation of ``jaxpr`` and of the jaxprs nested in it, depth first."""
-    jaxpr = jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for sub in jaxprs_in_params(eqn.params):
-            yield from iter_eqns(sub)
-
-
-def dot_eqns(jaxpr):
-    return [e for e in iter_eqns(jaxpr) if e.primitive.name == "dot_general"]
 
 
 def assert_all_dots_int8(jaxpr, expected_count=None):

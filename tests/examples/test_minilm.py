@@ -6,8 +6,6 @@ safetensors tokenizers``); the module is skipped when they are missing.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,34 +17,22 @@ pytest.importorskip("tokenizers")
 
 import jax  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "minilm"
-
-try:
-    from jaxpr_rewrite import int8ify
-except ImportError:  # a checkout that is not pip-installed
-    sys.path.insert(0, str(ROOT))
-    from jaxpr_rewrite import int8ify
-
-
-def _load_example_module(name: str, filename: str):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLE / filename)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-minilm = _load_example_module("minilm_example_model", "model.py")
+from jaxpr_rewrite import dot_eqns, int8ify  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def model():
+def minilm(load_example):
+    return load_example("minilm/model.py")
+
+
+@pytest.fixture(scope="module")
+def model(minilm):
     return minilm.load_params(), minilm.load_tokenizer()
 
 
 @pytest.fixture(scope="module")
-def reference():
-    data = np.load(EXAMPLE / "reference_embeddings.npz")
+def reference(minilm):
+    data = np.load(Path(minilm.__file__).parent / "reference_embeddings.npz")
     return [str(s) for s in data["sentences"]], data["embeddings"]
 
 
@@ -56,20 +42,7 @@ def _cosine(a, b):
     return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-def _dot_generals(jaxpr):
-    """Every dot_general equation in ``jaxpr`` and in the jaxprs nested in its equations' params."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            yield eqn
-        for value in eqn.params.values():
-            for v in value if isinstance(value, (tuple, list)) else (value,):
-                if hasattr(v, "jaxpr") and hasattr(v, "consts"):  # ClosedJaxpr
-                    yield from _dot_generals(v.jaxpr)
-                elif hasattr(v, "eqns"):  # Jaxpr
-                    yield from _dot_generals(v)
-
-
-def test_tokenizer_pads_and_truncates(model):
+def test_tokenizer_pads_and_truncates(minilm, model):
     _, tok = model
     ids, mask = minilm.tokenize(tok, ["hello world", "word " * 300], 128)
     assert ids.shape == mask.shape == (2, 128)
@@ -78,7 +51,7 @@ def test_tokenizer_pads_and_truncates(model):
     assert ids[0, 0] == 101 and ids[0, 3] == 102 and ids[0, 4:].sum() == 0
 
 
-def test_float32_matches_sentence_transformers(model, reference):
+def test_float32_matches_sentence_transformers(minilm, model, reference):
     params, tok = model
     sentences, expected = reference
     got = minilm.embed(jax.jit(minilm.encode), params, tok, sentences, batch_size=len(sentences))
@@ -87,7 +60,7 @@ def test_float32_matches_sentence_transformers(model, reference):
     assert cos.min() >= 0.9999, dict(zip(sentences, np.round(cos, 6)))
 
 
-def test_int8ify_stays_close_to_float32(model, reference):
+def test_int8ify_stays_close_to_float32(minilm, model, reference):
     params, tok = model
     sentences = reference[0][:8]
     f32 = minilm.embed(jax.jit(minilm.encode), params, tok, sentences, batch_size=8, length=64)
@@ -97,11 +70,11 @@ def test_int8ify_stays_close_to_float32(model, reference):
     assert cos.mean() >= 0.99, np.round(cos, 5)
 
 
-def test_int8ify_leaves_no_float_dot(model):
+def test_int8ify_leaves_no_float_dot(minilm, model):
     params, tok = model
     ids, mask = minilm.tokenize(tok, ["a short sentence", "another one"], 16)
     closed = jax.make_jaxpr(int8ify(minilm.encode))(params, ids, mask)
-    dots = list(_dot_generals(closed.jaxpr))
+    dots = dot_eqns(closed)
     # 6 layers x (query, key, value, scores, context, output, intermediate, ffn output)
     assert len(dots) >= minilm.NUM_LAYERS * 8
     for eqn in dots:
@@ -109,12 +82,12 @@ def test_int8ify_leaves_no_float_dot(model):
         assert dtypes == ["int8", "int8"], (dtypes, str(eqn.source_info.name_stack))
 
 
-def test_smoothquant_keeps_short_inputs_close(model):
+def test_smoothquant_keeps_short_inputs_close(minilm, model, load_example):
     """Very short inputs are where per-token int8 hurts most; SmoothQuant weights (calibrated on other
     sentences, as examples/minilm/run.py does) keep them above 0.99 cosine."""
     from jaxpr_rewrite import quantize_params
 
-    run = _load_example_module("minilm_example_run", "run.py")
+    run = load_example("minilm/run.py")
     params, tok = model
     short = ["Thank you very much.", "Thanks a lot.", "Hi there!", "Hello!"]
     encode = int8ify(minilm.encode)

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import functools
 
+import subprocess
+import sys
+import textwrap
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -333,15 +337,31 @@ def test_int8_only_options_are_rejected():
         int8ify(lambda a, b: a @ b, backend="mxfp8", block_size=64)(jnp.ones((2, 8)), jnp.ones((8, 2)))
 
 
-def test_registration_is_idempotent_and_only_where_jax_has_no_rule():
-    assert _compat.register_emulated_lowering(sm.emulated_scaled_matmul) == ()
-    assert _compat.generalize_batchers() == ()
-    assert "cpu" in sm.EMULATED_ON and "cuda" not in sm.EMULATED_ON and "rocm" not in sm.EMULATED_ON
-    prim = _compat.scaled_matmul_primitive()
-    assert _compat.has_lowering(prim, "cuda") and _compat.has_lowering(prim, "cpu")
+def test_importing_patches_nothing_and_registration_is_lazy_and_idempotent():
+    """In a fresh process: importing the package leaves JAX's scaled_matmul rules alone; the first fp8 use
+    registers the emulation where JAX has no rule (never replacing JAX's cuda/rocm rules), once."""
+    script = textwrap.dedent("""
+        import jax, jax.numpy as jnp
+        import jaxpr_rewrite
+        from jaxpr_rewrite import _compat, int8ify, scaled_matmul as sm
+        prim = _compat.scaled_matmul_primitive()
+        cpu_before = _compat.has_lowering(prim, "cpu")
+        assert _compat.emulated_platforms() == ()
+        int8ify(lambda a, b: a @ b, backend="mxfp8")(jnp.ones((2, 32)), jnp.ones((32, 2)))
+        assert _compat.has_lowering(prim, "cpu") and _compat.has_lowering(prim, "cuda")
+        assert cpu_before or "cpu" in _compat.emulated_platforms()
+        assert "cuda" not in _compat.emulated_platforms() and "rocm" not in _compat.emulated_platforms()
+        assert sm.enable_emulation() == _compat.emulated_platforms()
+        assert _compat.register_emulated_lowering(sm.emulated_scaled_matmul) == ()
+        assert _compat.generalize_batchers() == ()
+        print("ok")
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
 
 
 def test_jax_nn_scaled_matmul_runs_on_cpu_with_documented_value():
+    sm.enable_emulation()
     a = jnp.array([1.0, 2, 3]).reshape(1, 1, 3)
     b = jnp.array([4.0, 5, 6]).reshape(1, 1, 3)
     s = jnp.array([0.5]).reshape(1, 1, 1)

@@ -1,5 +1,7 @@
 """Dots nested in higher-order primitives are rewritten, and every other param of those primitives kept."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -174,23 +176,42 @@ def test_higher_order_primitive_without_dots_passes_through():
     assert str(jax.make_jaxpr(int8ify(f))(X, W)) == str(jax.make_jaxpr(f)(X, W))
 
 
-def test_every_eqn_keeps_its_user_source_line():
-    """Each new equation points at the user's line, not at the library."""
-
-    def f(x, w):
-        return x @ w  # the dot's line
-
-    jaxpr = jax.make_jaxpr(int8ify(f))(X, W)
+def test_each_rewritten_dot_is_one_equation_at_its_user_line():
+    """Each dot becomes one pjit[name=int8_dot_general] equation with the dot's own source line and scope; its
+    body, traced once per operand types and shared, points at the library's int8 program."""
+    import jaxpr_rewrite
     from jax.extend import source_info_util
 
-    lines = {source_info_util.summarize(e.source_info) for e in iter_eqns(jaxpr)}
-    assert len(lines) == 1, lines
-    (line,) = lines
-    assert "test_higher_order.py" in line and line.endswith(".f)"), line
-    assert not any("jaxpr_rewrite" in line for line in lines)
+    def f(x, w):
+        with jax.named_scope("first"):
+            h = x @ w  # DOT1
+        with jax.named_scope("second"):
+            return jnp.tanh(h) @ w, h.T @ x  # DOT2 (same types as DOT1), DOT3 (other types)
+
+    jaxpr = jax.make_jaxpr(int8ify(f))(X, W)
+    calls = [e for e in jaxpr.jaxpr.eqns if e.primitive.name in ("jit", "pjit")]
+    assert [e.params["name"] for e in calls] == ["int8_dot_general"] * 3
+    lines = [source_info_util.summarize(e.source_info) for e in calls]
+    assert all("test_higher_order.py" in line and line.endswith(".f)") for line in lines), lines
+    line_numbers = [line.split(":")[1] for line in lines]
+    assert line_numbers[1] == line_numbers[2] != line_numbers[0]
+    assert [str(e.source_info.name_stack) for e in calls] == ["first", "second", "second"]
+    # the first two dots have the same operand types and share one body
+    bodies = {id(e.params["jaxpr"]) for e in calls}
+    assert len(bodies) == 2
+    library = os.path.dirname(jaxpr_rewrite.__file__)
+    for e in calls:
+        for inner in iter_eqns(e.params["jaxpr"]):
+            assert library in source_info_util.summarize(inner.source_info) or not str(
+                source_info_util.summarize(inner.source_info)).strip(), inner
+    # every other equation of the program keeps the user's line
+    others = [e for e in jaxpr.jaxpr.eqns if e not in calls]
+    assert all("test_higher_order.py" in source_info_util.summarize(e.source_info) for e in others)
 
 
 def test_no_nested_jit_noise():
+    """No jnp-helper jits (jit[_where], jit[clip]) anywhere: the only call is the shared int8 program."""
     jaxpr = jax.make_jaxpr(int8ify(lambda x, w: x @ w))(X, W)
-    assert not [e for e in iter_eqns(jaxpr) if e.primitive.name in ("jit", "pjit")]
+    calls = [e for e in iter_eqns(jaxpr) if e.primitive.name in ("jit", "pjit")]
+    assert [e.params["name"] for e in calls] == ["int8_dot_general"]
     assert len(dot_eqns(jaxpr)) == 1

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from helpers import assert_all_dots_int8, away_from_ties, reference_dot
+from helpers import assert_all_dots_int8, away_from_ties, reference_codes, reference_dot
 from jaxpr_rewrite import int8ify
 from jaxpr_rewrite.quantize import MAX_INT32_SAFE_CONTRACTION
 
@@ -91,16 +91,17 @@ def test_literal_and_constant_operands():
     np.testing.assert_allclose(np.asarray(outer), 2 * x, rtol=1e-6)
 
 
-def test_tiny_slices_get_the_smallest_normal_scale():
-    """A scale of absmax / 127 below the smallest normal float32 would be flushed to zero by XLA; it is
-    raised to the smallest normal instead, so codes stay finite and exact zeros stay zero."""
+def test_tiny_slices_keep_full_code_resolution():
+    """A slice whose absmax / 127 would be subnormal (flushed to zero by XLA) is scaled by 2**64 first: its codes
+    use the full +-127 range and its scale is the exact (subnormal) float32 value."""
     from jaxpr_rewrite import int8_matmul
 
-    tiny = np.finfo(np.float32).tiny
-    x = np.array([[1.0, 2.0], [0.0, 0.0]], np.float32)
+    x = np.array([[1e30, 2e30], [0.0, 0.0]], np.float32)
     w = np.array([[0.0, 9.630474e-38], [0.0, -5.0e-38]], np.float32)
     out = jax.jit(int8_matmul)(x, w)
-    np.testing.assert_array_equal(np.asarray(out["w_scales"]), [1.0, tiny])
-    np.testing.assert_array_equal(np.asarray(out["w_q"])[:, 1], np.clip(np.rint(w[:, 1] / tiny), -127, 127))
-    assert np.all(np.isfinite(np.asarray(out["y"])))
+    np.testing.assert_array_equal(np.asarray(out["w_q"]), reference_codes(w, (0,)))
+    assert np.asarray(out["w_q"])[0, 1] == 127 and np.asarray(out["w_q"])[1, 1] == -66
+    want_scale = np.float32(np.float64(9.630474e-38) / 127)  # subnormal, rounded once
+    np.testing.assert_array_equal(np.asarray(out["w_scales"]), np.array([1.0, want_scale], np.float32))
     np.testing.assert_array_equal(np.asarray(out["y"])[1], 0)
+    np.testing.assert_allclose(np.asarray(out["y"], np.float64), reference_dot(x, w, MATMUL), rtol=1e-6)

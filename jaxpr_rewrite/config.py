@@ -1,0 +1,172 @@
+"""The rewrite's policy: its options (:class:`RewriteConfig`), which dots they keep in float (:func:`skip_reason`),
+and the registry of backends a float dot can become (:func:`register_backend`, :func:`register_backend_alias`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import numbers
+from typing import Callable
+
+from .errors import Int8ifyError
+from .quantize import MAX_INT32_SAFE_CONTRACTION
+
+__all__ = [
+    "GRANULARITIES",
+    "RewriteConfig",
+    "backend_aliases",
+    "contraction_size",
+    "dot_backends",
+    "join_scope",
+    "register_backend",
+    "register_backend_alias",
+    "skip_reason",
+]
+
+GRANULARITIES = ("per-channel", "per-tensor")
+
+# name -> backend(lhs, rhs, float_params, out_dtype, config): the program one float dot becomes.
+dot_backends: dict[str, Callable] = {}
+# name -> fn() -> backend name, resolved when a program is rewritten (e.g. "auto": the best for this machine).
+backend_aliases: dict[str, Callable[[], str]] = {}
+
+
+def register_backend(name: str):
+    """Decorator: register ``backend(lhs, rhs, float_params, out_dtype, config)`` as ``int8ify(backend=name)``.
+
+    ``lhs``/``rhs`` are the dot's operands (a :class:`~jaxpr_rewrite.quantized.QuantizedArray` for a
+    pre-quantized weight), ``float_params`` the original ``dot_general`` params as a sorted tuple of items.
+    """
+
+    def register(backend: Callable) -> Callable:
+        dot_backends[name] = backend
+        return backend
+
+    return register
+
+
+def register_backend_alias(name: str):
+    """Decorator: register ``resolve() -> backend name`` as ``int8ify(backend=name)``, resolved per program."""
+
+    def register(resolve: Callable[[], str]) -> Callable[[], str]:
+        backend_aliases[name] = resolve
+        return resolve
+
+    return register
+
+
+def _is_int(value) -> bool:
+    # bool is an int subclass, but block_size=True is a mistake, not a size
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class RewriteConfig:
+    """The options of :func:`int8ify`; hashable, part of the cache key of every rewritten program.
+
+    Attributes:
+        skip: name-scope patterns (``fnmatch`` syntax, e.g. ``"*attention*"``); a dot whose scope
+            (``jax.named_scope`` / module path, nested scopes joined by ``/``) matches one stays float.
+        skip_if: a predicate on the ``dot_general`` equation; the dots it returns true for stay float.
+        min_contracting_size: dots that sum fewer products than this stay float (tiny dots cost more to
+            quantize than they save).
+        granularity: ``"per-channel"`` (the contract) or ``"per-tensor"``.
+        block_size: one scale per block of this many elements along the contraction (sub-channel).
+        backend: what a float dot becomes: ``"int8"`` (the contract), or a registered backend.
+    """
+
+    skip: tuple[str, ...] = ()
+    skip_if: Callable | None = None
+    min_contracting_size: int = 0
+    granularity: str = "per-channel"
+    block_size: int | None = None
+    backend: str = "int8"
+
+    def __post_init__(self):
+        skip = (self.skip,) if isinstance(self.skip, str) else tuple(self.skip)
+        if not all(isinstance(p, str) for p in skip):
+            raise Int8ifyError(f"skip must be name-scope patterns (strings), got {self.skip!r}")
+        object.__setattr__(self, "skip", skip)
+        if self.skip_if is not None and not callable(self.skip_if):
+            raise Int8ifyError(f"skip_if must be a predicate on the dot_general equation, got {self.skip_if!r}")
+        if not _is_int(self.min_contracting_size) or self.min_contracting_size < 0:
+            raise Int8ifyError(f"min_contracting_size must be a non-negative int, got {self.min_contracting_size!r}")
+        if self.granularity not in GRANULARITIES:
+            raise Int8ifyError(f"granularity must be one of {GRANULARITIES}, got {self.granularity!r}")
+        if self.block_size is not None:
+            if not _is_int(self.block_size) or not 1 <= self.block_size <= MAX_INT32_SAFE_CONTRACTION:
+                raise Int8ifyError(
+                    f"block_size must be an int in [1, {MAX_INT32_SAFE_CONTRACTION}] (int32 partial sums of a "
+                    f"block must not overflow), got {self.block_size!r}"
+                )
+            if self.granularity != "per-channel":
+                raise Int8ifyError("block_size refines per-channel scales; it cannot be combined with per-tensor")
+        if self.backend not in dot_backends and self.backend not in backend_aliases:
+            known = sorted([*dot_backends, *backend_aliases])
+            raise Int8ifyError(f"backend must be one of {known}, got {self.backend!r}")
+
+    @classmethod
+    def from_options(cls, **options) -> "RewriteConfig":
+        """The config for ``int8ify(**options)``; an unknown option is an error listing the known ones."""
+        known = sorted(f.name for f in dataclasses.fields(cls))
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise Int8ifyError(f"unknown int8ify option(s) {unknown}; known options: {known}")
+        return cls(**options)
+
+    def replace(self, **options) -> "RewriteConfig":
+        """A copy with ``options`` changed (validated like :meth:`from_options`)."""
+        return type(self).from_options(**{**self.options(), **options})
+
+    def options(self) -> dict:
+        """The options as ``int8ify`` keywords."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @property
+    def resolved_backend(self) -> str:
+        """The backend dots are rewritten to, aliases such as ``"auto"`` resolved for this machine."""
+        alias = backend_aliases.get(self.backend)
+        return alias() if alias is not None else self.backend
+
+    @property
+    def uses_per_channel_int8(self) -> bool:
+        """Whether dots become the plain per-channel int8 contract, the one pre-quantized weights are made for."""
+        return self.resolved_backend == "int8" and self.granularity == "per-channel" and self.block_size is None
+
+
+def join_scope(outer: str, inner) -> str:
+    """Nested name scopes joined by ``/``."""
+    inner = str(inner)
+    return f"{outer}/{inner}" if outer and inner else outer or inner
+
+
+def contraction_size(shape, contracting) -> int:
+    """The number of products each output sums: the product of the contracting dims' sizes."""
+    size = 1
+    for a in contracting:
+        size *= int(shape[a])
+    return size
+
+
+def skip_reason(eqn, config: RewriteConfig, scope: str) -> str | None:
+    """Why the float matmul ``eqn`` stays float under ``config``, or ``None`` when it is rewritten.
+
+    Arguments:
+        eqn: a float ``dot_general`` (or ``ragged_dot_general``) equation.
+        config: the rewrite options.
+        scope: the dot's full name scope (enclosing scopes included).
+    """
+    for pattern in config.skip:
+        if fnmatch.fnmatchcase(scope, pattern):
+            return f"name scope {scope!r} matches skip pattern {pattern!r}"
+    if config.skip_if is not None and config.skip_if(eqn):
+        return "skip_if returned True"
+    dimension_numbers = eqn.params.get("dimension_numbers")
+    if dimension_numbers is None:  # ragged_dot_general
+        dimension_numbers = eqn.params["ragged_dot_dimension_numbers"].dot_dimension_numbers
+    (lc, _), _ = dimension_numbers
+    size = contraction_size(eqn.invars[0].aval.shape, lc)
+    if size < config.min_contracting_size:
+        return f"contraction of {size} < min_contracting_size={config.min_contracting_size}"
+    return None

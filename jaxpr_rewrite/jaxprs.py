@@ -1,0 +1,120 @@
+"""What a jaxpr holds: its equations, its matmuls, and where higher-order primitives keep their sub-jaxprs.
+
+One table, :data:`SUBJAXPR_PARAMS`, says which param of which higher-order primitive holds a sub-jaxpr that runs
+in the forward pass; the rewrite, the report, the verifier, the command line, the examples and the tests all walk
+programs through :func:`forward_jaxprs` / :func:`iter_eqns` / :func:`dot_eqns` instead of each knowing it.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import jax.extend  # noqa: F401  (makes jax.extend.core importable)
+import jax.numpy as jnp
+from jax.extend.core import ClosedJaxpr, Jaxpr, jaxprs_in_params
+
+__all__ = [
+    "DERIVATIVE_ONLY_PARAMS",
+    "MATMUL_PRIMITIVES",
+    "SUBJAXPR_PARAMS",
+    "dot_eqns",
+    "forward_jaxprs",
+    "is_float_dot",
+    "is_matmul",
+    "iter_eqns",
+    "open_jaxpr",
+]
+
+# primitive name -> the params holding sub-jaxprs that run in the forward pass. Each value is a Jaxpr, a
+# ClosedJaxpr, or a tuple / named tuple of them (``cond``'s branches, ``custom_linear_solve``'s jaxprs).
+SUBJAXPR_PARAMS: dict[str, tuple[str, ...]] = {
+    "jit": ("jaxpr",),
+    "pjit": ("jaxpr",),
+    "closed_call": ("call_jaxpr",),
+    "core_call": ("call_jaxpr",),
+    "remat2": ("jaxpr",),
+    "checkpoint": ("jaxpr",),
+    "scan": ("jaxpr",),
+    "while": ("cond_jaxpr", "body_jaxpr"),
+    "cond": ("branches",),
+    "shard_map": ("jaxpr",),
+    "custom_jvp_call": ("call_jaxpr",),
+    "custom_vjp_call": ("call_jaxpr",),
+    "custom_linear_solve": ("jaxprs",),
+}
+
+# Sub-jaxprs that only define derivatives: their dots never run in the forward pass, so they stay float
+# (like the tangent dots of a custom_jvp rule). custom_linear_solve's forward pass is its ``solve``.
+DERIVATIVE_ONLY_PARAMS: dict[str, tuple[str, ...]] = {
+    "custom_linear_solve": ("matvec", "vecmat", "transpose_solve"),
+}
+
+# Matrix-multiplying primitives: each is either rewritten to int8 or reported.
+MATMUL_PRIMITIVES = frozenset({"dot_general", "ragged_dot_general"})
+
+
+def open_jaxpr(jaxpr) -> Jaxpr:
+    """The ``Jaxpr`` of a ``Jaxpr`` or ``ClosedJaxpr``."""
+    return jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
+
+
+def _sub_values(value) -> Iterator:
+    if isinstance(value, (Jaxpr, ClosedJaxpr)):
+        yield value
+    elif isinstance(value, tuple):
+        for item in value:
+            yield from _sub_values(item)
+
+
+def forward_jaxprs(eqn) -> list[Jaxpr]:
+    """The sub-jaxprs of ``eqn`` that run in its forward pass (derivative-only ones left out).
+
+    Primitives missing from :data:`SUBJAXPR_PARAMS` report every jaxpr in their params, so nothing is hidden.
+    """
+    name = eqn.primitive.name
+    if name not in SUBJAXPR_PARAMS:
+        return list(jaxprs_in_params(eqn.params))
+    skipped = DERIVATIVE_ONLY_PARAMS.get(name, ())
+    found = []
+    for param in SUBJAXPR_PARAMS[name]:
+        value = eqn.params[param]
+        fields = getattr(value, "_fields", None)
+        if fields is not None:  # a named tuple: leave out the derivative-only fields
+            value = tuple(getattr(value, f) for f in fields if f not in skipped)
+        found.extend(open_jaxpr(sub) for sub in _sub_values(value))
+    return found
+
+
+def iter_eqns(jaxpr, *, forward_only: bool = False) -> Iterator:
+    """Every equation of ``jaxpr`` and of the jaxprs nested in it, depth first, in program order.
+
+    Arguments:
+        jaxpr: a ``Jaxpr`` or ``ClosedJaxpr``.
+        forward_only: leave out sub-jaxprs that only define derivatives (see :data:`DERIVATIVE_ONLY_PARAMS`).
+    """
+    stack = [iter(open_jaxpr(jaxpr).eqns)]
+    while stack:
+        eqn = next(stack[-1], None)
+        if eqn is None:
+            stack.pop()
+            continue
+        yield eqn
+        subs = forward_jaxprs(eqn) if forward_only else jaxprs_in_params(eqn.params)
+        for sub in reversed(list(subs)):
+            stack.append(iter(open_jaxpr(sub).eqns))
+
+
+def is_matmul(eqn) -> bool:
+    return eqn.primitive.name in MATMUL_PRIMITIVES
+
+
+def dot_eqns(jaxpr, *, forward_only: bool = False) -> list:
+    """The matmul equations (``dot_general``, ``ragged_dot_general``) of ``jaxpr``, nested ones included."""
+    return [e for e in iter_eqns(jaxpr, forward_only=forward_only) if is_matmul(e)]
+
+
+def is_float_dot(eqn) -> bool:
+    """Whether ``eqn`` is a matmul with a floating (or complex) operand: one the rewrite replaces, or rejects
+    when it cannot (complex)."""
+    # jnp.issubdtype knows the ml_dtypes floats (bfloat16, float8_*); np.issubdtype does not.
+    return is_matmul(eqn) and any(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in eqn.invars[:2])

@@ -1,0 +1,195 @@
+"""``QuantizedArray``: a float array held as int8 codes and per-slice scales, and everything it does.
+
+A ``QuantizedArray`` is both what :func:`quantize` returns inside a rewritten dot and what
+:func:`~jaxpr_rewrite.quantize_params` puts into a parameter pytree. Its behaviour follows a small wrapped-value
+protocol (in the spirit of quax): wherever the rewrite meets one, it either
+
+* uses it as a **dot operand** (:meth:`QuantizedArray.dot_operand`: the codes go straight into the int8 dot when
+  its scales fit the dot's contraction), or
+* **materialises** it (:meth:`QuantizedArray.materialise`: the float array it stands for), for every other use.
+
+Two cheap structural operations keep codes usable through a program: :meth:`~QuantizedArray.astype` (a cast
+before the dot, as ``flax`` does for ``dtype=bfloat16`` layers) and leading-axis slicing, which ``lax.scan`` does
+through the pytree structure (the contracting axes are stored counted from the end, so they stay valid).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .quantize import dequantize_codes, quantize_parts, to_float32
+
+__all__ = ["QuantizedArray", "is_quantized", "quantize", "resolve_dot_operands"]
+
+
+@jax.tree_util.register_pytree_node_class
+class QuantizedArray:
+    """A float array stored as int8 codes and float32 per-slice scales.
+
+    Attributes:
+        codes: int8, the array's shape.
+        scales: float32, one per index of the axes not in ``contracting``, in order; with ``exponents`` the scale
+            of a slice is ``scales * 2**exponents``.
+        exponents: int32, shaped like ``scales``; 0 except for slices whose absmax is below ``2**-100`` (see
+            :func:`jaxpr_rewrite.quantize.scales_from_absmax`).
+        contracting: the axes one scale covers (the contracting dims of the dot it feeds). They are stored counted
+            from the end, so slicing leading axes (``lax.scan`` over stacked layers) keeps them right.
+        dtype: the float dtype of the array it stands for, which the traced program sees.
+        smooth: ``None``, or float32 SmoothQuant factors over the (single) contracting axis: the codes then stand
+            for ``smooth * w`` and a dot divides its other operand by ``smooth``.
+        smooth_group: a token shared by weights holding the same ``smooth`` factors (one per activation, unique
+            per :func:`~jaxpr_rewrite.quantize_params` call), so the activation is divided once for all of them.
+    """
+
+    def __init__(self, codes, scales, exponents, contracting: Sequence[int], dtype, smooth=None, smooth_group=None):
+        self.codes = codes
+        self.scales = scales
+        self.exponents = exponents
+        self.from_end = _from_end(contracting, len(codes.shape))
+        self.dtype = np.dtype(dtype)
+        self.smooth = smooth
+        self.smooth_group = smooth_group
+
+    # -- array-like ------------------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.codes.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def contracting(self) -> tuple[int, ...]:
+        """The axes one scale covers."""
+        return tuple(a + self.ndim for a in self.from_end)
+
+    @property
+    def kept_axes(self) -> tuple[int, ...]:
+        """The axes the scales run over."""
+        contracting = set(self.contracting)
+        return tuple(a for a in range(self.ndim) if a not in contracting)
+
+    @property
+    def nbytes(self) -> int:
+        leaves = jax.tree_util.tree_leaves(self)
+        return sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in leaves)
+
+    # -- the protocol ----------------------------------------------------------------------------------------
+    def materialise(self):
+        """The float array this stands for: ``codes * scales`` (divided by ``smooth``), in ``dtype``."""
+        value = self.dot_value()
+        if self.smooth is not None:
+            smooth = lax.broadcast_in_dim(to_float32(self.smooth), self.shape, self.contracting)
+            value = lax.div(value, smooth)
+        return value if value.dtype == self.dtype else lax.convert_element_type(value, self.dtype)
+
+    def dot_value(self):
+        """The float value this operand has inside a dot: ``codes * scales`` (for a smoothed weight that is
+        ``smooth * w``, matching the other operand, which the dot divides by ``smooth``)."""
+        return dequantize_codes(self.codes, self.scales, self.exponents, self.kept_axes)
+
+    def dot_operand(self, contracting: Sequence[int]) -> "QuantizedArray | None":
+        """This array as the operand of a per-channel int8 dot contracting ``contracting``, or ``None`` when its
+        scales do not fit (another contraction): then the dot must use :meth:`materialise`."""
+        return self if _from_end(contracting, self.ndim) == self.from_end else None
+
+    def astype(self, dtype) -> "QuantizedArray":
+        """The same codes standing for the array cast to the float ``dtype``."""
+        return QuantizedArray(self.codes, self.scales, self.exponents, self.from_end, dtype, self.smooth,
+                              self.smooth_group)
+
+    # -- pytree ----------------------------------------------------------------------------------------------
+    def tree_flatten(self):
+        children = (self.codes, self.scales, self.exponents, self.smooth)
+        return children, (self.from_end, self.dtype, self.smooth_group)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        codes, scales, exponents, smooth = children
+        from_end, dtype, smooth_group = aux
+        array = object.__new__(cls)  # no validation: the leaves may be anything a tree_map made of them
+        array.codes, array.scales, array.exponents, array.smooth = codes, scales, exponents, smooth
+        array.from_end, array.dtype, array.smooth_group = from_end, dtype, smooth_group
+        return array
+
+    def __repr__(self):
+        shape = getattr(self.codes, "shape", None)
+        shape = list(shape) if shape is not None else repr(self.codes)
+        smooth = ", smoothed" if self.smooth is not None else ""
+        return f"QuantizedArray(i8{shape}, contracting={self.from_end} (from the end), dtype={self.dtype.name}{smooth})"
+
+
+def _from_end(axes: Sequence[int], ndim: int) -> tuple[int, ...]:
+    return tuple(sorted((int(a) % ndim) - ndim for a in axes)) if ndim else ()
+
+
+def is_quantized(x) -> bool:
+    return isinstance(x, QuantizedArray)
+
+
+def quantize(x, reduce_axes: Sequence[int]) -> QuantizedArray:
+    """Quantize ``x`` to int8 with one symmetric scale per slice over ``reduce_axes`` (the contract's rule).
+
+    Arguments:
+        x: a floating array (bfloat16 and float16 are upcast to float32 first).
+        reduce_axes: the axes one scale covers (for a dot operand: its contracting dims).
+
+    Returns:
+        A :class:`QuantizedArray` (``.codes``, ``.scales``, ``.exponents``) standing for ``x``.
+    """
+    x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
+    ndim = max(x.ndim, 1)
+    reduce_axes = tuple(sorted(a % ndim for a in reduce_axes))
+    codes, scales, exponents = quantize_parts(x, reduce_axes)
+    return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype)
+
+
+def resolve_dot_operands(invals: Sequence, contractions, direct: bool, smoothed: dict | None) -> list:
+    """The operands a dot's program gets, from its operand values (the quantized-array rule of ``dot_general``).
+
+    A :class:`QuantizedArray` whose scales fit the dot (per-channel int8, ``direct``, same contraction) goes on
+    as itself: its codes feed the int8 dot. Any other is materialised. A usable smoothed weight stands for
+    ``smooth * w``, so the other operand is multiplied by ``1 / smooth`` first.
+
+    Arguments:
+        invals: the dot's two operand values.
+        contractions: the dot's ``(lhs_contracting, rhs_contracting)``.
+        direct: whether the rewrite uses the per-channel int8 contract (pre-quantized codes fit only that).
+        smoothed: a per-program cache ``(id(activation), axis, group) -> (activation, rescaled)`` shared by the
+            weights of one smoothing group, or ``None``.
+    """
+    usable = [
+        is_quantized(x) and direct and x.dot_operand(contract) is not None
+        for x, contract in zip(invals, contractions)
+    ]
+    for side, x in enumerate(invals):
+        if usable[side] and x.smooth is not None and is_quantized(invals[1 - side]):
+            usable[side] = False  # two weights: the smoothing cannot move into the other one
+    operands = [
+        x if use else x.materialise() if is_quantized(x) else x
+        for x, use in zip(invals, usable)
+    ]
+    for side in (0, 1):
+        weight = invals[side]
+        if not usable[side] or weight.smooth is None:
+            continue
+        (other_axis,) = contractions[1 - side]
+        other = operands[1 - side]
+        key = (id(other), other_axis, weight.smooth_group)
+        shareable = weight.smooth_group is not None and smoothed is not None
+        if shareable and key in smoothed:
+            operands[1 - side] = smoothed[key][1]
+            continue
+        # the reciprocal is taken once on the small factor vector; each element then costs one multiply
+        inverse = lax.div(np.float32(1), to_float32(weight.smooth))
+        inverse = lax.convert_element_type(inverse, other.dtype)
+        operands[1 - side] = lax.mul(other, lax.broadcast_in_dim(inverse, other.shape, (other_axis,)))
+        if shareable:
+            smoothed[key] = (other, operands[1 - side])  # holds `other`, so no other value reuses its id
+    return operands

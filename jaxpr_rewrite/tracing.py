@@ -1,0 +1,240 @@
+"""Calls as the rewrite sees them: which argument leaves are traced, which are static, and the traced program.
+
+In the spirit of ``equinox.filter_make_jaxpr``, one rule decides for every entry point (``int8ify``, ``report``,
+``verify``, ``quantize_params``, the command line): **arrays are traced, everything else is static**. Arrays
+are JAX and numpy arrays, numpy scalars, ``jax.ShapeDtypeStruct`` (traced abstractly) and
+:class:`~jaxpr_rewrite.quantized.QuantizedArray` (traced as the float array it stands for). Python numbers,
+strings, functions and other leaves are static Python values, as with ``equinox.filter_jit``; so are the
+arguments named by ``static_argnums`` / ``static_argnames``.
+
+A :class:`Signature` is the hashable part of a call (tree structure, array types, static values keyed by type
+and value, as ``jax.jit`` keys them: ``True`` and ``1`` are different programs).
+"""
+
+from __future__ import annotations
+
+import inspect
+import linecache
+import os
+import re
+import traceback
+from typing import Any, Callable, Iterable, NamedTuple
+
+import jax
+import numpy as np
+from jax.extend.core import ClosedJaxpr
+
+from .errors import Int8ifyError, TracedValueError
+from .quantized import QuantizedArray, is_quantized
+
+__all__ = ["Signature", "StaticArgs", "is_array", "rebuild", "resolve_static", "split_call", "trace",
+           "traced_value_error"]
+
+
+def is_array(leaf) -> bool:
+    """Whether a leaf is traced: an array (JAX, numpy, numpy scalar, tracer, ``ShapeDtypeStruct``) or a
+    :class:`~jaxpr_rewrite.quantized.QuantizedArray`."""
+    return isinstance(leaf, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct, QuantizedArray,
+                             jax.core.Tracer))
+
+
+def _static_key(value):
+    """A hashable key for a static value that tells ``True``, ``1`` and ``1.0`` apart (they hash equal)."""
+    if type(value) is tuple:
+        return (tuple, tuple(_static_key(v) for v in value))
+    return (type(value), value)
+
+
+class StaticArgs(NamedTuple):
+    """Which arguments of a function are static: positions and names, each completed from the other."""
+
+    argnums: frozenset
+    argnames: frozenset
+
+
+def resolve_static(fn: Callable, static_argnums=(), static_argnames=()) -> StaticArgs:
+    """Validate ``static_argnums`` / ``static_argnames`` against ``fn``'s signature, as ``jax.jit`` does.
+
+    Raises:
+        Int8ifyError: a position out of range, a name that is not a parameter, or a non-int position.
+    """
+    nums = (static_argnums,) if not isinstance(static_argnums, Iterable) else tuple(static_argnums)
+    names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+    if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in nums):
+        raise Int8ifyError(f"static_argnums must be ints, got {static_argnums!r}")
+    if not all(isinstance(n, str) for n in names):
+        raise Int8ifyError(f"static_argnames must be strings, got {static_argnames!r}")
+    name = getattr(fn, "__name__", repr(fn))
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = None
+    if params is None:
+        if any(i < 0 for i in nums):
+            raise Int8ifyError(f"negative static_argnums need a function with an inspectable signature ({name})")
+        return StaticArgs(frozenset(int(i) for i in nums), frozenset(names))
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    has_varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
+    has_varkw = any(p.kind == p.VAR_KEYWORD for p in params)
+    resolved_nums, resolved_names = set(), set(names)
+    for i in nums:
+        i = int(i)
+        if not has_varargs and not -len(positional) <= i < len(positional):
+            raise Int8ifyError(
+                f"static_argnums={i} is out of range for {name}{inspect.signature(fn)}, which takes "
+                f"{len(positional)} positional argument(s)"
+            )
+        if i < 0:
+            if has_varargs:
+                raise Int8ifyError(f"negative static_argnums={i} is ambiguous for {name}, which takes *args")
+            i += len(positional)
+        resolved_nums.add(i)
+        if i < len(positional):
+            resolved_names.add(positional[i])
+    for n in names:
+        if n in positional:
+            resolved_nums.add(positional.index(n))
+        elif n not in {p.name for p in params} and not has_varkw:
+            raise Int8ifyError(f"static_argnames contains {n!r}, which is not a parameter of {name}")
+    return StaticArgs(frozenset(resolved_nums), frozenset(resolved_names))
+
+
+class Signature(NamedTuple):
+    """The hashable description of a call: everything but the traced arrays' values."""
+
+    tree: Any  # treedef of (dynamic positional args, dynamic kwargs), QuantizedArrays as leaves
+    is_dynamic: tuple  # per leaf: traced or static
+    avals: tuple  # per traced leaf: its type (a QuantizedArray: its structure and the types of its arrays)
+    static_leaves: tuple  # the static leaves, in order
+    static_positional: tuple  # ((position, value), ...) for static_argnums
+    static_keywords: tuple  # ((name, value), ...) for static_argnames
+    key: Any  # the hashable cache key
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __eq__(self, other):
+        return isinstance(other, Signature) and self.key == other.key
+
+
+def _leaf_type(x):
+    if is_quantized(x):
+        leaves, treedef = jax.tree_util.tree_flatten(x)
+        return treedef, tuple(jax.typeof(leaf) for leaf in leaves)
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jax.core.ShapedArray(x.shape, x.dtype)
+    return jax.typeof(x)
+
+
+def split_call(args: tuple, kwargs: dict, static: StaticArgs = StaticArgs(frozenset(), frozenset()),
+               fn_name: str = "the function") -> tuple[Signature, list]:
+    """Split a call's arguments into its :class:`Signature` and the leaves that are traced.
+
+    Returns:
+        ``(signature, dynamic)``: ``dynamic`` holds one entry per traced leaf (an array, a
+        ``ShapeDtypeStruct``, or a :class:`~jaxpr_rewrite.quantized.QuantizedArray`).
+
+    Raises:
+        Int8ifyError: a static value that is not hashable.
+    """
+    static_pos = tuple((i, args[i]) for i in sorted(static.argnums) if i < len(args))
+    static_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in static.argnames))
+    dyn_args = [a for i, a in enumerate(args) if i not in static.argnums]
+    dyn_kwargs = {k: v for k, v in kwargs.items() if k not in static.argnames}
+    leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs), is_leaf=is_quantized)
+    is_dynamic = tuple(is_array(x) for x in leaves)
+    dynamic = [x for x, d in zip(leaves, is_dynamic) if d]
+    static_leaves = tuple(x for x, d in zip(leaves, is_dynamic) if not d)
+    avals = tuple(_leaf_type(x) for x in dynamic)
+    key = (tree, is_dynamic, avals, _static_key(static_leaves),
+           tuple((i, _static_key(v)) for i, v in static_pos), tuple((k, _static_key(v)) for k, v in static_kw))
+    try:
+        hash(key)
+    except TypeError as e:
+        raise Int8ifyError(
+            f"a static argument of {fn_name} is not hashable ({e}); static arguments (static_argnums, "
+            "static_argnames, and leaves that are not arrays) must be hashable"
+        ) from None
+    return Signature(tree, is_dynamic, avals, static_leaves, static_pos, static_kw, key), dynamic
+
+
+def rebuild(signature: Signature, dynamic) -> tuple[list, dict]:
+    """The call's ``(args, kwargs)`` from its signature and values for its traced leaves."""
+    dyn_iter, static_iter = iter(dynamic), iter(signature.static_leaves)
+    leaves = [next(dyn_iter) if d else next(static_iter) for d in signature.is_dynamic]
+    dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(signature.tree, leaves)
+    args = list(dyn_args)
+    for i, value in signature.static_positional:
+        args.insert(i, value)
+    return args, {**dyn_kwargs, **dict(signature.static_keywords)}
+
+
+def _abstract(x):
+    """What ``jax.make_jaxpr`` traces a leaf as: a QuantizedArray as the float array it stands for."""
+    if is_quantized(x):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return x
+
+
+def trace(fn: Callable, signature: Signature, dynamic: list) -> tuple[ClosedJaxpr, Any]:
+    """Trace ``fn`` on a call's arguments (nothing runs).
+
+    Returns:
+        ``(closed_jaxpr, out_tree)``: the float program over the traced leaves (a QuantizedArray is one input
+        of its float type), and the tree structure of ``fn``'s output.
+    """
+    out_tree_box = []
+
+    def flat_fn(*flat):
+        args, kwargs = rebuild(signature, flat)
+        out_flat, out_tree = jax.tree_util.tree_flatten(fn(*args, **kwargs))
+        out_tree_box.append(out_tree)
+        return out_flat
+
+    try:
+        closed = jax.make_jaxpr(flat_fn)(*(_abstract(x) for x in dynamic))
+    except _TRACING_ERRORS as exc:
+        raise traced_value_error(exc) from exc
+    return closed, out_tree_box[-1]
+
+
+# -- a traced value used as a Python value ------------------------------------------------------------------------
+_TRACING_ERRORS = (
+    jax.errors.TracerBoolConversionError,
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerArrayConversionError,
+)
+_LIBRARY_DIRS = tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+    for m in (jax, np, __import__("jaxlib"))
+) + (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
+_BRANCH = re.compile(r"^\s*(if|elif|while|assert)\b|\bif\b.*\belse\b")
+_CONVERSION = re.compile(r"\b(bool|int|float|complex|operator\.index)\(|\.item\(|\.tolist\(")
+_ADVICE = {
+    "JX201": "Python control flow on a traced value: use jnp.where / lax.select for values, lax.cond / lax.switch / "
+             "lax.while_loop for control flow",
+    "JX202": "converting a traced value to a Python scalar (bool()/int()/float()/.item()): keep it an array and use "
+             "jnp.where / lax operations",
+}
+
+
+def _user_frame(exc: BaseException):
+    frames = traceback.extract_tb(exc.__traceback__)
+    for frame in reversed(frames):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith(_LIBRARY_DIRS) and not frame.filename.startswith("<frozen"):
+            return frame
+    return frames[-1] if frames else None
+
+
+def traced_value_error(exc: BaseException) -> TracedValueError:
+    """The :class:`~jaxpr_rewrite.errors.TracedValueError` for one of JAX's tracer-conversion errors: the user's
+    line, and whether it is a branch (JX201) or a scalar conversion (JX202)."""
+    frame = _user_frame(exc)
+    file, line = (frame.filename, frame.lineno) if frame is not None else (None, None)
+    text = (linecache.getline(file, line) if file else "") or (frame.line if frame is not None else "") or ""
+    text = text.strip()
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    code = "JX201" if _BRANCH.search(text) or not _CONVERSION.search(text) else "JX202"
+    return TracedValueError(code, file, line, text, _ADVICE[code], f"{type(exc).__name__}: {first}".rstrip(": "))
