@@ -105,7 +105,12 @@ class Int8ified:
         with self._lock:
             run = self._compiled.get(signature)
             if run is None and signature in self._programs:
-                run = self._compiled[signature] = jax.jit(lambda *flat: program.run(list(flat)))
+
+                def run_program(*flat):
+                    return program.run(list(flat))
+
+                run_program.__name__ = run_program.__qualname__ = getattr(self.fn, "__name__", "int8ified")
+                run = self._compiled[signature] = jax.jit(run_program)
         return run
 
     def rewritten_jaxpr(self, *args, **kwargs) -> ClosedJaxpr:
@@ -137,7 +142,12 @@ class Int8ified:
         if program.cacheable and not any(isinstance(x, jax.core.Tracer) for x in flat):
             run = self._compiled_run(signature, program)
         if run is not None:
-            outs = run(*dynamic)
+            try:
+                outs = run(*dynamic)
+            except ValueError as e:
+                if "incompatible devices" in str(e):
+                    _check_devices(self.fn, args, kwargs)
+                raise
         else:
             outs = program.run(dynamic)
         return jax.tree_util.tree_unflatten(program.out_tree, outs)
@@ -150,6 +160,20 @@ class Int8ified:
 
     def __repr__(self):
         return f"int8ify({getattr(self.fn, '__qualname__', self.fn)!r})"
+
+
+def _check_devices(fn, args, kwargs) -> None:
+    """Arrays committed to different devices cannot meet in one program: say which, by argument path."""
+    placed = {}
+    for prefix, tree in (("args", args), ("kwargs", kwargs)):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            if isinstance(leaf, jax.Array) and getattr(leaf, "committed", False):
+                placed[prefix + jax.tree_util.keystr(path)] = leaf.sharding.device_set
+    if len({frozenset(d) for d in placed.values()}) > 1:
+        where = ", ".join(f"{path} on {sorted(d.id for d in devices)}" for path, devices in placed.items())
+        name = getattr(fn, "__name__", repr(fn))
+        raise Int8ifyError(f"the arrays passed to {name} are committed to different devices ({where}); move them "
+                           "to one device (or one sharding's devices) with jax.device_put first")
 
 
 _NO_FUNCTION = object()

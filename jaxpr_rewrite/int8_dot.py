@@ -26,7 +26,7 @@ from jax.extend import source_info_util
 from . import _compat
 from .config import RewriteConfig, contraction_size, register_backend
 from .errors import Int8ifyError
-from .quantize import MAX_INT32_SAFE_CONTRACTION, scale_product, split_scale
+from .quantize import MAX_INT32_SAFE_CONTRACTION, scale_product, split_scale, to_compute
 from .quantized import is_quantized, quantize
 
 __all__ = [
@@ -103,7 +103,7 @@ def _scaled(acc, operands, placements):
     factors = []
     for q, place in zip(operands, placements):
         mantissa, exponent = split_scale(q.scales, q.exponents)
-        factors.append((place(mantissa), place(exponent)))
+        factors.append((place(to_compute(mantissa, acc.dtype)), place(exponent)))
     return scale_product(acc, factors)
 
 
@@ -177,7 +177,7 @@ def _matrix_vector_safe_dot(lhs_codes, rhs_codes, dimension_numbers):
     return lax.slice_in_dim(acc, 0, 1, axis=len(lb))
 
 
-def _int32_dot(lhs_codes, rhs_codes, dimension_numbers):
+def _int32_dot(lhs_codes, rhs_codes, dimension_numbers, dtype):
     """``dot_general`` of int8 codes into int32, split along the contraction when it could overflow.
 
     A contraction longer than ``MAX_INT32_SAFE_CONTRACTION`` is flattened, zero-padded and cut into chunks that
@@ -185,12 +185,12 @@ def _int32_dot(lhs_codes, rhs_codes, dimension_numbers):
     are added in float32.
 
     Returns:
-        float32 sums in the dot's output layout.
+        the sums in the dot's output layout, as ``dtype`` (the compute dtype).
     """
     (lc, rc), (lb, rb) = dimension_numbers
     contraction = contraction_size(lhs_codes.shape, lc)
     if contraction <= MAX_INT32_SAFE_CONTRACTION:
-        return lax.convert_element_type(_matrix_vector_safe_dot(lhs_codes, rhs_codes, dimension_numbers), np.float32)
+        return lax.convert_element_type(_matrix_vector_safe_dot(lhs_codes, rhs_codes, dimension_numbers), dtype)
     n_chunks = -(-contraction // MAX_INT32_SAFE_CONTRACTION)
     chunk = -(-contraction // n_chunks)
     chunk += -chunk % _CONTRACTION_MULTIPLE
@@ -200,13 +200,18 @@ def _int32_dot(lhs_codes, rhs_codes, dimension_numbers):
         lhs3, rhs3, blocked_dimension_numbers(dimension_numbers, lhs_codes.ndim, rhs_codes.ndim),
         preferred_element_type=np.int32,
     )
-    # acc is (batch..., chunk, lhs free..., rhs free...): sum the chunks in float32.
-    return lax.reduce_sum(lax.convert_element_type(acc, np.float32), (len(lb),))
+    # acc is (batch..., chunk, lhs free..., rhs free...): sum the chunks in the compute dtype.
+    return lax.reduce_sum(lax.convert_element_type(acc, dtype), (len(lb),))
+
+
+def _common_dtype(lhs_q, rhs_q):
+    """The epilogue's dtype: float64 when either operand's scales are float64, float32 otherwise."""
+    return np.promote_types(lhs_q.scales.dtype, rhs_q.scales.dtype)
 
 
 def scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce: Sequence[int], rhs_reduce: Sequence[int]):
     """Quantize both operands (one scale per slice over ``*_reduce``), take their int8 dot into int32, and scale
-    it back: ``acc * lhs_scale * rhs_scale`` in float32.
+    it back: ``acc * lhs_scale * rhs_scale`` in float32 (float64 for float64 operands).
 
     Arguments:
         lhs, rhs: floating operands, or :class:`QuantizedArray` ones whose scales run over the axes not in
@@ -219,7 +224,7 @@ def scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce: Sequence[int], rhs_
     """
     lhs_q = lhs if is_quantized(lhs) else quantize(lhs, lhs_reduce)
     rhs_q = rhs if is_quantized(rhs) else quantize(rhs, rhs_reduce)
-    acc = _int32_dot(lhs_q.codes, rhs_q.codes, dimension_numbers)
+    acc = _int32_dot(lhs_q.codes, rhs_q.codes, dimension_numbers, _common_dtype(lhs_q, rhs_q))
 
     def placement(q, side):
         return lambda values: scale_to_output(values, q.kept_axes, q.ndim, dimension_numbers, side, acc.shape)
@@ -300,7 +305,8 @@ def int8_ragged_dot_general_impl(lhs, rhs, group_sizes, float_params, out_dtype,
     lhs_q = lhs if is_quantized(lhs) else quantize(lhs, lc)
     rhs_q = rhs if is_quantized(rhs) else quantize(rhs, rc)
     int_params = {**params, "preferred_element_type": np.int32, "precision": None}
-    acc = lax.convert_element_type(_ragged_dot_float(lhs_q.codes, rhs_q.codes, group_sizes, **int_params), np.float32)
+    sums = _ragged_dot_float(lhs_q.codes, rhs_q.codes, group_sizes, **int_params)
+    acc = lax.convert_element_type(sums, _common_dtype(lhs_q, rhs_q))
     lhs_dims = ragged.dot_dimension_numbers
     out_shape = acc.shape
     # rhs (with the group dim) maps to the output as a dot without its group dim: batch, lhs free, rhs free.

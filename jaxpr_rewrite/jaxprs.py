@@ -41,6 +41,7 @@ SUBJAXPR_PARAMS: dict[str, tuple[str, ...]] = {
     "custom_jvp_call": ("call_jaxpr",),
     "custom_vjp_call": ("call_jaxpr",),
     "custom_linear_solve": ("jaxprs",),
+    "custom_vmap_call": ("call",),
 }
 
 # Sub-jaxprs that only define derivatives: their dots never run in the forward pass, so they stay float

@@ -61,9 +61,14 @@ class _Use:
 _CALLS = ("jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint")
 
 
-def _uses(jaxpr, var, config: RewriteConfig, scope: str, cast, top: bool, refused: list) -> list[_Use]:
-    """Every matmul use of ``var`` in ``jaxpr``, followed through casts and the higher-order primitives the
-    rewrite carries pre-quantized weights through; every other use is described in ``refused``."""
+def _uses(jaxpr, var, config: RewriteConfig, scope: str, cast, top: bool, refused: list,
+          axes: tuple) -> list[_Use]:
+    """Every matmul use of ``var`` in ``jaxpr``, followed through casts, transposes and the higher-order
+    primitives the rewrite carries pre-quantized weights through; every other use is described in ``refused``.
+
+    ``axes[i]`` is the parameter leaf's axis that axis ``i`` of ``var`` is (a scan over stacked layers slices the
+    leading axes off, a transpose permutes them).
+    """
     jaxpr = open_jaxpr(jaxpr)
     found: list[_Use] = []
     if any(v is var for v in jaxpr.outvars):
@@ -87,16 +92,20 @@ def _uses(jaxpr, var, config: RewriteConfig, scope: str, cast, top: bool, refuse
             if dims is None:
                 dims = eqn.params["ragged_dot_dimension_numbers"].dot_dimension_numbers
             side = positions[0]
-            ndim = len(var.aval.shape)
-            from_end = tuple(sorted(a - ndim for a in dims[0][side]))
-            found.append(_Use(from_end, cast, top and name == "dot_general", eqn, side, jaxpr))
+            leaf_ndim = max(axes) + 1 if axes else 0  # axes are the leaf's trailing axes, permuted
+            from_end = tuple(sorted(axes[a] - leaf_ndim for a in dims[0][side]))
+            direct = top and name == "dot_general" and axes == tuple(range(len(axes)))
+            found.append(_Use(from_end, cast, direct, eqn, side, jaxpr))
         elif name == "convert_element_type" and jnp.issubdtype(eqn.params["new_dtype"], jnp.floating):
-            found += _uses(jaxpr, eqn.outvars[0], config, here, eqn.params["new_dtype"], top, refused)
+            found += _uses(jaxpr, eqn.outvars[0], config, here, eqn.params["new_dtype"], top, refused, axes)
+        elif name == "transpose":
+            permuted = tuple(axes[p] for p in eqn.params["permutation"])
+            found += _uses(jaxpr, eqn.outvars[0], config, here, cast, top, refused, permuted)
         elif name in _CALLS:
             (param,) = SUBJAXPR_PARAMS[name]
             sub = open_jaxpr(eqn.params[param])
             for k in positions:
-                found += _uses(sub, sub.invars[k], config, here, cast, False, refused)
+                found += _uses(sub, sub.invars[k], config, here, cast, False, refused, axes)
         elif name == "scan":
             p = eqn.params
             sub = open_jaxpr(p["jaxpr"])
@@ -104,7 +113,11 @@ def _uses(jaxpr, var, config: RewriteConfig, scope: str, cast, top: bool, refuse
                 if p["num_consts"] <= k < p["num_consts"] + p["num_carry"]:
                     refused.append(f"it is carried through the scan at {where}")
                     continue
-                found += _uses(sub, sub.invars[k], config, here, cast, False, refused)
+                sliced = axes if k < p["num_consts"] else axes[1:]  # xs lose their leading (stacked) axis
+                if k >= p["num_consts"] and axes[0] != min(axes):
+                    refused.append(f"the scan at {where} slices it along a transposed axis")
+                    continue
+                found += _uses(sub, sub.invars[k], config, here, cast, False, refused, sliced)
         elif name == "while":
             p = eqn.params
             for k in positions:
@@ -115,12 +128,12 @@ def _uses(jaxpr, var, config: RewriteConfig, scope: str, cast, top: bool, refuse
                 else:
                     refused.append(f"it is carried through the while_loop at {where}")
                     continue
-                found += _uses(sub, sub.invars[index], config, here, cast, False, refused)
+                found += _uses(sub, sub.invars[index], config, here, cast, False, refused, axes)
         elif name == "cond" and 0 not in positions:
             for branch in eqn.params["branches"]:
                 sub = open_jaxpr(branch)
                 for k in positions:
-                    found += _uses(sub, sub.invars[k - 1], config, here, cast, False, refused)
+                    found += _uses(sub, sub.invars[k - 1], config, here, cast, False, refused, axes)
         else:
             refused.append(f"it is used by {name} at {where}")
     return found
@@ -131,7 +144,7 @@ def _plan(jaxpr, var, config: RewriteConfig) -> tuple[list[_Use], str]:
     if not jnp.issubdtype(var.aval.dtype, jnp.floating):
         return [], f"not a float array ({var.aval.str_short()})"
     refused: list[str] = []
-    uses = _uses(jaxpr, var, config, "", None, True, refused)
+    uses = _uses(jaxpr, var, config, "", None, True, refused, tuple(range(len(var.aval.shape))))
     if not uses:
         return [], "kept float: it feeds no matmul" + (f" ({refused[0]})" if refused else "")
     if refused:

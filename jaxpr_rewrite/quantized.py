@@ -8,9 +8,10 @@ protocol (in the spirit of quax): wherever the rewrite meets one, it either
   its scales fit the dot's contraction), or
 * **materialises** it (:meth:`QuantizedArray.materialise`: the float array it stands for), for every other use.
 
-Two cheap structural operations keep codes usable through a program: :meth:`~QuantizedArray.astype` (a cast
-before the dot, as ``flax`` does for ``dtype=bfloat16`` layers) and leading-axis slicing, which ``lax.scan`` does
-through the pytree structure (the contracting axes are stored counted from the end, so they stay valid).
+Three cheap structural operations keep codes usable through a program: :meth:`~QuantizedArray.astype` (a cast
+before the dot, as ``flax`` does for ``dtype=bfloat16`` layers), :meth:`~QuantizedArray.transpose` (``x @ w.T``)
+and leading-axis slicing, which ``lax.scan`` does through the pytree structure (the contracting axes are stored
+counted from the end, so they stay valid).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .quantize import dequantize_codes, quantize_parts, to_float32
+from .errors import Int8ifyError
+from .quantize import dequantize_codes, quantize_parts, to_compute
 
 __all__ = ["QuantizedArray", "is_quantized", "quantize", "resolve_dot_operands"]
 
@@ -80,12 +82,27 @@ class QuantizedArray:
         leaves = jax.tree_util.tree_leaves(self)
         return sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in leaves)
 
+    def check(self, where: str = "a QuantizedArray") -> None:
+        """Raise :class:`~jaxpr_rewrite.errors.Int8ifyError` unless codes, scales and exponents fit together."""
+        kept_shape = tuple(self.shape[a] for a in self.kept_axes)
+        problems = []
+        if np.dtype(self.codes.dtype) != np.int8:
+            problems.append(f"codes are {np.dtype(self.codes.dtype).name}, not int8")
+        if tuple(self.scales.shape) != kept_shape:
+            problems.append(f"scales have shape {tuple(self.scales.shape)}, expected {kept_shape} (the codes "
+                            f"{self.shape} without contracting axes {self.contracting})")
+        if tuple(getattr(self.exponents, "shape", ())) != tuple(self.scales.shape):
+            problems.append(f"exponents have shape {tuple(getattr(self.exponents, 'shape', ()))}, expected "
+                            f"{tuple(self.scales.shape)}")
+        if problems:
+            raise Int8ifyError(f"{where} is malformed: {'; '.join(problems)}")
+
     # -- the protocol ----------------------------------------------------------------------------------------
     def materialise(self):
         """The float array this stands for: ``codes * scales`` (divided by ``smooth``), in ``dtype``."""
         value = self.dot_value()
         if self.smooth is not None:
-            smooth = lax.broadcast_in_dim(to_float32(self.smooth), self.shape, self.contracting)
+            smooth = lax.broadcast_in_dim(to_compute(self.smooth, value.dtype), self.shape, self.contracting)
             value = lax.div(value, smooth)
         return value if value.dtype == self.dtype else lax.convert_element_type(value, self.dtype)
 
@@ -104,6 +121,20 @@ class QuantizedArray:
         return QuantizedArray(self.codes, self.scales, self.exponents, self.from_end, dtype, self.smooth,
                               self.smooth_group)
 
+    def transpose(self, permutation: Sequence[int]) -> "QuantizedArray":
+        """The same codes and scales, laid out as ``lax.transpose(array, permutation)``."""
+        permutation = tuple(int(p) for p in permutation)
+        contracting = set(self.contracting)
+        new_contracting = tuple(i for i, p in enumerate(permutation) if p in contracting)
+        old_kept = self.kept_axes
+        new_kept_sources = [p for p in permutation if p not in contracting]  # old axes, in the new order
+        order = tuple(old_kept.index(p) for p in new_kept_sources)
+        scales, exponents = self.scales, self.exponents
+        if order != tuple(range(len(order))):
+            scales, exponents = lax.transpose(scales, order), lax.transpose(exponents, order)
+        return QuantizedArray(lax.transpose(self.codes, permutation), scales, exponents, new_contracting, self.dtype,
+                              self.smooth, self.smooth_group)
+
     # -- pytree ----------------------------------------------------------------------------------------------
     def tree_flatten(self):
         children = (self.codes, self.scales, self.exponents, self.smooth)
@@ -120,9 +151,10 @@ class QuantizedArray:
 
     def __repr__(self):
         shape = getattr(self.codes, "shape", None)
-        shape = list(shape) if shape is not None else repr(self.codes)
+        if shape is None:  # a tree_map made the leaves into something else (their shapes, say)
+            return f"QuantizedArray(codes={self.codes!r}, contracting={self.from_end} (from the end))"
         smooth = ", smoothed" if self.smooth is not None else ""
-        return f"QuantizedArray(i8{shape}, contracting={self.from_end} (from the end), dtype={self.dtype.name}{smooth})"
+        return f"QuantizedArray(i8{list(shape)}, contracting={self.contracting}, dtype={self.dtype.name}{smooth})"
 
 
 def _from_end(axes: Sequence[int], ndim: int) -> tuple[int, ...]:
@@ -187,7 +219,7 @@ def resolve_dot_operands(invals: Sequence, contractions, direct: bool, smoothed:
             operands[1 - side] = smoothed[key][1]
             continue
         # the reciprocal is taken once on the small factor vector; each element then costs one multiply
-        inverse = lax.div(np.float32(1), to_float32(weight.smooth))
+        inverse = lax.div(np.float32(1), to_compute(weight.smooth, np.float32))
         inverse = lax.convert_element_type(inverse, other.dtype)
         operands[1 - side] = lax.mul(other, lax.broadcast_in_dim(inverse, other.shape, (other_axis,)))
         if shareable:

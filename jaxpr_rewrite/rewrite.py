@@ -251,7 +251,17 @@ class Rewriter:
             x if is_quantized(x) or _is_float_dtype(v.aval.dtype) else lax.convert_element_type(x, np.float32)
             for x, v in zip((lhs, rhs), eqn.invars)
         )
-        return dot_backends[self.backend](lhs, rhs, float_params, out_dtype, self.config)
+        backend = dot_backends[self.backend]
+
+        def program(lhs, rhs):
+            return backend(lhs, rhs, float_params, out_dtype, self.config)
+
+        out_sharding = _explicit_sharding(eqn)
+        if out_sharding is not None:
+            # Under explicit sharding every intermediate would need its sharding spelled out; the int8 program
+            # runs with the mesh axes automatic inside and delivers the float dot's output sharding.
+            program = jax.sharding.auto_axes(program, out_sharding=out_sharding)
+        return program(lhs, rhs)
 
     def _rewrite_ragged(self, eqn, invals, float_params, out_dtype, where):
         if not supports_ragged(eqn.params) or self.backend != "int8":
@@ -270,6 +280,15 @@ class Rewriter:
             for x in (lhs, rhs)
         )
         return int8_ragged_dot_general(lhs, rhs, group_sizes, float_params, out_dtype, self.scheme)
+
+
+def _explicit_sharding(eqn):
+    """The output sharding of a matmul whose operands or result live on a mesh with explicit axes, else None."""
+    for v in (*eqn.invars[:2], *eqn.outvars):
+        mesh = getattr(getattr(v.aval, "sharding", None), "mesh", None)
+        if getattr(mesh, "explicit_axes", ()):
+            return eqn.outvars[0].aval.sharding
+    return None
 
 
 def _operand_types(eqn) -> str:
@@ -359,6 +378,33 @@ def _custom_vjp_rule(rewriter: Rewriter, params: dict, scope: str, where: Locati
     return new_params
 
 
+@register_rule("custom_vmap_call")
+def _custom_vmap_rule(rewriter: Rewriter, params: dict, scope: str, where: Location) -> dict:
+    """Rewrite the primal, and the user's batching rule when ``vmap`` calls it: the rule is Python code run at
+    batching time, so it is traced there and its matmuls rewritten, as for a custom_jvp rule."""
+    new_params = dict(params)
+    new_params["call"] = rewriter.closed(params["call"], scope, where=where)
+    rule = params["rule"]
+
+    def rewritten_rule(axis_size, in_batched, *args):
+        leaves, args_tree = jax.tree_util.tree_flatten(args)
+        results = []
+
+        def flat_rule(*flat):
+            out, out_batched = rule(axis_size, in_batched, *jax.tree_util.tree_unflatten(args_tree, flat))
+            out_leaves, out_tree = jax.tree_util.tree_flatten(out)
+            results.append((out_tree, out_batched))
+            return out_leaves
+
+        traced = jax.make_jaxpr(flat_rule)(*leaves)
+        outs = rewriter.interpret(traced.jaxpr, traced.consts, leaves, scope, where=where)
+        out_tree, out_batched = results[-1]
+        return jax.tree_util.tree_unflatten(out_tree, [_materialise(o) for o in outs]), out_batched
+
+    new_params["rule"] = rewritten_rule
+    return new_params
+
+
 # -- pre-quantized weights through higher-order primitives -------------------------------------------------
 QuantizedRule = Callable[[Rewriter, object, list, str, Location], "list | None"]
 """``rule(rewriter, eqn, invals, scope, where) -> outvals``, for an equation with a pre-quantized operand; it
@@ -397,6 +443,15 @@ def _convert_quantized(rewriter, eqn, invals, scope, where):
     if not _is_float_dtype(new_dtype):
         return None
     return [value.astype(new_dtype)]
+
+
+@register_quantized_rule("transpose")
+def _transpose_quantized(rewriter, eqn, invals, scope, where):
+    """A transposed pre-quantized weight (``x @ w.T``) keeps its codes, transposed."""
+    (value,) = invals
+    if value.smooth is not None:
+        return None  # smoothing factors follow the contracting axis of the untransposed layout
+    return [value.transpose(eqn.params["permutation"])]
 
 
 @register_quantized_rule("jit", "pjit", "closed_call", "core_call")

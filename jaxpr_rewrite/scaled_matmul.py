@@ -49,6 +49,7 @@ from . import _compat
 from .config import RewriteConfig, contraction_size, register_backend, register_backend_alias
 from .errors import Int8ifyError
 from .int8_dot import blocked, free_axes, straight_through
+from .quantize import absmax
 
 
 class BlockFormat(NamedTuple):
@@ -160,7 +161,7 @@ def round_up_e4m3(s):
 def quantize_mxfp8(x3) -> BlockQuantized:
     """mxfp8 quantization of a float32 ``(B, M, K)`` operand (K a multiple of 32)."""
     blocks = _split_blocks(x3, MXFP8.block_size)
-    amax = lax.reduce_max(lax.abs(blocks), (3,))
+    amax = absmax(blocks, (3,))
     scale = mx_scale(amax)
     scaled = lax.div(blocks, _per_block(scale, blocks.shape))
     clipped = lax.clamp(np.float32(-MXFP8.value_max), scaled, np.float32(MXFP8.value_max))
@@ -181,7 +182,7 @@ def quantize_nvfp4(x3) -> BlockQuantized:
     """nvfp4 quantization of a float32 ``(B, M, K)`` operand (K a multiple of 16)."""
     g = nvfp4_tensor_scale(x3)
     blocks = lax.div(_split_blocks(x3, NVFP4.block_size), g)
-    amax = lax.reduce_max(lax.abs(blocks), (3,))
+    amax = absmax(blocks, (3,))
     wanted = lax.min(lax.div(amax, np.float32(NVFP4.value_max)), np.float32(_E4M3_MAX))
     scale = round_up_e4m3(wanted)
     scale = lax.select(lax.eq(amax, np.float32(0)), lax.full_like(scale, 1.0), scale)

@@ -142,6 +142,9 @@ def split_call(args: tuple, kwargs: dict, static: StaticArgs = StaticArgs(frozen
     dyn_args = [a for i, a in enumerate(args) if i not in static.argnums]
     dyn_kwargs = {k: v for k, v in kwargs.items() if k not in static.argnames}
     leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs), is_leaf=is_quantized)
+    for leaf in leaves:
+        if is_quantized(leaf):
+            leaf.check(f"a QuantizedArray passed to {fn_name} ({leaf!r})")
     is_dynamic = tuple(is_array(x) for x in leaves)
     dynamic = [x for x, d in zip(leaves, is_dynamic) if d]
     static_leaves = tuple(x for x, d in zip(leaves, is_dynamic) if not d)

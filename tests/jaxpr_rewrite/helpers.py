@@ -24,7 +24,7 @@ def reference_scale_parts(x, reduce_axes) -> tuple[np.ndarray, np.ndarray]:
     x = np.asarray(x, np.float32)
     amax = np.max(np.abs(x), axis=tuple(reduce_axes), initial=np.float32(0))
     tiny = (amax < TINY_ABSMAX) & (amax > 0)
-    shifted = np.where(tiny, amax * np.float32(2.0**64), amax).astype(np.float32)
+    shifted = np.where(tiny, amax * np.where(tiny, np.float32(2.0**64), np.float32(1)), amax).astype(np.float32)
     scales = np.where(amax == 0, np.float32(1), shifted / np.float32(127)).astype(np.float32)
     return scales, np.where(tiny, -64, 0).astype(np.int32)
 

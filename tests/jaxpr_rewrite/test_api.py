@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from helpers import assert_all_dots_int8, away_from_ties, reference_dot
-from jaxpr_rewrite import Int8ifyError, int8ify
+from jaxpr_rewrite import Int8ifyError, TracedValueError, int8ify
 
 MATMUL = (((1,), (0,)), ((), ()))
 rng = np.random.default_rng(3)
@@ -160,3 +160,115 @@ def test_errors_are_clear():
         int8ify(3)
     with pytest.raises(Int8ifyError, match=r"complex operands \(complex64\[2,2\], complex64\[2,2\]\)"):
         int8ify(matmul)(jnp.ones((2, 2), jnp.complex64), jnp.ones((2, 2), jnp.complex64))
+
+
+# -- signatures, static values, options, errors, cache ------------------------------------------------------------
+def test_static_values_are_keyed_by_type_and_value():
+    """True == 1 and hash(True) == hash(1), but they are different programs, as for jax.jit."""
+    g = int8ify(lambda x, w, flag: (x @ w) * (2 if flag is True else 3), static_argnums=2)
+    np.testing.assert_allclose(g(X, W, True), 2 * np.asarray(g(X, W, 1)) / 3, rtol=1e-6)
+    np.testing.assert_allclose(g(X, W, 1.0), g(X, W, 1), rtol=0)
+
+
+def test_python_numbers_are_static_leaves():
+    """Python ints/floats/bools are static, as with equinox.filter_jit: usable as shapes under jax.jit."""
+    f = int8ify(lambda x, w, n: jnp.tile(x @ w, (n, 1)))
+    assert f(X, W, 3).shape == (12, 5)
+    assert jax.jit(int8ify(lambda x, w, n: jnp.tile(x @ w, (n, 1))), static_argnums=2)(X, W, 2).shape == (8, 5)
+    eqx = pytest.importorskip("equinox")
+
+    class Repeat(eqx.Module):
+        w: jax.Array
+        times: int
+
+        def __call__(self, x):
+            return jnp.tile(x @ self.w, (self.times, 1))
+
+    assert eqx.filter_jit(int8ify(lambda m, x: m(x)))(Repeat(jnp.asarray(W), 3), X).shape == (12, 5)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"static_argnums": -4}, r"static_argnums=-4 is out of range for matmul\(x, w\), which takes 2"),
+    ({"static_argnums": 2}, "static_argnums=2 is out of range"),
+    ({"static_argnums": "x"}, "static_argnums must be ints"),
+    ({"block_size": True}, "block_size must be an int"),
+    ({"min_contracting_size": True}, "min_contracting_size must be a non-negative int"),
+    ({"cache_size": 0}, "cache_size must be a positive int"),
+])
+def test_options_are_validated_when_wrapping(options, message):
+    with pytest.raises(Int8ifyError, match=message):
+        int8ify(matmul, **options)
+
+
+def test_int8ify_of_none_is_rejected():
+    with pytest.raises(Int8ifyError, match="expects a callable, got NoneType"):
+        int8ify(None)
+    assert callable(int8ify(skip="x"))  # the decorator form still works
+
+
+def test_python_branch_on_a_traced_value_names_the_users_line():
+    def f(x, w):
+        y = x @ w
+        if y.sum() > 0:  # BRANCH
+            return y
+        return -y
+
+    line = f.__code__.co_firstlineno + 2
+    for call in (lambda: int8ify(f)(X, W), lambda: jax.jit(int8ify(f))(X, W)):
+        with pytest.raises(TracedValueError, match=rf"test_api.py:{line}: JX201 Python control flow") as info:
+            call()
+        assert info.value.code == "JX201" and info.value.line == line and "if y.sum() > 0" in info.value.text
+    from jaxpr_rewrite import report
+
+    with pytest.raises(TracedValueError, match=rf"test_api.py:{line}: JX201"):
+        report(f, X, W)
+
+
+def test_clear_errors_for_bad_inputs():
+    from jaxpr_rewrite import QuantizedArray, quantize, quantize_params, verify
+
+    q = quantize(jnp.asarray(W), (0,))
+    bad = QuantizedArray(q.codes, q.scales[:2], q.exponents[:2], (0,), np.float32)
+    with pytest.raises(Int8ifyError, match=r"malformed: scales have shape \(2,\), expected \(5,\)"):
+        int8ify(lambda w, x: x @ w)(bad, X)
+    with pytest.raises(Int8ifyError, match="verify expects a function, an int8ify-wrapped function or a jaxpr, "
+                                           "got int"):
+        verify(42)
+    with pytest.raises(Int8ifyError, match="quantize_params expects the model function as its first argument, "
+                                           "got int"):
+        quantize_params(3, {"w": W}, X)
+
+
+@pytest.mark.skipif(jax.device_count() < 2, reason="needs 2 devices")
+def test_arrays_on_different_devices_get_one_sentence():
+    x = jax.device_put(X, jax.devices()[0])
+    w = jax.device_put(W, jax.devices()[1])
+    with pytest.raises(Int8ifyError, match=r"committed to different devices \(args\[0\] on \[0\], args\[1\] on \[1\]\)"):
+        int8ify(matmul)(x, w)
+
+
+def test_program_cache_is_bounded_and_releases_programs():
+    import gc
+    import weakref
+
+    f = int8ify(matmul, cache_size=4)
+    first = None
+    for rows in range(1, 41):
+        f(X[:1].repeat(rows, 0), W)
+        if rows == 1:
+            (signature,) = f._programs
+            first = weakref.ref(f._programs[signature].float_jaxpr)
+    assert len(f._programs) == 4 and len(f._compiled) <= 4
+    gc.collect()
+    assert first() is None  # the evicted program (and its compiled executable) is gone
+    # recently used signatures stay
+    f(X[:1].repeat(40, 0), W)
+    assert len(f._programs) == 4
+
+
+def test_with_options_keeps_the_rest():
+    g = int8ify(matmul, static_argnames=("w",), min_contracting_size=4).with_options(granularity="per-tensor")
+    assert g.config.min_contracting_size == 4 and g.config.granularity == "per-tensor"
+    assert g.static_argnames == ("w",) and g.static_argnums == (1,)
+    with pytest.raises(Int8ifyError, match="unknown int8ify option"):
+        g.with_options(granularty="per-tensor")

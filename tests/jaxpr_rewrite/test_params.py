@@ -1,12 +1,14 @@
 """Weights quantized once (quantize_params / QuantizedArray): same numbers as the dynamic path, bit for bit."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from helpers import assert_all_dots_int8, iter_eqns
-from jaxpr_rewrite import Int8ifyError, QuantizedArray, int8ify, quantize_params
+from jaxpr_rewrite import Int8ifyError, QuantizationWarning, QuantizedArray, int8ify, quantize_params
 
 
 
@@ -61,11 +63,12 @@ def test_leaf_used_outside_a_dot_stays_float():
 
     def tied(params, ids):
         emb = params["table"][ids]
-        return emb @ params["table"].T  # also under a transpose: not a direct dot operand
+        return emb @ params["table"].T  # also read by a lookup: its float values are needed
 
     params = {"table": jnp.asarray(rng.normal(size=(10, 16)), jnp.float32)}
     ids = jnp.arange(4)
-    q = quantize_params(tied, params, ids)
+    with pytest.warns(QuantizationWarning, match=r"\['table'\]: it is used by gather at .*test_params.py"):
+        q = quantize_params(tied, params, ids)
     assert not isinstance(q["table"], QuantizedArray)
     np.testing.assert_array_equal(int8ify(tied)(q, ids), int8ify(tied)(params, ids))
 
@@ -77,7 +80,8 @@ def test_leaf_used_with_two_contractions_stays_float():
 
     params = {"w": jnp.asarray(rng.normal(size=(16, 16)), jnp.float32)}
     x = jnp.ones((2, 16))
-    q = quantize_params(two_ways, params, x, x.T)
+    with pytest.warns(QuantizationWarning, match=r"\['w'\]: its matmuls contract different axes"):
+        q = quantize_params(two_ways, params, x, x.T)
     assert not isinstance(q["w"], QuantizedArray)
 
 
@@ -202,3 +206,134 @@ def test_weights_reading_one_activation_share_their_smoothing():
     exact = [np.asarray(x, np.float64) @ np.asarray(params[n], np.float64) for n in "qkv"]
     for got, want in zip(outs, exact):
         assert np.linalg.norm(np.asarray(got) - want) / np.linalg.norm(want) < 0.02
+
+
+# -- weights in loops, casts, explanations --------------------------------------------------------------------------
+def _assert_codes_consumed(fn, qparams, *args, n_dots):
+    """Every dot of the rewritten program is int8, and no weight is quantized inside it: its only absmax
+    reductions are the activations' (one per dot)."""
+    jaxpr = jax.make_jaxpr(int8ify(fn))(qparams, *args)
+    assert_all_dots_int8(jaxpr)
+    float_weights = [e for e in iter_eqns(jaxpr) if e.primitive.name == "reduce_max"]
+    assert len(float_weights) == n_dots, len(float_weights)
+
+
+def test_scan_over_stacked_layers_consumes_the_codes():
+    """A scan over stacked layers (L, K, N): one scale per layer and column, the codes sliced per step."""
+    layers = {"w": jnp.asarray(rng.normal(size=(6, 64, 64)) / 8, jnp.float32), "b": jnp.zeros((6, 64))}
+    x = jnp.asarray(rng.normal(size=(16, 64)), jnp.float32)
+
+    def stack(params, x):
+        def layer(h, p):
+            return jax.nn.gelu(h @ p["w"] + p["b"]), None
+        return jax.lax.scan(layer, x, params)[0]
+
+    q, why = quantize_params(stack, layers, x, explain=True)
+    assert isinstance(q["w"], QuantizedArray) and q["w"].scales.shape == (6, 64) and q["w"].contracting == (1,)
+    assert why["['w']"].startswith("quantized") and why["['b']"].startswith("kept float: it feeds no matmul")
+    f = jax.jit(int8ify(stack))
+    np.testing.assert_array_equal(np.asarray(f(q, x)), np.asarray(f(layers, x)))  # bit-identical
+    # one dot in the scan body: its activation's absmax is the only reduce_max
+    _assert_codes_consumed(stack, q, x, n_dots=1)
+
+
+def test_decode_loop_weights_are_quantized_and_used_inside_the_loop():
+    params = {"w": jnp.asarray(rng.normal(size=(32, 32)) / 6, jnp.float32)}
+    x = jnp.asarray(rng.normal(size=(4, 32)), jnp.float32)
+
+    def fori(params, x):
+        return jax.lax.fori_loop(0, 5, lambda i, h: jnp.tanh(h @ params["w"]), x)
+
+    def while_loop(params, x):
+        return jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.tanh(c[1] @ params["w"])), (0, x))[1]
+
+    def branch(params, x):
+        return jax.lax.cond(x.sum() > 0, lambda h: h @ params["w"], lambda h: -(h @ params["w"]), x)
+
+    for fn, n_dots in ((fori, 1), (while_loop, 1), (branch, 2)):
+        q = quantize_params(fn, params, x)
+        assert isinstance(q["w"], QuantizedArray), fn.__name__
+        f = jax.jit(int8ify(fn))
+        np.testing.assert_array_equal(np.asarray(f(q, x)), np.asarray(f(params, x)))
+        _assert_codes_consumed(fn, q, x, n_dots=n_dots)
+
+
+def test_weights_cast_before_their_dot():
+    """bfloat16 compute with float32 params (flax nn.Dense(dtype=bfloat16)): the cast value is quantized."""
+    params = {"w": jnp.asarray(rng.normal(size=(64, 32)), jnp.float32)}
+    x = jnp.asarray(rng.normal(size=(8, 64)), jnp.bfloat16)
+
+    def dense(params, x):
+        return x @ params["w"].astype(jnp.bfloat16)
+
+    q = quantize_params(dense, params, x)
+    assert isinstance(q["w"], QuantizedArray) and q["w"].dtype == jnp.float32
+    f = jax.jit(int8ify(dense))
+    np.testing.assert_array_equal(np.asarray(f(q, x), np.float32), np.asarray(f(params, x), np.float32))
+    _assert_codes_consumed(dense, q, x, n_dots=1)
+
+
+def test_flax_dense_with_bfloat16_compute():
+    nn = pytest.importorskip("flax.linen")
+    model = nn.Dense(32, dtype=jnp.bfloat16)
+    x = jnp.asarray(rng.normal(size=(8, 64)), jnp.float32)
+    variables = model.init(jax.random.PRNGKey(0), x)
+    q, why = quantize_params(model.apply, variables, x, explain=True)
+    assert isinstance(q["params"]["kernel"], QuantizedArray), why
+    f = jax.jit(int8ify(model.apply))
+    np.testing.assert_array_equal(np.asarray(f(q, x), np.float32), np.asarray(f(variables, x), np.float32))
+
+
+def test_a_leaf_left_float_is_never_silent():
+    params = {"w": jnp.asarray(rng.normal(size=(32, 32)), jnp.float32), "b": jnp.zeros(32)}
+    x = jnp.asarray(rng.normal(size=(4, 32)), jnp.float32)
+
+    def tied(params, x):
+        return x @ params["w"] + params["w"][0] + params["b"]  # w also read by a gather: stays float
+
+    with pytest.warns(QuantizationWarning, match=r"\['w'\]: it is used by .* at .*test_params.py"):
+        q = quantize_params(tied, params, x)
+    assert not isinstance(q["w"], QuantizedArray)
+    _, why = quantize_params(tied, params, x, explain=True)
+    assert why["['w']"].startswith("kept float: it is used by") and "feeds no matmul" in why["['b']"]
+    # a bias alone is no surprise: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quantize_params(lambda p, x: x @ p["w"] + p["b"], params, x)
+
+
+def test_smoothing_groups_of_separate_calls_never_collide():
+    """Two quantize_params calls both used to number their groups from 0: a program reading one activation
+    through weights of both reused the wrong rescaled activation (40% error, silently)."""
+    x, params = outlier_data()
+
+    def one(params, x):
+        return x @ params["w"]
+
+    a = quantize_params(one, params, x, smooth_alpha=0.5)
+    b = quantize_params(one, {"w": params["w"] * 3 + 1}, x * jnp.asarray(rng.uniform(0.1, 5, 32), jnp.float32),
+                        smooth_alpha=0.5)
+    assert a["w"].smooth_group != b["w"].smooth_group
+
+    def both(wa, wb, x):
+        return x @ wa, x @ wb
+
+    got_a, got_b = jax.jit(int8ify(both))(a["w"], b["w"], x)
+    for got, w in ((got_a, params["w"]), (got_b, params["w"] * 3 + 1)):
+        exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+        assert np.linalg.norm(np.asarray(got) - exact) / np.linalg.norm(exact) < 0.02
+
+
+def test_transposed_weights_are_quantized():
+    """x @ w.T (tied embeddings, torch-layout weights): the codes are transposed, not recomputed."""
+    params = {"table": jnp.asarray(rng.normal(size=(48, 32)), jnp.float32)}
+    x = jnp.asarray(rng.normal(size=(8, 32)), jnp.float32)
+
+    def logits(params, x):
+        return x @ params["table"].T
+
+    q = quantize_params(logits, params, x)
+    assert isinstance(q["table"], QuantizedArray) and q["table"].contracting == (1,) and q["table"].scales.shape == (48,)
+    f = jax.jit(int8ify(logits))
+    np.testing.assert_array_equal(np.asarray(f(q, x)), np.asarray(f(params, x)))
+    _assert_codes_consumed(logits, q, x, n_dots=1)
