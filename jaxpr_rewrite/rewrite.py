@@ -273,8 +273,10 @@ class Rewriter:
             )
         lhs, rhs, group_sizes = invals
         (lc, rc), _ = eqn.params["ragged_dot_dimension_numbers"].dot_dimension_numbers
-        lhs = (lhs.dot_operand(lc) if is_quantized(lhs) else lhs) or lhs.materialise()
-        rhs = (rhs.dot_operand(rc) if is_quantized(rhs) else rhs) or rhs.materialise()
+        lhs, rhs = (
+            (x.dot_operand(contract) or x.materialise()) if is_quantized(x) else x
+            for x, contract in ((lhs, lc), (rhs, rc))
+        )
         lhs, rhs = (
             x if is_quantized(x) or _is_float_dtype(x.dtype) else lax.convert_element_type(x, np.float32)
             for x in (lhs, rhs)

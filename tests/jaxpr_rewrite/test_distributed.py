@@ -1,6 +1,7 @@
 """int8ify under sharding: jit with NamedSharding over a mesh of 8 CPU devices, and inside shard_map."""
 
 import jax
+import jax.numpy as jnp
 
 import numpy as np
 import pytest
@@ -86,3 +87,18 @@ def test_shard_map_with_collective_over_contraction(mesh):
     half = x.shape[1] // 2
     want = reference_dot(x[:, :half], w[:half], MATMUL) + reference_dot(x[:, half:], w[half:], MATMUL)
     np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=1e-5)
+
+
+def test_explicit_sharding_keeps_out_sharding():
+    """jnp.matmul(x, w, out_sharding=P()) with a sharded contraction on an Explicit mesh: the float program
+    works, and so must the int8 one (it used to drop out_sharding and raise ShardingTypeError)."""
+    mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+    xs, ws = data((8, 64), (64, 16))
+    with jax.set_mesh(mesh):
+        x = jax.device_put(xs, NamedSharding(mesh, P("x", "y")))
+        w = jax.device_put(ws, NamedSharding(mesh, P("y", None)))
+        for spec in (P(), P("x")):
+            f = lambda x, w, spec=spec: jnp.matmul(x, w, out_sharding=spec)  # noqa: E731
+            got = jax.jit(int8ify(f))(x, w)
+            assert got.sharding.spec == jax.jit(f)(x, w).sharding.spec
+            np.testing.assert_allclose(np.asarray(got, np.float64), reference_dot(xs, ws, MATMUL), rtol=1e-5)

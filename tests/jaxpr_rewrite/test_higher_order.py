@@ -215,3 +215,77 @@ def test_no_nested_jit_noise():
     calls = [e for e in iter_eqns(jaxpr) if e.primitive.name in ("jit", "pjit")]
     assert [e.params["name"] for e in calls] == ["int8_dot_general"]
     assert len(dot_eqns(jaxpr)) == 1
+
+
+# -- primitives that hold sub-jaxprs beyond control flow ------------------------------------------------------------
+LINEAR_SOLVERS = {
+    "linalg.solve": lambda a, b, w: jnp.linalg.solve(a, b @ w),
+    "linalg.inv": lambda a, b, w: jnp.linalg.inv(a) @ b,
+    "scipy.linalg.solve": lambda a, b, w: jax.scipy.linalg.solve(a, b @ w),
+    "sparse.linalg.cg": lambda a, b, w: jax.scipy.sparse.linalg.cg(lambda v: a @ v, b @ w)[0],
+}
+
+
+@pytest.mark.parametrize("name", list(LINEAR_SOLVERS))
+def test_linear_solves_are_rewritten_not_refused(name):
+    """custom_linear_solve: its forward solve is rewritten; matvec/vecmat/transpose_solve only define
+    derivatives and stay float (like a custom_jvp rule's tangent dots), and verify does not count them."""
+    fn = LINEAR_SOLVERS[name]
+    a = (rng.normal(size=(64, 64)) + 16 * np.eye(64)).astype(np.float32)
+    b = rng.normal(size=(64,)).astype(np.float32)
+    w = rng.normal(size=(64, 64)).astype(np.float32) / 8
+    got = jax.jit(int8ify(fn))(a, b, w)
+    want = fn(a, b, w)
+    # cg iterates with int8 matvecs and int8 inner products: it converges to the int8 operator's solution
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < (0.15 if name == "sparse.linalg.cg" else 0.05)
+    grads = jax.grad(lambda a: int8ify(fn)(a, b, w).sum())(a)
+    assert np.all(np.isfinite(grads))
+    from jaxpr_rewrite import report, verify
+
+    rows = report(fn, a, b, w)
+    assert all(r.rewritten or r.reason.startswith("runs only for derivatives") for r in rows), rows
+    assert verify(int8ify(fn), a, b, w) == []
+
+
+def test_custom_vmap_rule_is_rewritten_too():
+    @jax.custom_batching.custom_vmap
+    def dense(x, w):
+        return x @ w
+
+    @dense.def_vmap
+    def dense_rule(axis_size, in_batched, x, w):
+        return jnp.einsum("bij,jk->bik", x, w), True
+
+    xs = away_from_ties(rng.normal(size=(3, 4, 8)), (2,))
+    f = jax.vmap(int8ify(dense), in_axes=(0, None))
+    assert_all_dots_int8(jax.make_jaxpr(f)(xs, W))
+    np.testing.assert_allclose(np.asarray(f(xs, W), np.float64),
+                               np.stack([reference_dot(x, W, MATMUL) for x in xs]), rtol=1e-5)
+
+
+def test_skipped_dots_inside_a_primitive_without_a_rule_are_fine():
+    """A primitive int8ify has no rule for is an error only when it holds a dot the options rewrite."""
+    from jaxpr_rewrite.rewrite import higher_order_rules
+
+    rule = higher_order_rules.pop("scan")
+    try:
+        f = lambda x, w: lax.scan(lambda c, _: (c, c @ w), x, None, length=1)[1]  # noqa: E731
+        got = int8ify(f, skip_if=lambda eqn: True)(X, W)
+        np.testing.assert_allclose(got, f(X, W), rtol=1e-6)
+    finally:
+        higher_order_rules["scan"] = rule
+
+
+def test_errors_inside_library_code_point_at_the_users_call():
+    """Equations built inside a library function (jnp.linalg.solve's custom_linear_solve) carry no user frame;
+    the error names the user's call instead of a blank location."""
+    from jaxpr_rewrite.rewrite import higher_order_rules
+
+    rule = higher_order_rules.pop("custom_linear_solve")
+    try:
+        a = np.eye(8, dtype=np.float32) * 2
+        cg = lambda a, b: jax.scipy.sparse.linalg.cg(lambda v: a @ v, b)[0]  # noqa: E731
+        with pytest.raises(Int8ifyError, match=r"'custom_linear_solve' at .*test_higher_order.py:\d+"):
+            int8ify(cg)(a, np.ones(8, np.float32))
+    finally:
+        higher_order_rules["custom_linear_solve"] = rule

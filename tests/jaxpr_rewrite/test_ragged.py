@@ -1,0 +1,91 @@
+"""ragged_dot / ragged_dot_general (mixture-of-experts grouped matmuls): rewritten to the int8 contract with one
+scale per lhs row and one per group and column, listed by report, flagged by verify when left float."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from helpers import away_from_ties, dot_eqns, reference_codes, reference_scales
+from jaxpr_rewrite import Int8ifyError, int8ify, quantize_params, report, verify
+
+rng = np.random.default_rng(5)
+
+
+def reference_ragged(x, w, group_sizes):
+    """The contract per group: exact int64 sums of the codes, per-row x scales, per-group per-column w scales."""
+    out, start = [], 0
+    for g, size in enumerate(group_sizes):
+        xq = reference_codes(x, (1,))[start:start + size].astype(np.int64)
+        wq = reference_codes(w[g], (0,)).astype(np.int64)
+        sx = reference_scales(x, (1,))[start:start + size]
+        sw = reference_scales(w[g], (0,))
+        out.append((xq @ wq) * sx[:, None] * sw[None, :])
+        start += size
+    return np.concatenate(out + [np.zeros((x.shape[0] - start, w.shape[2]))])
+
+
+@pytest.mark.parametrize("sizes", [(40, 0, 60, 28), (128, 0, 0, 0), (10, 20, 30, 40)])
+def test_moe_grouped_matmul_matches_the_reference(sizes):
+    x = away_from_ties(rng.normal(size=(128, 64)), (1,))
+    w = np.stack([away_from_ties(rng.normal(size=(64, 96)), (0,)) for _ in range(4)])
+    group_sizes = np.array(sizes, np.int32)
+    f = int8ify(lambda x, w, g: lax.ragged_dot(x, w, g))
+    (ragged,) = dot_eqns(jax.make_jaxpr(f)(x, w, group_sizes))
+    assert [str(v.aval.dtype) for v in ragged.invars] == ["int8", "int8", "int32"]
+    assert str(ragged.outvars[0].aval.dtype) == "int32"
+    got = np.asarray(jax.jit(f)(x, w, group_sizes), np.float64)
+    np.testing.assert_allclose(got, reference_ragged(x, w, sizes), rtol=1e-6, atol=1e-30)
+
+
+def test_ragged_gradients_are_straight_through_and_weights_quantize_once():
+    x = jnp.asarray(rng.normal(size=(32, 16)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(3, 16, 8)), jnp.float32)
+    g = jnp.array([10, 12, 10], jnp.int32)
+
+    def moe(params, x, g):
+        return lax.ragged_dot(x, params["experts"], g)
+
+    grad = jax.grad(lambda x: int8ify(moe)({"experts": w}, x, g).sum())(x)
+    want = jax.grad(lambda x: moe({"experts": w}, x, g).sum())(x)
+    np.testing.assert_allclose(grad, want, rtol=1e-5, atol=1e-5)
+    q = quantize_params(moe, {"experts": w}, x, g)
+    assert q["experts"].scales.shape == (3, 8)  # one per group and column
+    f = jax.jit(int8ify(moe))
+    np.testing.assert_array_equal(np.asarray(f(q, x, g)), np.asarray(f({"experts": w}, x, g)))
+
+
+def test_report_verify_and_assert_int8_know_ragged_dots():
+    x = jnp.asarray(rng.normal(size=(32, 16)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(3, 16, 8)), jnp.float32)
+    g = jnp.array([10, 12, 10], jnp.int32)
+
+    def moe(x, w, g):
+        return lax.ragged_dot(x, w, g)  # RAGGED
+
+    rows = report(moe, x, w, g)
+    assert len(rows) == 1 and rows[0].primitive == "ragged_dot_general" and rows[0].rewritten
+    assert 0 < rows[0].error < 0.05
+    assert "ragged_dot_general: f32[32,16] x f32[3,16,8]" in str(rows)
+    findings = verify(moe, x, w, g)
+    assert [f.code for f in findings] == ["JX101"] and "ragged_dot_general" in findings[0].message
+    assert verify(int8ify(moe), x, w, g) == []
+
+
+def test_unsupported_ragged_layout_is_an_error_not_a_float_matmul():
+    """A ragged contracting dim (the weight-gradient form) has no int8 rule: an error naming it, unless skipped."""
+    x = jnp.asarray(rng.normal(size=(8, 24)), jnp.float32)
+    y = jnp.asarray(rng.normal(size=(24, 5)), jnp.float32)
+    g = jnp.array([10, 14], jnp.int32)
+    dims = lax.RaggedDotDimensionNumbers(
+        dot_dimension_numbers=(((1,), (0,)), ((), ())), lhs_ragged_dimensions=(1,), rhs_group_dimensions=())
+
+    def f(x, y, g):
+        return lax.ragged_dot_general(x, y, g, dims)
+
+    with pytest.raises(Int8ifyError, match=r"ragged_dot_general at .*test_ragged.py:\d+.*cannot be rewritten"):
+        int8ify(f)(x, y, g)
+    kept = int8ify(f, skip_if=lambda eqn: eqn.primitive.name == "ragged_dot_general")(x, y, g)
+    np.testing.assert_allclose(kept, f(x, y, g), rtol=1e-6)
+    assert "unsupported ragged layout" in report(f, x, y, g)[0].reason
