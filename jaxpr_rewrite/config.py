@@ -21,6 +21,7 @@ __all__ = [
     "join_scope",
     "register_backend",
     "register_backend_alias",
+    "registering",
     "skip_reason",
 ]
 
@@ -32,28 +33,29 @@ dot_backends: dict[str, Callable] = {}
 backend_aliases: dict[str, Callable[[], str]] = {}
 
 
-def register_backend(name: str):
-    """Decorator: register ``backend(lhs, rhs, float_params, out_dtype, config)`` as ``int8ify(backend=name)``.
+def registering(table: dict, doc: str):
+    """A decorator factory ``register(*names)`` that puts the decorated function into ``table`` under each name
+    (the one way every registry of the package is filled)."""
 
-    ``lhs``/``rhs`` are the dot's operands (a :class:`~jaxpr_rewrite.quantized.QuantizedArray` for a
-    pre-quantized weight), ``float_params`` the original ``dot_general`` params as a sorted tuple of items.
-    """
+    def register(*names: str):
+        def decorate(fn: Callable) -> Callable:
+            for name in names:
+                table[name] = fn
+            return fn
 
-    def register(backend: Callable) -> Callable:
-        dot_backends[name] = backend
-        return backend
+        return decorate
 
+    register.__doc__ = doc
     return register
 
 
-def register_backend_alias(name: str):
-    """Decorator: register ``resolve() -> backend name`` as ``int8ify(backend=name)``, resolved per program."""
+register_backend = registering(dot_backends, """Decorator: ``@register_backend(name)`` registers
+``backend(lhs, rhs, float_params, out_dtype, config)`` as ``int8ify(backend=name)``. ``lhs``/``rhs`` are the dot's
+operands (a :class:`~jaxpr_rewrite.quantized.QuantizedArray` for a pre-quantized weight), ``float_params`` the
+original ``dot_general`` params as a sorted tuple of items.""")
 
-    def register(resolve: Callable[[], str]) -> Callable[[], str]:
-        backend_aliases[name] = resolve
-        return resolve
-
-    return register
+register_backend_alias = registering(backend_aliases, """Decorator: ``@register_backend_alias(name)`` registers
+``resolve() -> backend name`` as ``int8ify(backend=name)``, resolved when a program is rewritten.""")
 
 
 def _is_int(value) -> bool:

@@ -26,7 +26,7 @@ from jax.extend import source_info_util
 from . import _compat
 from .config import RewriteConfig, contraction_size, register_backend
 from .errors import Int8ifyError
-from .quantize import MAX_INT32_SAFE_CONTRACTION, scale_product, split_scale, to_compute
+from .quantize import MAX_INT32_SAFE_CONTRACTION, epilogue_factors, scale_product, to_compute
 from .quantized import is_quantized, quantize
 
 __all__ = [
@@ -98,13 +98,13 @@ def scale_to_output(scales, kept_axes: Sequence[int], ndim: int, dimension_numbe
 
 
 def _scaled(acc, operands, placements):
-    """``acc * scale_lhs * scale_rhs`` (see :func:`~jaxpr_rewrite.quantize.scale_product`), each operand's scale
-    split into mantissa and exponent and placed into ``acc``'s layout by ``placements[side](values)``."""
-    factors = []
-    for q, place in zip(operands, placements):
-        mantissa, exponent = split_scale(q.scales, q.exponents)
-        factors.append((place(to_compute(mantissa, acc.dtype)), place(exponent)))
-    return scale_product(acc, factors)
+    """``acc * scale_lhs * scale_rhs`` (see :func:`~jaxpr_rewrite.quantize.scale_product`), each operand's
+    epilogue factors placed into ``acc``'s layout by ``placements[side](values)``."""
+    lhs, rhs = (
+        [place(factor) for factor in epilogue_factors(to_compute(q.scales, acc.dtype), q.exponents)]
+        for q, place in zip(operands, placements)
+    )
+    return scale_product(acc, lhs, rhs)
 
 
 def blocked(x, contract, batch, n_blocks: int, block: int):

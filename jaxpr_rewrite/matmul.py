@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import jax
+import numpy as np
 
 from .int8_dot import scaled_int8_dot
-from .quantize import ldexp_exact
+from .quantize import ldexp_exact, scale_values
 
 _MATMUL_DIMS = (((1,), (0,)), ((), ()))
 
@@ -36,4 +37,6 @@ def int8_matmul(x, w) -> dict:
 def _scale_values(q):
     """The scales as float32 values, ``scales * 2**exponents`` (subnormal for a slice whose absmax is below
     ``127 * 2**-126``; the codes and ``y`` keep full precision there, see :mod:`jaxpr_rewrite.quantize`)."""
-    return ldexp_exact(q.scales, q.exponents)
+    if q.scales.dtype == np.float32:
+        return ldexp_exact(q.scales, q.exponents)
+    return scale_values(q.scales, q.exponents)

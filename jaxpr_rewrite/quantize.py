@@ -10,26 +10,31 @@ The contract, for one slice ``v`` (the elements one scale covers) with ``a = max
 * codes ``q = clip(rint(v / s), -127, 127)`` with ``v / s`` correctly rounded in float32 and ties to even;
 * the dot's output ``y = acc * s_lhs * s_rhs`` in float32 (``acc`` the exact integer sum).
 
-Scales and the epilogue are float32, or float64 for float64 operands (with ``jax_enable_x64``), so a float64 program
-keeps its range; the codes are int8 and the sums int32 either way.
+Scales and the epilogue are float32, or float64 for float64 operands (with ``jax_enable_x64``), so a float64
+program keeps its range; the codes are int8 and the sums int32 either way.
 
-Four things make XLA's answer differ from that formula unless handled, and each is handled here:
+**How a scale is held.** A slice's scale is ``scales * 2**exponents``: ``2**exponents`` is the power of two of its
+absmax (``a = m * 2**e``, ``1 <= m < 2``) and ``scales = m / 127`` lies in ``[1/127, 2/127)``. Multiplying by a power
+of two is exact, so ``scales * 2**exponents`` *is* the contract's ``a / 127``, and ``v / s`` is
+``(v * 2**-e) / scales``, bit for bit. Four things make XLA's answer differ from the contract unless handled, and
+this representation plus two small devices handle all four:
 
 * **Division.** XLA turns ``a / 127`` into ``a * (1/127)`` and ``v / broadcast(s)`` into ``v * (1/s)``, which
   differ from the division by one ulp and move values that sit on a rounding tie (integers, dyadic values,
   bfloat16 data) to the other code. Both divisions use :func:`true_divide`, which XLA keeps a division.
-* **NaN and Inf.** XLA's CPU ``reduce_max`` drops NaN. :func:`absmax` takes the maximum over the integer bit
-  patterns instead, where NaN is the largest; a slice holding NaN or Inf gets a NaN or Inf scale, so every output
+* **NaN and Inf.** XLA's CPU ``reduce_max`` drops NaN. :func:`absmax` adds ``sum(v * 0)``, which is 0 for a
+  finite slice and NaN otherwise (one fused pass); a slice holding NaN or Inf gets a NaN scale, so every output
   that depends on it comes out non-finite.
 * **Tiny slices.** XLA flushes subnormal floats to zero, so ``a / 127`` for ``a < 127 * 2**-126`` cannot be
-  represented. A slice with ``a < 2**-100`` is multiplied by ``2**64`` first (exact): its scale keeps full
-  precision and its codes full resolution; the ``2**-64`` goes into the scale's exponent, which the epilogue
-  applies exactly. For every other slice this changes nothing, bit for bit. (float64: ``2**-900`` and
-  ``2**512``.)
+  represented as one float. Held as ``scales * 2**exponents`` it needs no special case: the codes of such a slice
+  use the full +-127 range like any other.
 * **Epilogue range.** ``(acc * s_lhs) * s_rhs`` overflows (or underflows) in its intermediate product when one
-  scale is huge and the other tiny, although the result is an ordinary float. :func:`scale_product` splits each
-  scale into a mantissa in ``[1, 2)`` and an integer exponent, multiplies the mantissas, and applies the summed
-  exponent with exact power-of-two multiplies; in the normal range this is the same number, bit for bit.
+  scale is huge and the other tiny, although the result is an ordinary float. :func:`scale_product` multiplies
+  the sums by the two ``scales`` (an intermediate below ``2**21`` in magnitude) and applies the exponents as two
+  power-of-two factors of about half the total each; wherever the plain product's intermediates are normal floats
+  this is the same number, bit for bit, and it is finite and correct whenever the result is.
+
+Inputs below float32's normal range (subnormals) are read as zero by XLA on CPU and GPU.
 """
 
 from __future__ import annotations
@@ -43,16 +48,16 @@ __all__ = [
     "FORMATS",
     "INT8_MAX",
     "MAX_INT32_SAFE_CONTRACTION",
-    "TINY_ABSMAX",
     "absmax",
+    "compute_dtype",
     "dequantize_codes",
+    "epilogue_factors",
     "ldexp_exact",
     "pow2",
     "quantize_parts",
+    "scale_values",
     "scale_product",
     "scales_from_absmax",
-    "split_scale",
-    "compute_dtype",
     "to_compute",
     "true_divide",
 ]
@@ -68,17 +73,13 @@ class FloatFormat(NamedTuple):
     dtype: type
     bits: type  # the integer type of the same width
     mantissa_bits: int
-    bias: int
-    tiny_absmax: float  # slices with a smaller absmax are multiplied by 2**tiny_shift first
-    tiny_shift: int
-    max_exponent_half: int  # pow2 is exact for exponents in [1 - bias, bias]
+    bias: int  # pow2 is exact for exponents in [1 - bias, bias]
 
 
 FORMATS = {
-    np.dtype(np.float32): FloatFormat(np.float32, np.int32, 23, 127, 2.0**-100, 64, 126),
-    np.dtype(np.float64): FloatFormat(np.float64, np.int64, 52, 1023, 2.0**-900, 512, 1022),
+    np.dtype(np.float32): FloatFormat(np.float32, np.int32, 23, 127),
+    np.dtype(np.float64): FloatFormat(np.float64, np.int64, 52, 1023),
 }
-TINY_ABSMAX = np.float32(2.0**-100)
 
 
 def compute_dtype(dtype) -> np.dtype:
@@ -107,60 +108,71 @@ def true_divide(numerator, denominator):
 
 
 def pow2(exponent, dtype=np.float32):
-    """``2.0 ** exponent`` in ``dtype``, exactly, for int32 ``exponent`` in the dtype's normal range."""
+    """``2.0 ** exponent`` in ``dtype``, exactly, for int32 ``exponent`` in ``[1 - bias, bias]``."""
     fmt = FORMATS[np.dtype(dtype)]
     biased = lax.convert_element_type(lax.add(exponent, np.int32(fmt.bias)), fmt.bits)
     return lax.bitcast_convert_type(lax.shift_left(biased, fmt.bits(fmt.mantissa_bits)), fmt.dtype)
 
 
 def absmax(x, reduce_axes: Sequence[int]):
-    """``max|x|`` over ``reduce_axes`` in the compute dtype: NaN for a slice holding NaN, 0 for an empty slice.
+    """``max|x|`` over ``reduce_axes`` in the compute dtype: NaN for a slice holding NaN or Inf, 0 for an empty one.
 
-    The maximum is taken over the bit patterns of ``|x|`` as integers, which order non-negative floats exactly
-    and put NaN above infinity, so no backend can drop a NaN (XLA's CPU float ``reduce_max`` does).
+    ``sum(x * 0)`` is 0 for a finite slice and NaN otherwise; XLA fuses both reductions into one pass, and no
+    backend can drop the NaN of a sum (XLA's CPU float ``reduce_max`` drops NaN for many layouts).
     """
-    magnitude = lax.abs(to_compute(x))
-    fmt = _format(magnitude)
-    bits = lax.bitcast_convert_type(magnitude, fmt.bits)
-    # an empty slice reduces to the integer minimum, the bits of -0.0: an empty slice is an all-zero slice
-    return lax.bitcast_convert_type(lax.reduce_max(bits, tuple(reduce_axes)), fmt.dtype)
+    x = to_compute(x)
+    axes = tuple(reduce_axes)
+    amax = lax.add(lax.reduce_max(lax.abs(x), axes), lax.reduce_sum(lax.mul(x, x.dtype.type(0)), axes))
+    if any(x.shape[a] == 0 for a in axes):
+        amax = lax.max(amax, x.dtype.type(0))  # reduce_max of an empty slice is -inf: it is an all-zero slice
+    return amax
 
 
 def scales_from_absmax(amax):
-    """The contract's scales from slice absmaxes.
+    """The contract's scales from slice absmaxes, as ``scales * 2**exponents``.
 
     Arguments:
-        amax: absmaxes (from :func:`absmax`).
+        amax: absmaxes (from :func:`absmax`), float32 or float64.
 
     Returns:
-        ``(scales, exponents, prescale)``: ``scales`` (the compute dtype) and int32 ``exponents``, the scale of a
-        slice being ``scales * 2**exponents``, and the exact power of two its values are multiplied by before
-        division. ``exponents`` is 0 (``prescale`` 1) except for slices with an absmax below ``2**-100``
-        (float64: ``2**-900``), whose ``scales`` are taken on the slice multiplied by ``2**64`` (``2**512``). A
-        scale is 1 for an all-zero slice and NaN (Inf) for a slice holding NaN (Inf).
+        ``(scales, exponents)``: ``exponents`` (int32) is the power of two of the absmax and ``scales`` (the
+        absmax's dtype) is its mantissa divided by 127, in ``[1/127, 2/127)`` (``[2/127, 4/127)`` in the top
+        binade, where the exponent is kept one lower so ``2**-exponents`` is a normal float); an all-zero slice
+        has scale 1 (``scales`` 1, ``exponents`` 0) and a slice holding NaN or Inf a NaN scale.
     """
     fmt = _format(amax)
-    tiny = lax.bitwise_and(lax.lt(amax, fmt.dtype(fmt.tiny_absmax)), lax.gt(amax, fmt.dtype(0)))
-    exponents = lax.mul(lax.convert_element_type(tiny, np.int32), np.int32(-fmt.tiny_shift))
-    prescale = pow2(lax.neg(exponents), fmt.dtype)
-    divisor = lax.broadcast(fmt.dtype(INT8_MAX), amax.shape)
-    scales = true_divide(lax.mul(amax, prescale), divisor)
-    # an all-zero slice (absmax 0, or -0.0 from an empty one) gets scale 0 + 1
-    scales = lax.add(scales, lax.convert_element_type(lax.eq(amax, fmt.dtype(0)), fmt.dtype))
-    return scales, exponents, prescale
+    bits = lax.bitcast_convert_type(amax, fmt.bits)
+    exponents = lax.sub(lax.convert_element_type(lax.shift_right_logical(bits, fmt.bits(fmt.mantissa_bits)),
+                                                 np.int32), np.int32(fmt.bias))
+    mantissa_mask = fmt.bits((1 << fmt.mantissa_bits) - 1)
+    one = fmt.bits(fmt.bias << fmt.mantissa_bits)
+    mantissa = lax.bitcast_convert_type(lax.bitwise_or(lax.bitwise_and(bits, mantissa_mask), one), fmt.dtype)
+    mantissa = lax.select(lax.is_finite(amax), mantissa, amax)  # NaN stays NaN
+    # 2**-e must be a normal float for the prescale: the top binade keeps e = bias - 1 with a doubled mantissa
+    top = lax.gt(exponents, np.int32(fmt.bias - 1))
+    mantissa = lax.select(top, lax.add(mantissa, mantissa), mantissa)
+    exponents = lax.min(exponents, np.int32(fmt.bias - 1))
+    scales = true_divide(mantissa, lax.full_like(amax, INT8_MAX))
+    zero = lax.eq(amax, fmt.dtype(0))
+    scales = lax.select(zero, lax.full_like(scales, 1), scales)
+    exponents = lax.select(zero, lax.full_like(exponents, 0), exponents)
+    return scales, exponents
 
 
 def quantize_parts(x, reduce_axes: Sequence[int]):
     """The contract's quantization of ``x`` with one scale per slice over ``reduce_axes``.
 
     Returns:
-        ``(codes, scales, exponents)``: int8 ``codes = clip(rint(x / scale), -127, 127)`` (ties to even) and the
-        per-slice ``scales * 2**exponents`` over the other axes, in order.
+        ``(codes, scales, exponents)``: int8 ``codes = clip(rint(x / scale), -127, 127)`` (ties to even) and each
+        slice's scale as ``scales * 2**exponents``, over the other axes in order.
     """
     reduce_axes = tuple(reduce_axes)
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
-    scales, exponents, prescale = scales_from_absmax(absmax(x, reduce_axes))
-    values = lax.mul(to_compute(x), lax.broadcast_in_dim(prescale, x.shape, kept_axes))
+    scales, exponents = scales_from_absmax(absmax(x, reduce_axes))
+    values = to_compute(x)
+    # x * 2**-e is exact (a NaN slice's exponent is meaningless, but its scale is NaN and so is every output it feeds)
+    prescale = pow2(lax.neg(exponents), values.dtype)
+    values = lax.mul(values, lax.broadcast_in_dim(prescale, x.shape, kept_axes))
     quotient = true_divide(values, lax.broadcast_in_dim(scales, x.shape, kept_axes))
     rounded = lax.round(quotient, lax.RoundingMethod.TO_NEAREST_EVEN)
     limit = scales.dtype.type(INT8_MAX)
@@ -169,11 +181,43 @@ def quantize_parts(x, reduce_axes: Sequence[int]):
 
 
 def dequantize_codes(codes, scales, exponents, kept_axes: Sequence[int]):
-    """``codes * scales * 2**exponents`` in the scales' dtype, the scales broadcast from ``kept_axes``."""
+    """``codes * scales * 2**exponents`` in the scales' dtype, the per-slice values broadcast from ``kept_axes``."""
     kept_axes = tuple(kept_axes)
-    value = lax.mul(lax.convert_element_type(codes, scales.dtype),
-                    lax.broadcast_in_dim(scales, codes.shape, kept_axes))
-    return lax.mul(value, lax.broadcast_in_dim(pow2(exponents, scales.dtype), codes.shape, kept_axes))
+    scales, low, high = (lax.broadcast_in_dim(f, codes.shape, kept_axes) for f in epilogue_factors(scales, exponents))
+    return lax.mul(lax.mul(lax.mul(lax.convert_element_type(codes, scales.dtype), scales), low), high)
+
+
+def scale_values(scales, exponents):
+    """The scales as plain values, ``scales * 2**exponents`` (float64, or float32 where XLA flushes a subnormal
+    result to zero; see :func:`ldexp_exact` for exact float32 values)."""
+    scales, low, high = epilogue_factors(scales, exponents)
+    return lax.mul(lax.mul(scales, low), high)
+
+
+def epilogue_factors(scales, exponents) -> tuple:
+    """One operand's per-slice factors for :func:`scale_product`: ``(scales, 2**h, 2**(exponents - h))`` with
+    ``h = exponents // 2``, each half a normal float (computed on the small per-slice arrays)."""
+    fmt = _format(scales)
+    half = lax.shift_right_arithmetic(exponents, np.int32(1))
+    return scales, pow2(half, fmt.dtype), pow2(lax.sub(exponents, half), fmt.dtype)
+
+
+def scale_product(acc, lhs: Sequence, rhs: Sequence):
+    """``acc * s_lhs * s_rhs`` for scales held as ``scales * 2**exponents``.
+
+    Arguments:
+        acc: the sums, in the compute dtype.
+        lhs, rhs: each operand's :func:`epilogue_factors`, already broadcast to ``acc.shape``.
+
+    ``acc * scales_lhs * scales_rhs`` stays within ``2**21`` in magnitude (``|acc| < 2**31``, ``scales < 2**-5``)
+    and rounds exactly like ``(acc * s_lhs) * s_rhs``. The exponents are then applied as
+    ``(2**h_lhs * 2**h_rhs) * (2**h'_lhs * 2**h'_rhs)``: each bracket is a power of two within the normal range and
+    about half the total, so no intermediate overflows or underflows unless the result does. All multiplies,
+    fused by XLA into the epilogue's one pass.
+    """
+    (s_l, a_l, b_l), (s_r, a_r, b_r) = lhs, rhs
+    out = lax.mul(lax.mul(acc, s_l), s_r)
+    return lax.mul(lax.mul(out, lax.mul(a_l, a_r)), lax.mul(b_l, b_r))
 
 
 def ldexp_exact(scales, exponents):
@@ -197,43 +241,3 @@ def ldexp_exact(scales, exponents):
     ok = lax.bitwise_and(lax.is_finite(scales), lax.ne(magnitude, np.int32(0)))
     value = lax.select(lax.gt(biased, np.int32(0)), normal, subnormal)
     return lax.select(ok, lax.bitcast_convert_type(value, np.float32), scales)
-
-
-def split_scale(scales, exponents):
-    """``(mantissa, exponent)`` with ``scales * 2**exponents == mantissa * 2**exponent``, mantissa in [1, 2).
-
-    Scales are positive. A non-finite scale keeps its value as the mantissa, so NaN and Inf propagate.
-    """
-    fmt = _format(scales)
-    bits = lax.bitcast_convert_type(scales, fmt.bits)
-    mantissa_mask = fmt.bits((1 << fmt.mantissa_bits) - 1)
-    mantissa_bits = lax.bitwise_or(lax.bitwise_and(bits, mantissa_mask), fmt.bits(fmt.bias << fmt.mantissa_bits))
-    mantissa = lax.select(lax.is_finite(scales), lax.bitcast_convert_type(mantissa_bits, fmt.dtype), scales)
-    biased = lax.convert_element_type(lax.shift_right_logical(bits, fmt.bits(fmt.mantissa_bits)), np.int32)
-    exponent = lax.add(lax.sub(biased, np.int32(fmt.bias)), exponents)
-    return mantissa, exponent
-
-
-def scale_product(acc, factors: Sequence[tuple]):
-    """``acc * s_1 * s_2 * ...`` without intermediate overflow or underflow.
-
-    Arguments:
-        acc: the sums, in the compute dtype.
-        factors: ``(mantissa, exponent)`` pairs from :func:`split_scale`, each already broadcast to
-            ``acc.shape``.
-
-    Returns:
-        The product, rounded once per mantissa multiply like ``(acc * s_1) * s_2``; identical to it whenever
-        that product's intermediates are normal floats, and finite and correct whenever the result is.
-    """
-    fmt = _format(acc)
-    out, exponent = acc, None
-    for mantissa, e in factors:
-        out = lax.mul(out, mantissa)
-        exponent = e if exponent is None else lax.add(exponent, e)
-    # |out| < 2**35 here, so only exponents within about [-bias - 35, bias + 2] leave a finite nonzero result;
-    # clamping to twice the normal range keeps each half where pow2 is exact and changes no representable result.
-    limit = fmt.max_exponent_half
-    exponent = lax.clamp(np.int32(-2 * limit), exponent, np.int32(2 * limit))
-    half = lax.shift_right_arithmetic(exponent, np.int32(1))
-    return lax.mul(lax.mul(out, pow2(half, fmt.dtype)), pow2(lax.sub(exponent, half), fmt.dtype))

@@ -29,7 +29,7 @@ from jax import lax
 from jax.extend.core import ClosedJaxpr, Jaxpr, Var
 
 from . import _compat
-from .config import RewriteConfig, dot_backends, join_scope, skip_reason
+from .config import RewriteConfig, dot_backends, join_scope, registering, skip_reason
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .int8_dot import Scheme, int8_ragged_dot_general, supports_ragged
@@ -303,17 +303,8 @@ HigherOrderRule = Callable[[Rewriter, dict, str, Location], dict]
 sub-jaxprs swapped for rewritten ones (``scope``: the equation's name scope; ``where``: its user source)."""
 
 higher_order_rules: dict[str, HigherOrderRule] = {}
-
-
-def register_rule(*names: str):
-    """Decorator: register a :data:`HigherOrderRule` for the primitives ``names``."""
-
-    def register(rule: HigherOrderRule) -> HigherOrderRule:
-        for name in names:
-            higher_order_rules[name] = rule
-        return rule
-
-    return register
+register_rule = registering(higher_order_rules, "Decorator: ``@register_rule(*names)`` registers a "
+                                                ":data:`HigherOrderRule` for the primitives ``names``.")
 
 
 def _swap_forward_params(name: str) -> HigherOrderRule:
@@ -413,17 +404,8 @@ QuantizedRule = Callable[[Rewriter, object, list, str, Location], "list | None"]
 returns ``None`` to have the operands materialised instead."""
 
 quantized_rules: dict[str, QuantizedRule] = {}
-
-
-def register_quantized_rule(*names: str):
-    """Decorator: register a :data:`QuantizedRule` for the primitives ``names``."""
-
-    def register(rule: QuantizedRule) -> QuantizedRule:
-        for name in names:
-            quantized_rules[name] = rule
-        return rule
-
-    return register
+register_quantized_rule = registering(quantized_rules, "Decorator: ``@register_quantized_rule(*names)`` "
+                                                       "registers a :data:`QuantizedRule` for the primitives ``names``.")
 
 
 def _sub_interpreter(rewriter: Rewriter, closed, scope: str, where: Location):

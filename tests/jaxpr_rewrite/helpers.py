@@ -11,22 +11,20 @@ import numpy as np
 
 from jaxpr_rewrite import dot_eqns, iter_eqns  # noqa: F401  (re-exported for the tests)
 
-TINY_ABSMAX = np.float32(2.0**-100)
-
-
 def reference_scale_parts(x, reduce_axes) -> tuple[np.ndarray, np.ndarray]:
-    """The contract's float32 scales over ``reduce_axes`` (kept axes in order) as ``(scales, exponents)``.
-
-    ``scales = absmax / 127`` in float32 (1 for an all-zero slice), exponents 0; the documented rule for tiny
-    slices: a slice with an absmax below ``2**-100`` has its scale taken on the slice times ``2**64``, so its
-    scale is ``scales * 2**-64`` with full precision (XLA would flush a subnormal scale to zero).
-    """
+    """The contract's scale of each slice over ``reduce_axes`` (kept axes in order) as ``(scales, exponents)``
+    with ``scale = scales * 2**exponents``, the library's documented representation: ``2**exponents`` the power
+    of two of the absmax, ``scales`` its mantissa / 127 in float32 (the top binade keeps the exponent one lower);
+    an all-zero slice has scale 1. ``scales * 2**exponents`` is exactly ``absmax / 127`` correctly rounded."""
     x = np.asarray(x, np.float32)
-    amax = np.max(np.abs(x), axis=tuple(reduce_axes), initial=np.float32(0))
-    tiny = (amax < TINY_ABSMAX) & (amax > 0)
-    shifted = np.where(tiny, amax * np.where(tiny, np.float32(2.0**64), np.float32(1)), amax).astype(np.float32)
-    scales = np.where(amax == 0, np.float32(1), shifted / np.float32(127)).astype(np.float32)
-    return scales, np.where(tiny, -64, 0).astype(np.int32)
+    amax = np.max(np.abs(x), axis=tuple(reduce_axes), initial=np.float32(0)).astype(np.float64)
+    mantissa, exponent = np.frexp(amax)  # amax = mantissa * 2**exponent, mantissa in [0.5, 1)
+    mantissa, exponent = mantissa * 2, exponent - 1
+    top = exponent > 126
+    mantissa, exponent = np.where(top, mantissa * 2, mantissa), np.where(top, 126, exponent)
+    scales = (mantissa.astype(np.float32) / np.float32(127)).astype(np.float32)
+    zero = amax == 0
+    return np.where(zero, np.float32(1), scales).astype(np.float32), np.where(zero, 0, exponent).astype(np.int32)
 
 
 def reference_scales(x, reduce_axes) -> np.ndarray:
@@ -36,12 +34,13 @@ def reference_scales(x, reduce_axes) -> np.ndarray:
 
 
 def reference_codes(x, reduce_axes) -> np.ndarray:
-    """int8 codes ``clip(rint(x / s), -127, 127)``: numpy's float32 division and round-half-even."""
+    """int8 codes ``clip(rint(x / s), -127, 127)`` with ``x / s`` correctly rounded in float32 (numpy's division
+    of the exactly rescaled ``x * 2**-e`` by ``scales``) and round-half-even."""
     x = np.asarray(x, np.float32)
     scales, exponents = reference_scale_parts(x, reduce_axes)
     s = np.expand_dims(scales, tuple(reduce_axes))
-    prescale = np.expand_dims(np.exp2(-exponents.astype(np.float64)), tuple(reduce_axes)).astype(np.float32)
-    return np.clip(np.rint((x * prescale) / s), -127, 127).astype(np.int8)
+    prescaled = (x.astype(np.float64) * np.expand_dims(np.exp2(-exponents.astype(np.float64)), tuple(reduce_axes)))
+    return np.clip(np.rint(prescaled.astype(np.float32) / s), -127, 127).astype(np.int8)
 
 
 def reference_dot(lhs, rhs, dimension_numbers) -> np.ndarray:

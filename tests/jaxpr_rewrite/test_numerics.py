@@ -142,7 +142,8 @@ def test_codes_and_scales_are_the_seed_formula_bit_for_bit_on_tied_data(shape):
     w = tie_rich((shape[1], 64))
     out = jax.jit(int8_matmul)(x, w)
     np.testing.assert_array_equal(np.asarray(out["w_q"]), reference_codes(w, (0,)))
-    np.testing.assert_array_equal(np.asarray(out["x_scales"]), want_scales)
+    # the reported scales are the values absmax / 127, correctly rounded (numpy's float32 division)
+    np.testing.assert_array_equal(np.asarray(out["x_scales"]), np.max(np.abs(x), axis=1) / np.float32(127))
 
 
 def test_bfloat16_operands_on_ties():

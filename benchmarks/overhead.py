@@ -1,0 +1,106 @@
+"""What int8ify costs before the first result: tracing, rewriting, compiling, and ``report``.
+
+Usage::
+
+    python benchmarks/overhead.py [--repeats 3]
+
+Prints, each a median of ``--repeats`` runs on fresh function objects (so no JAX trace cache is reused):
+
+* the rewrite of a 96-layer MLP (``Int8ified.rewritten_jaxpr``: trace + rewrite) against ``jax.make_jaxpr`` of
+  the float program (target: at most 5x);
+* the first call of a 24-layer Flax MLP (trace + rewrite + compile + run) under ``jax.jit(int8ify(f))`` against
+  ``jax.jit(f)`` (target: at most 1.5x);
+* ``report(f, *arrays)`` (one compiled measuring pass) against the float program's first call (target: under 2x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from jaxpr_rewrite import int8ify, report  # noqa: E402
+
+
+def mlp_params(layers: int, width: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return [(jnp.asarray(rng.normal(size=(width, width)) / np.sqrt(width), jnp.float32), jnp.zeros(width))
+            for _ in range(layers)]
+
+
+def fresh_mlp():
+    """A new function object each time, so JAX's caches keyed on the function never hit."""
+
+    def mlp(params, x):
+        for w, b in params:
+            x = jax.nn.gelu(x @ w + b)
+        return x
+
+    return mlp
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - start
+
+
+def median(fn, repeats: int) -> float:
+    return statistics.median(timed(fn) for _ in range(repeats))
+
+
+def flax_mlp(layers: int, width: int):
+    import flax.linen as nn
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for _ in range(layers):
+                x = nn.gelu(nn.Dense(width)(x))
+            return x
+
+    return MLP()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    ns = parser.parse_args(argv)
+    rows = []
+
+    params, x = mlp_params(96, 256), jnp.ones((8, 256))
+    trace = median(lambda: jax.make_jaxpr(fresh_mlp())(params, x), ns.repeats)
+    rewrite = median(lambda: int8ify(fresh_mlp()).rewritten_jaxpr(params, x), ns.repeats)
+    rows.append(("96-layer MLP: rewrite vs make_jaxpr", trace, rewrite, 5.0))
+
+    try:
+        model = flax_mlp(24, 256)
+        variables = model.init(jax.random.PRNGKey(0), jnp.ones((8, 256)))
+        x = jnp.ones((32, 256))
+        float_first = median(lambda: jax.jit(lambda v, x: model.apply(v, x))(variables, x), ns.repeats)
+        int8_first = median(lambda: jax.jit(int8ify(lambda v, x: model.apply(v, x)))(variables, x), ns.repeats)
+        rows.append(("24-layer Flax MLP: first call", float_first, int8_first, 1.5))
+    except ImportError:
+        print("flax not installed: first-call row skipped")
+
+    params, x = mlp_params(8, 256), jnp.asarray(np.random.default_rng(1).normal(size=(32, 256)), jnp.float32)
+    float_first = median(lambda: jax.jit(fresh_mlp())(params, x), ns.repeats)
+    report_time = median(lambda: report(fresh_mlp(), params, x).rows[0].error, ns.repeats)
+    rows.append(("8-layer MLP: report vs float first call", float_first, report_time, 2.0))
+
+    print(f"jax {jax.__version__}, {jax.devices()[0].platform}, median of {ns.repeats} runs on fresh functions")
+    print(f"{'what':44s} {'float s':>9s} {'int8ify s':>10s} {'ratio':>7s} {'target':>7s}")
+    for what, base, ours, target in rows:
+        print(f"{what:44s} {base:9.3f} {ours:10.3f} {ours / base:6.2f}x {target:6.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
