@@ -19,6 +19,7 @@ __all__ = [
     "contraction_size",
     "dot_backends",
     "join_scope",
+    "prequantized_backends",
     "register_backend",
     "register_backend_alias",
     "registering",
@@ -31,6 +32,8 @@ GRANULARITIES = ("per-channel", "per-tensor")
 dot_backends: dict[str, Callable] = {}
 # name -> fn() -> backend name, resolved when a program is rewritten (e.g. "auto": the best for this machine).
 backend_aliases: dict[str, Callable[[], str]] = {}
+# Backends that take a pre-quantized weight (QuantizedArray, per-channel int8 codes) as a dot operand directly.
+prequantized_backends: set[str] = {"int8"}
 
 
 def registering(table: dict, doc: str):
@@ -134,7 +137,8 @@ class RewriteConfig:
     @property
     def uses_per_channel_int8(self) -> bool:
         """Whether dots become the plain per-channel int8 contract, the one pre-quantized weights are made for."""
-        return self.resolved_backend == "int8" and self.granularity == "per-channel" and self.block_size is None
+        return (self.resolved_backend in prequantized_backends and self.granularity == "per-channel"
+                and self.block_size is None)
 
 
 def join_scope(outer: str, inner) -> str:

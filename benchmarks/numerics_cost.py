@@ -1,0 +1,118 @@
+"""What exact ties and NaN/overflow safety cost: the contract as int8ify computes it, against the plain formulas.
+
+Usage::
+
+    python benchmarks/numerics_cost.py [--repeats 15] [--quick]
+
+``int8ify(backend="int8")`` (the default) computes the scales and codes with IEEE divisions (bit-identical to the
+seed's ``absmax / 127`` and ``rint(x / s)`` under jit), a NaN-safe absmax and a range-safe epilogue. The
+``"int8-plain"`` backend registered here is the same program written the obvious way: ``reduce_max`` (drops NaN
+on CPU), ``absmax / 127`` and ``x / s`` (which XLA turns into reciprocal multiplies: off by one code on ties),
+and ``(acc * s_x) * s_w`` (overflows in between). Both run in one process, jit-compiled, interleaved, medians
+after warm-up, on the MLP of ``benchmarks/speed.py`` and the all-MiniLM-L6-v2 encoder of ``examples/minilm``
+(random weights: speed does not depend on them), with weights quantized per call and once (``quantize_params``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "examples" / "minilm"))
+
+from jaxpr_rewrite import int8ify, quantize_params, register_backend  # noqa: E402
+from jaxpr_rewrite.config import prequantized_backends  # noqa: E402
+from jaxpr_rewrite.int8_dot import scale_to_output  # noqa: E402
+from jaxpr_rewrite.quantize import scale_values  # noqa: E402
+from jaxpr_rewrite.quantized import is_quantized  # noqa: E402
+
+import model as minilm  # noqa: E402  (examples/minilm/model.py)
+from mlp import init_mlp, mlp  # noqa: E402  (examples/mlp.py)
+
+
+@register_backend("int8-plain")
+def plain_backend(lhs, rhs, float_params, out_dtype, config):
+    """The contract written the obvious way (per-channel scales, no exactness or range care)."""
+    dims = dict(float_params)["dimension_numbers"]
+    (lc, rc), _ = dims
+
+    def quantize(x, axes):
+        if is_quantized(x):  # pre-quantized weights: their codes and plain scale values
+            return x.codes, scale_values(x.scales, x.exponents), x.kept_axes
+        x = x.astype(jnp.float32)
+        kept = tuple(a for a in range(x.ndim) if a not in axes)
+        amax = jnp.max(jnp.abs(x), axis=tuple(axes))
+        s = jnp.where(amax == 0, 1.0, amax / 127)
+        codes = jnp.clip(jnp.round(x / jnp.expand_dims(s, tuple(axes))), -127, 127).astype(jnp.int8)
+        return codes, s, kept
+
+    (lq, ls, lk), (rq, rs, rk) = quantize(lhs, lc), quantize(rhs, rc)
+    acc = lax.dot_general(lq, rq, dims, preferred_element_type=jnp.int32).astype(jnp.float32)
+    out = acc * scale_to_output(ls, lk, lq.ndim, dims, 0, acc.shape) * scale_to_output(rs, rk, rq.ndim, dims, 1,
+                                                                                       acc.shape)
+    return out.astype(out_dtype)
+
+
+prequantized_backends.add("int8-plain")
+
+
+def interleaved_ms(fns: dict, args: dict, repeats: int) -> dict:
+    for name, fn in fns.items():
+        jax.block_until_ready(fn(*args[name]))
+        jax.block_until_ready(fn(*args[name]))
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args[name]))
+            times[name].append(time.perf_counter() - start)
+    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
+
+
+def cases(quick: bool):
+    rng = np.random.default_rng(0)
+    mlp_params = init_mlp(jax.random.PRNGKey(0), 1024, 4)
+    for batch in (16,) if quick else (16, 256):
+        x = jnp.asarray(rng.normal(size=(batch, 1024)), jnp.float32)
+        yield f"MLP 4x1024, batch {batch}", mlp, mlp_params, (x,)
+    params = minilm.init_params()
+    batch = 8 if quick else 32
+    ids = jnp.asarray(rng.integers(1000, 20000, size=(batch, 128)), jnp.int32)
+    mask = jnp.ones((batch, 128), jnp.int32)
+    yield f"MiniLM encoder, batch {batch} x 128", minilm.encode, params, (ids, mask)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--quick", action="store_true", help="smaller batches, fewer repeats")
+    ns = parser.parse_args(argv)
+    repeats = 5 if ns.quick else ns.repeats
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; medians of {repeats} interleaved runs (ms)")
+    print(f"{'model':34s} {'weights':9s} {'plain':>9s} {'exact':>9s} {'exact/plain':>12s}")
+    for name, fn, params, rest in cases(ns.quick):
+        exact, plain = jax.jit(int8ify(fn)), jax.jit(int8ify(fn, backend="int8-plain"))
+        qparams = quantize_params(fn, params, *rest)
+        fns = {"plain": plain, "exact": exact, "plain q": plain, "exact q": exact}
+        args = {"plain": (params, *rest), "exact": (params, *rest), "plain q": (qparams, *rest),
+                "exact q": (qparams, *rest)}
+        ms = interleaved_ms(fns, args, repeats)
+        for weights, suffix in (("per call", ""), ("once", " q")):
+            p, e = ms["plain" + suffix], ms["exact" + suffix]
+            print(f"{name:34s} {weights:9s} {p:9.3f} {e:9.3f} {e / p:11.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
