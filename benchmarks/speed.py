@@ -85,7 +85,7 @@ def hand_weights(params, names):
     out = dict(params)
     for n in names:
         q = quantize(params[n], (0,))
-        out[n] = {"codes": q.codes, "scales": q.scales}
+        out[n] = {"codes": q.codes, "scales": q.scale_values()}
     return out
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from jax import lax
 
 from .errors import Int8ifyError
-from .quantize import dequantize_codes, quantize_parts, to_compute
+from .quantize import dequantize_codes, quantize_parts, scale_values, to_compute
 
 __all__ = ["QuantizedArray", "is_quantized", "quantize", "resolve_dot_operands"]
 
@@ -105,6 +105,11 @@ class QuantizedArray:
             smooth = lax.broadcast_in_dim(to_compute(self.smooth, value.dtype), self.shape, self.contracting)
             value = lax.div(value, smooth)
         return value if value.dtype == self.dtype else lax.convert_element_type(value, self.dtype)
+
+    def scale_values(self):
+        """The scales as plain float values, ``scales * 2**exponents`` (see
+        :func:`jaxpr_rewrite.quantize.scale_values`)."""
+        return scale_values(self.scales, self.exponents)
 
     def dot_value(self):
         """The float value this operand has inside a dot: ``codes * scales`` (for a smoothed weight that is

@@ -1,0 +1,278 @@
+"""One prepared check of int8ify on an accelerator: environment, GPU tests, speed, and what the dots compile to.
+
+Usage::
+
+    python benchmarks/device_check.py                 # on the GPU machine: about 5 minutes
+    python benchmarks/device_check.py --dry-run       # anywhere: the same steps at toy sizes, in seconds
+
+Steps, each bounded in time and each recorded even when an earlier one failed:
+
+1. the device, JAX/jaxlib versions and the CUDA libraries found;
+2. the GPU-relevant tests (dot_general dimension numbers, NaN/Inf/overflow/tiny/tie edge cases, the chunked
+   contraction, straight-through gradients, ragged dots, scaled_matmul) run on the device;
+3. speed, in one process and interleaved (medians): the MLP of ``benchmarks/speed.py`` and the all-MiniLM-L6-v2
+   encoder (random weights: speed does not depend on them) at batch 128, as bf16 and float32 (the baselines)
+   against ``int8ify``, ``int8ify`` + ``quantize_params``, the hand-written W8A8 program and the bare int8 dots;
+4. the optimized HLO of each rewritten model: every GEMM listed with its operand types, so an int8 GEMM (cuBLASLt
+   IMMA, a Triton s8 fusion) is told apart from an upcast float GEMM;
+5. the block-scaled backends on a GPU older than Blackwell (``mxfp8``/``nvfp4`` must run, ``auto`` must pick int8).
+
+Writes ``benchmarks/results/<device>.md`` (``--out`` to change), rewritten after every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for path in (ROOT, ROOT / "benchmarks", ROOT / "examples", ROOT / "examples" / "minilm"):
+    sys.path.insert(0, str(path))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
+
+GPU_TESTS = [
+    "tests/jaxpr_rewrite/test_dot_general.py",
+    "tests/jaxpr_rewrite/test_edge_cases.py",
+    "tests/jaxpr_rewrite/test_numerics.py",
+    "tests/jaxpr_rewrite/test_matmul_seed.py",
+    "tests/jaxpr_rewrite/test_ragged.py",
+    "tests/jaxpr_rewrite/test_scaled_matmul.py",
+    "tests/jaxpr_rewrite/test_api.py::test_grad_is_straight_through",
+    "tests/jaxpr_rewrite/test_api.py::test_grad_of_jit_of_int8ify_and_jvp",
+    "tests/jaxpr_rewrite/test_params.py",
+]
+
+
+class Report:
+    """The results file, rewritten after every step so a time-out loses nothing that finished."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.sections: list[tuple[str, str]] = []
+
+    def add(self, title: str, body: str) -> None:
+        self.sections.append((title, body.rstrip()))
+        print(f"\n## {title}\n{body.rstrip()}", flush=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        text = "# int8ify device check\n\n" + "\n\n".join(f"## {t}\n\n{b}" for t, b in self.sections) + "\n"
+        self.path.write_text(text)
+
+
+def step(report: Report, title: str, fn, *args) -> None:
+    start = time.perf_counter()
+    try:
+        body = fn(*args)
+    except Exception:  # a failed step is a finding, and the next steps still run
+        body = "FAILED:\n\n```\n" + traceback.format_exc()[-3000:] + "```"
+    report.add(f"{title} ({time.perf_counter() - start:.0f} s)", body)
+
+
+# -- 1. environment ----------------------------------------------------------------------------------------------
+def environment() -> str:
+    device = jax.devices()[0]
+    lines = [
+        f"- device: {device.device_kind} ({device.platform}), {jax.device_count()} device(s)",
+        f"- compute capability: {getattr(device, 'compute_capability', 'n/a')}",
+        f"- jax {jax.__version__}, jaxlib {importlib.metadata.version('jaxlib')}, Python {platform.python_version()}",
+    ]
+    libraries = sorted(
+        f"{d.metadata['Name']} {d.version}" for d in importlib.metadata.distributions()
+        if (d.metadata["Name"] or "").lower().startswith(("nvidia-", "jax-cuda", "jax_cuda"))
+    )
+    lines.append(f"- CUDA libraries: {', '.join(libraries) if libraries else 'none found (not a CUDA install)'}")
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        if smi.returncode == 0:
+            lines.append(f"- nvidia-smi: {smi.stdout.strip()}")
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return "\n".join(lines)
+
+
+# -- 2. tests on the device -----------------------------------------------------------------------------------------
+def run_tests(timeout: float, dry_run: bool) -> str:
+    tests = ["tests/jaxpr_rewrite/test_matmul_seed.py::test_published_examples"] if dry_run else GPU_TESTS
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *tests]
+    env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", ""))  # the suite's 8 host devices are not needed
+    try:
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+        output = result.stdout + result.stderr
+    except subprocess.TimeoutExpired as e:
+        output = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        output += f"\n(stopped after {timeout:.0f} s)"
+    failures = [line for line in output.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed)", line)]
+    body = f"`{' '.join(tests)}`\n\n" + ("\n".join(summary[-1:]) or output[-1500:])
+    if failures:
+        body += "\n\n" + "\n".join(f"- {f}" for f in failures[:40])
+    return body
+
+
+# -- 3. speed -------------------------------------------------------------------------------------------------------
+def _cast(tree, dtype):
+    return jax.tree_util.tree_map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
+
+
+def speed(dry_run: bool) -> tuple[str, list]:
+    import model as minilm
+    from mlp import init_mlp, mlp
+    from speed import bare_dots, hand_mlp, hand_weights, rel_error, time_interleaved
+
+    rounds, reps = (2, 1) if dry_run else (9, 10)
+    width, batches = (64, (8,)) if dry_run else (1024, (128, 1024))
+    rows, measured = [], []
+    mlp_params = init_mlp(jax.random.PRNGKey(0), width, 4)
+    hand = [{"w": hand_weights(layer, ["w"])["w"], "b": layer["b"]} for layer in mlp_params]
+    for batch in batches:
+        x = jax.random.normal(jax.random.PRNGKey(batch), (batch, width))
+        rows += _bench(f"MLP 4x{width}", mlp, mlp_params, (x,), (hand_mlp, hand), rounds, reps, measured)
+    params = minilm.init_params()
+    batch, length = (2, 16) if dry_run else (128, 128)
+    ids = jax.random.randint(jax.random.PRNGKey(1), (batch, length), 1000, 20000, jnp.int32)
+    mask = jnp.ones((batch, length), jnp.int32)
+    rows += _bench(f"MiniLM {batch}x{length}", minilm.encode, params, (ids, mask), None, rounds, max(1, reps // 5),
+                   measured)
+    header = ["| model | batch | variant | ms | vs float32 | vs bf16 | vs bare int8 dots | rel. error vs float32 |",
+              "|---|---|---|---|---|---|---|---|"]
+    return "\n".join(header + rows), measured
+
+
+def _bench(name, model, params, rest, hand, rounds, reps, measured) -> list[str]:
+    from speed import bare_dots, rel_error, time_interleaved
+
+    qparams = quantize_params(model, params, *rest)
+    f32, dyn = jax.jit(model), jax.jit(int8ify(model))
+    bf16_params, bf16_rest = _cast(params, jnp.bfloat16), _cast(rest, jnp.bfloat16)
+    bare, bare_args = bare_dots(model, params, *rest)
+    variants = {
+        "float32": (f32, (params, *rest)),
+        "bf16": (f32, (bf16_params, *bf16_rest)),
+        "int8ify": (dyn, (params, *rest)),
+        "int8ify+qparams": (dyn, (qparams, *rest)),
+        "bare int8 dots": (bare, (bare_args,)),
+    }
+    if hand is not None:
+        variants["hand W8A8"] = (jax.jit(hand[0]), (hand[1], *rest))
+    times = time_interleaved(variants, rounds, reps)
+    reference = f32(params, *rest)
+    batch = rest[0].shape[0]
+    rows = []
+    for variant, ms in times.items():
+        fn, args = variants[variant]
+        error = float("nan") if variant == "bare int8 dots" else rel_error(fn(*args).astype(jnp.float32), reference)
+        rows.append(f"| {name} | {batch} | {variant} | {ms:.3f} | {times['float32'] / ms:.2f}x | "
+                    f"{times['bf16'] / ms:.2f}x | {times['bare int8 dots'] / ms:.2f}x | {error:.2e} |")
+        measured.append((name, variant, ms))
+    return rows
+
+
+# -- 4. what the dots compile to ----------------------------------------------------------------------------------
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\(?[a-z0-9]+)\[")
+_OPERANDS = re.compile(r"(?:dot|custom-call|fusion)\(([^)]*)\)")
+
+
+def gemms(hlo: str) -> list[tuple[str, str, str]]:
+    """Every GEMM of an optimized HLO module as ``(kind, lhs dtype, rhs dtype)``: ``dot`` instructions (also inside
+    fusions), cuBLAS/cuBLASLt custom calls and Triton GEMM fusions."""
+    types = {}
+    for line in hlo.splitlines():
+        match = _INSTRUCTION.match(line)
+        if match:
+            types[match.group(1)] = match.group(2).lstrip("(")
+    found = []
+    for line in hlo.splitlines():
+        kind = None
+        if " dot(" in line:
+            kind = "dot"
+        elif "custom_call_target=\"__cublas" in line:
+            kind = re.search(r'custom_call_target="([^"]+)"', line).group(1)
+        elif "kind=kCustom" in line and ("gemm" in line or "triton" in line):
+            kind = "triton gemm fusion"
+        if kind is None:
+            continue
+        operands = _OPERANDS.search(line)
+        names = [n.strip().lstrip("%").split(" ")[-1].lstrip("%") for n in operands.group(1).split(",")] \
+            if operands else []
+        dtypes = [types.get(n, "?") for n in names[:2]] + ["?", "?"]
+        found.append((kind, dtypes[0], dtypes[1]))
+    return found
+
+
+def hlo_check(dry_run: bool) -> str:
+    import model as minilm
+    from mlp import init_mlp, mlp
+
+    width = 64 if dry_run else 1024
+    params = init_mlp(jax.random.PRNGKey(0), width, 4)
+    x = jnp.ones((128, width))
+    cases = [("MLP", mlp, params, (x,))]
+    mparams = minilm.init_params()
+    ids = jnp.ones((8, 32), jnp.int32)
+    cases.append(("MiniLM", minilm.encode, mparams, (ids, jnp.ones_like(ids))))
+    lines = []
+    for name, model, p, rest in cases:
+        q = quantize_params(model, p, *rest)
+        hlo = jax.jit(int8ify(model)).lower(q, *rest).compile().as_text()
+        found = gemms(hlo)
+        int8 = [g for g in found if g[1] == "s8" and g[2] == "s8"]
+        other = [g for g in found if g not in int8]
+        kinds = sorted({g[0] for g in int8})
+        lines.append(f"- {name} (int8ify + quantize_params): {len(found)} GEMM instruction(s), {len(int8)} with s8 x s8 "
+                     f"operands ({', '.join(kinds) or 'none'}); others: {other[:8] or 'none'}")
+    return "\n".join(lines)
+
+
+# -- 5. block-scaled backends on this device ----------------------------------------------------------------------
+def block_scaled() -> str:
+    from jaxpr_rewrite.config import RewriteConfig
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(64, 256)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(256, 128)), jnp.float32)
+    exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    lines = [f"- `auto` resolves to `{RewriteConfig(backend='auto').resolved_backend}` on "
+             f"{jax.devices()[0].device_kind}"]
+    for backend in ("mxfp8", "nvfp4"):
+        out = np.asarray(jax.jit(int8ify(lambda a, b: a @ b, backend=backend))(x, w), np.float64)
+        error = np.linalg.norm(out - exact) / np.linalg.norm(exact)
+        lines.append(f"- `{backend}`: ran, relative error {error:.2e}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="toy sizes and one test: checks the script itself")
+    parser.add_argument("--out", help="results file (default: benchmarks/results/<device>.md)")
+    parser.add_argument("--test-timeout", type=float, default=170.0, help="seconds for the test step")
+    ns = parser.parse_args(argv)
+    device = jax.devices()[0].device_kind
+    slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "device"
+    out = Path(ns.out) if ns.out else ROOT / "benchmarks" / "results" / f"{slug}.md"
+    report = Report(out)
+    step(report, "Environment", environment)
+    step(report, "Tests on the device", run_tests, ns.test_timeout, ns.dry_run)
+    speed_body = []
+    step(report, "Speed (ms, medians of interleaved runs)", lambda: speed_body.append(speed(ns.dry_run)) or
+         speed_body[-1][0])
+    step(report, "What the dots compile to (optimized HLO)", hlo_check, ns.dry_run)
+    step(report, "Block-scaled backends", block_scaled)
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
