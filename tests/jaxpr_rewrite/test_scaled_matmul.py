@@ -113,6 +113,13 @@ def test_jaxpr_holds_scaled_matmul_with_format_dtypes(backend, case):
     lhs_shape, rhs_shape, dn = CASES[case]
     jaxpr = jax.make_jaxpr(_rewritten(case, backend))(jnp.ones(lhs_shape), jnp.ones(rhs_shape)).jaxpr
     eqns = list(_walk(jaxpr))
+    if sm._needs_inline_emulation():
+        # a GPU older than Blackwell has no block-scaled matmul: the documented math is emitted inline, on codes
+        # of the format's dtypes
+        upcasts = [e for e in eqns if e.primitive.name == "convert_element_type"
+                   and e.invars[0].aval.dtype == np.dtype(fmt.value_dtype)]
+        assert len(upcasts) == 2
+        return
     assert not [e for e in eqns if e.primitive is lax.dot_general_p], "a dot_general is left"
     calls = [e for e in eqns if e.primitive.name == "scaled_matmul_wrapper"]
     assert len(calls) == 1
