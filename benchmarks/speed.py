@@ -31,6 +31,7 @@ from jax import lax
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
 from jaxpr_rewrite import dot_eqns, int8ify, quantize, quantize_params  # noqa: E402
+from jaxpr_rewrite.plotting import bar_chart, new_figure, save  # noqa: E402
 
 MATMUL = (((1,), (0,)), ((), ()))
 
@@ -213,12 +214,15 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "speed.md"))
+    parser.add_argument("--plot", help="bar chart of the speed ratios (default: beside --out, .png; 'none' to skip)")
     args = parser.parse_args(argv)
     rounds, reps = (3, 2) if args.quick else (9, 5)
 
     lines = [f"JAX {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs", ""]
     lines += ["| model | batch | variant | ms | speed vs float32 | rel. error vs float32 |"]
     lines += ["|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)  # the header first: rows follow as each model finishes
+    ratios = []
     key = jax.random.PRNGKey(0)
     mlp_params = init_mlp(key, 1024, 4)
     mlp_hand = [{"w": hand_weights(layer, ["w"])["w"], "b": layer["b"]} for layer in mlp_params]
@@ -232,28 +236,40 @@ def main(argv=None):
         for model, b, variant, ms, speed, err in rows:
             line = f"| {model} | {b} | {variant} | {ms:.3f} | {speed:.2f}x | {err:.2e} |"
             lines.append(line)
+            ratios.append((f"{model}, batch {b}: {variant}", speed, variant))
             print(line, flush=True)
 
     q = quantize_params(mlp, mlp_params, jnp.ones((1, 1024)))
     float_bytes = sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(mlp_params))
     q_bytes = sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(q))
     ratio = q_bytes / float_bytes
-    lines += ["", f"MLP parameter bytes: float32 {float_bytes:,}, quantized {q_bytes:,} ({ratio:.3f}x)", ""]
-    lines += ["| 48-layer MLP (width 256) | seconds |", "|---|---|"]
-    for what, seconds in compile_times().items():
-        lines.append(f"| {what} | {seconds:.2f} |")
-    for optional in ("qwix", "aqt"):
-        try:
-            __import__(optional)
-            lines.append(f"\n{optional} is installed, but no side-by-side run of it is wired in yet.")
-        except ImportError:
-            lines.append(f"\n{optional}: not installed, not compared.")
-    text = "\n".join(lines)
-    print(text)
+    rest = ["", f"MLP parameter bytes: float32 {float_bytes:,}, quantized {q_bytes:,} ({ratio:.3f}x)", ""]
+    rest += ["| 48-layer MLP (width 256) | seconds |", "|---|---|"]
+    rest += [f"| {what} | {seconds:.2f} |" for what, seconds in compile_times().items()]
+    print("\n".join(rest))
+    text = "\n".join(lines + rest)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         f.write(text + "\n")
     print(f"\nsaved to {args.out}")
+    plot_path = args.plot or os.path.splitext(args.out)[0] + ".png"
+    if plot_path != "none":
+        print(f"saved the chart to {plot_ratios(ratios, plot_path)}")
+
+
+VARIANT_COLORS = {"float32": "#888888", "int8ify": "#8fb3e0", "int8ify+qparams": "#3b6fb6", "hand W8A8": "#e08a2c",
+                  "bare int8 dots": "#5a9e4b"}
+
+
+def plot_ratios(ratios, path):
+    """One bar per (model, batch, variant): speed vs float32, coloured by variant."""
+    fig, (ax,) = new_figure(width=max(8.0, 0.3 * len(ratios) + 2), height=5)
+    bar_chart(ax, [label for label, _, _ in ratios], [speed for _, speed, _ in ratios],
+              [VARIANT_COLORS.get(variant, "#444444") for _, _, variant in ratios],
+              title=f"speed vs float32 (higher is faster), JAX {jax.__version__}, {jax.devices()[0].device_kind}",
+              ylabel="float32 time / variant time", legend=VARIANT_COLORS)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    return save(fig, path)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,16 @@ from jax._src.lib import xla_client as _xla_client
 from jax._src.mesh import use_abstract_mesh as _use_abstract_mesh
 
 
+def bind(primitive, invals, params: dict):
+    """``primitive.bind`` with an equation's params, as ``jax.core.eval_jaxpr`` does it. JAX <= 0.9 splits
+    ``get_bind_params`` into ``(subfuns, params)``; JAX 0.10 returns the params alone."""
+    bind_params = primitive.get_bind_params(params)
+    if isinstance(bind_params, tuple):
+        subfuns, bind_params = bind_params
+        return primitive.bind(*subfuns, *invals, **bind_params)
+    return primitive.bind(*invals, **bind_params)
+
+
 def trace_to_jaxpr(fn: Callable, in_avals: Sequence[Any], debug_info) -> tuple[Any, list[Any]]:
     """Trace ``fn(*args)`` at exactly ``in_avals`` to a jaxpr.
 
@@ -73,7 +83,7 @@ def shard_map_body_context(params) -> contextlib.ExitStack:
         A context manager, the same one ``jax._src.shard_map`` uses when it stages the body.
     """
     mesh = params["mesh"]
-    manual = params["newly_manual_axes"]
+    manual = params["newly_manual_axes"] if "newly_manual_axes" in params else params["manual_axes"]  # JAX <= 0.9
     stack = contextlib.ExitStack()
     stack.enter_context(_shard_map._extend_axis_env(mesh, manual))
     stack.enter_context(_use_abstract_mesh(_shard_map._as_manual_mesh(mesh, manual)))

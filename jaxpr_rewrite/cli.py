@@ -20,6 +20,7 @@ import argparse
 import difflib
 import importlib
 import importlib.util
+import inspect
 import itertools
 import os
 import re
@@ -30,10 +31,11 @@ import jax
 import jax.extend  # noqa: F401
 import jax.numpy as jnp
 import numpy as np
-from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, jaxprs_in_params
+from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
 from .api import Int8ified, int8ify
 from .errors import Int8ifyError
+from .jaxprs import sub_jaxprs
 from .report import report
 from .source import short_path
 from .tracing import trace
@@ -76,6 +78,11 @@ def parse_args_spec(text: str) -> list[jax.ShapeDtypeStruct]:
             shape = tuple(int(d) for d in dims.split(",") if d.strip()) if dims else ()
         except ValueError:
             raise UsageError(f"bad shape in {match.group(0)!r}: dims must be integers") from None
+        if any(d < 0 for d in shape):
+            raise UsageError(f"bad shape in {match.group(0)!r}: dims must be non-negative")
+        if np.dtype(dtype).itemsize == 8 and not jax.config.jax_enable_x64:
+            # a 64-bit array needs x64 mode, or JAX silently makes it 32-bit
+            jax.config.update("jax_enable_x64", True)
         specs.append(jax.ShapeDtypeStruct(shape, dtype))
         pos = match.end()
     return specs
@@ -113,13 +120,21 @@ def resolve_target(target: str):
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules.setdefault(name, module)
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except SyntaxError as e:
+            raise UsageError(f"cannot load {module_name}: {type(e).__name__} at line {e.lineno}: {e.msg}") from None
+        except ImportError as e:
+            raise UsageError(f"cannot load {module_name}: {e}") from None
     else:
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())
         try:
             module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
+        except SyntaxError as e:
+            raise UsageError(f"cannot load {module_name!r}: SyntaxError in {e.filename} at line {e.lineno}: "
+                             f"{e.msg}") from None
+        except ImportError as e:
             raise UsageError(f"cannot import {module_name!r}: {e}") from None
     obj = module
     for part in attr.split("."):
@@ -214,7 +229,7 @@ def jaxpr_lines(jaxpr) -> list[tuple[tuple, str]]:
             ins = " ".join(name(v) for v in eqn.invars)
             sig = (depth, eqn.primitive.name, tuple(_short(v.aval) for v in eqn.outvars))
             lines.append((sig, f"{pad}{outs} = {eqn.primitive.name}{_params(eqn)} {ins}".rstrip()))
-            for sub in jaxprs_in_params(eqn.params):
+            for sub in sub_jaxprs(eqn):
                 ins = " ".join(typed(v) for v in [*sub.constvars, *sub.invars])
                 lines.append(((depth + 1, "{"), f"{pad}  {{ lambda {ins} ."))
                 walk(sub, depth + 2)
@@ -263,8 +278,14 @@ def _cmd_show(ns, fn, specs) -> int:
 
 def _cmd_report(ns, fn, specs) -> int:
     wrapped = _wrapped(fn, _options(ns))
+    if ns.plot and ns.no_measure:
+        raise UsageError("--plot draws the measured errors; it cannot be combined with --no-measure")
     inputs = specs if ns.no_measure else random_inputs(specs, ns.seed)
-    print(report(wrapped, *inputs))
+    rows = report(wrapped, *inputs)
+    print(rows)
+    if ns.plot:
+        rows.plot(ns.plot)
+        print(f"wrote {ns.plot}")
     return 0
 
 
@@ -282,8 +303,10 @@ def _cmd_verify(ns, fn, specs) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    command = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     parser = argparse.ArgumentParser(
-        prog="python -m jaxpr_rewrite", description="Inspect and verify the int8 rewrite of a JAX function."
+        prog=command if command and not command.startswith("__main__") else "python -m jaxpr_rewrite",
+        description="Inspect and verify the int8 rewrite of a JAX function.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -305,6 +328,7 @@ def _parser() -> argparse.ArgumentParser:
     common(rep)
     rep.add_argument("--seed", type=int, default=0, help="seed of the random normal inputs (default 0)")
     rep.add_argument("--no-measure", action="store_true", help="trace only: no measured errors")
+    rep.add_argument("--plot", metavar="PATH", help="also draw the per-dot errors as a bar chart (PNG/SVG/PDF)")
     ver = sub.add_parser("verify", help="check the function against the int8 contract; exit 1 on findings")
     common(ver)
     ver.add_argument("--int8ify", action="store_true",
@@ -314,14 +338,35 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_arity(target: str, fn, specs) -> None:
+    """The function must take as many positional arguments as ``--args`` lists."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    if not len(required) <= len(specs) <= len(positional):
+        wanted = len(required) if len(required) == len(positional) else f"{len(required)} to {len(positional)}"
+        raise UsageError(f"{target} takes {wanted} positional argument(s) "
+                         f"({', '.join(p.name for p in positional)}), but --args gives {len(specs)}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     ns = parser.parse_args(argv)
     try:
         specs = parse_args_spec(ns.args)
         fn = resolve_target(ns.target)
+        _check_arity(ns.target, fn.fn if isinstance(fn, Int8ified) else fn, specs)
         command = {"show": _cmd_show, "report": _cmd_report, "verify": _cmd_verify}[ns.command]
-        return command(ns, fn, specs)
+        try:
+            return command(ns, fn, specs)
+        except (TypeError, ValueError) as e:  # JAX rejected the arrays: shapes or dtypes that do not fit
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UsageError(f"{ns.target} cannot run on --args {ns.args!r}: {first}") from None
     except (UsageError, Int8ifyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -19,6 +19,8 @@ import jax.extend  # noqa: F401  (makes jax.extend.core importable)
 from jax.extend import source_info_util
 from jax.extend.core import Jaxpr, Literal, Var
 
+from . import _compat
+
 __all__ = ["Step", "bind", "equation_context", "evaluate"]
 
 Step = Callable[[object, list], list]
@@ -28,9 +30,8 @@ Step = Callable[[object, list], list]
 def bind(eqn, invals: Sequence, params: dict | None = None) -> list:
     """Apply ``eqn``'s primitive to ``invals`` under the current trace (with ``params`` instead of its own,
     when given). Returns a list of outputs, one per output variable."""
-    primitive = eqn.primitive
-    out = primitive.bind(*invals, **primitive.get_bind_params(eqn.params if params is None else params))
-    return list(out) if primitive.multiple_results else [out]
+    out = _compat.bind(eqn.primitive, invals, eqn.params if params is None else params)
+    return list(out) if eqn.primitive.multiple_results else [out]
 
 
 def equation_context(eqn) -> contextlib.ExitStack:

@@ -11,7 +11,7 @@ from typing import Iterator
 
 import jax.extend  # noqa: F401  (makes jax.extend.core importable)
 import jax.numpy as jnp
-from jax.extend.core import ClosedJaxpr, Jaxpr, jaxprs_in_params
+from jax.extend.core import ClosedJaxpr, Jaxpr
 
 __all__ = [
     "DERIVATIVE_ONLY_PARAMS",
@@ -23,6 +23,7 @@ __all__ = [
     "is_matmul",
     "iter_eqns",
     "open_jaxpr",
+    "sub_jaxprs",
 ]
 
 # primitive name -> the params holding sub-jaxprs that run in the forward pass. Each value is a Jaxpr, a
@@ -62,9 +63,14 @@ def open_jaxpr(jaxpr) -> Jaxpr:
 def _sub_values(value) -> Iterator:
     if isinstance(value, (Jaxpr, ClosedJaxpr)):
         yield value
-    elif isinstance(value, tuple):
+    elif isinstance(value, (tuple, list)):
         for item in value:
             yield from _sub_values(item)
+
+
+def sub_jaxprs(eqn) -> list[Jaxpr]:
+    """Every jaxpr held in ``eqn``'s params (derivative-only ones included), in param order."""
+    return [open_jaxpr(sub) for value in eqn.params.values() for sub in _sub_values(value)]
 
 
 def forward_jaxprs(eqn) -> list[Jaxpr]:
@@ -74,7 +80,7 @@ def forward_jaxprs(eqn) -> list[Jaxpr]:
     """
     name = eqn.primitive.name
     if name not in SUBJAXPR_PARAMS:
-        return list(jaxprs_in_params(eqn.params))
+        return sub_jaxprs(eqn)
     skipped = DERIVATIVE_ONLY_PARAMS.get(name, ())
     found = []
     for param in SUBJAXPR_PARAMS[name]:
@@ -100,7 +106,7 @@ def iter_eqns(jaxpr, *, forward_only: bool = False) -> Iterator:
             stack.pop()
             continue
         yield eqn
-        subs = forward_jaxprs(eqn) if forward_only else jaxprs_in_params(eqn.params)
+        subs = forward_jaxprs(eqn) if forward_only else sub_jaxprs(eqn)
         for sub in reversed(list(subs)):
             stack.append(iter(open_jaxpr(sub).eqns))
 

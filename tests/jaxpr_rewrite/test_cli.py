@@ -1,10 +1,12 @@
 """The command line: show / show --diff / report / verify on a small module, in process through
 ``cli.main`` and once through ``python -m jaxpr_rewrite`` as CI would run it."""
 
+import re
 import subprocess
 import sys
 import textwrap
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -138,3 +140,36 @@ def test_python_dash_m(module):
     )
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout.startswith("tinymodel.py:15: JX103")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["show", "tinymodel:mlp", "--args", "f32[8,64] f32[64,32]"],
+     r"tinymodel:mlp takes 3 positional argument\(s\) \(x, w1, w2\), but --args gives 2"),
+    (["report", "tinymodel:mlp", "--args", "f32[8,64] f32[63,32] f32[32,16]"],
+     r"tinymodel:mlp cannot run on --args .*dot_general requires contracting dimensions to have the same shape"),
+    (["show", "tinymodel:mlp", "--args", "f32[8,-1] f32[64,32] f32[32,16]"],
+     r"bad shape in 'f32\[8,-1\]': dims must be non-negative"),
+    (["verify", "broken.py:f", "--args", "f32[2]"], r"cannot load broken.py: SyntaxError at line 2"),
+    (["report", "tinymodel:mlp", "--args", ARGS, "--no-measure", "--plot", "x.png"], "cannot be combined"),
+])
+def test_bad_command_lines_get_one_sentence_and_exit_2(module, capsys, argv, message):
+    (module.parent / "broken.py").write_text("def f(x):\n    return x @ (\n")
+    code, out, err = _run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ")
+    assert re.search(message, err), err
+
+
+def test_float64_arguments_are_honoured(module, capsys):
+    try:
+        code, out, _ = _run(capsys, "show", "tinymodel:mlp", "--args", "f64[8,64] f64[64,32] f64[32,16]")
+        assert code == 0 and "f64[8,64]" in out
+    finally:
+        jax.config.update("jax_enable_x64", False)
+
+
+def test_report_plot(module, capsys):
+    pytest.importorskip("matplotlib")
+    code, out, _ = _run(capsys, "report", "tinymodel:mlp", "--args", ARGS, "--plot", "errors.png")
+    assert code == 0 and out.strip().endswith("wrote errors.png")
+    assert (module.parent / "errors.png").stat().st_size > 1000
