@@ -11,12 +11,12 @@ import ast
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from .deep_stack import call_with_deep_stack
 from .discovery import discover
 from .fixpoint import analyze
 from .noqa import noqa_span, silenced
+from .positions import Positions
 from .prefilter import applicable_rules
 from .rules import ANYWHERE, PLAIN, RULES, Rule
 from .traced_decorators import TracedDecorators
@@ -82,22 +82,26 @@ def lint_source(source: str, extra_decorators: Iterable[str] = (), *, raise_erro
     extra = TracedDecorators(extra_decorators)
 
     def run() -> List[Violation]:
-        return _lint(source, extra, raise_errors, honour_noqa, tree)
+        return _lint(source, extra, honour_noqa, tree, raise_errors)
 
     try:
         return run()
     except RecursionError:
         pass  # deeply nested but valid code: analyse it again with room to recurse
+    except Exception as exc:
+        if raise_errors:
+            raise
+        return [_internal_error(f"internal error {type(exc).__name__}: {exc}")]
     try:
         return call_with_deep_stack(run)
-    except (RecursionError, MemoryError, RuntimeError) as exc:  # RuntimeError: no thread started
+    except Exception as exc:  # RecursionError even there; RuntimeError: no thread could start
         if raise_errors:
             raise
         return [_internal_error(f"nesting too deep even with a larger stack: {type(exc).__name__}")]
 
 
-def _lint(source: str, extra: TracedDecorators, raise_errors: bool, honour_noqa: bool,
-          tree: Optional[ast.AST]) -> List[Violation]:
+def _lint(source: str, extra: TracedDecorators, honour_noqa: bool, tree: Optional[ast.AST],
+          raise_errors: bool) -> List[Violation]:
     need = applicable_rules(source, tree, extra)
     if not need.traced and not need.anywhere:
         return []
@@ -109,25 +113,19 @@ def _lint(source: str, extra: TracedDecorators, raise_errors: bool, honour_noqa:
         if raise_errors and not isinstance(exc, cst.ParserSyntaxError):
             raise
         return [_parse_error(exc)]
-    try:
-        info = discover(module, extra)
-        if not need.anywhere and not any(fi.traced for fi in info.functions):
-            return []
-        reports = analyze(info, module, _dispatch_for, need.anywhere)
-        if not reports:
-            return []
-        return _violations(reports, module, source, honour_noqa)
-    except RecursionError:
-        raise
-    except Exception as exc:
-        if raise_errors:
-            raise
-        return [_internal_error(f"internal error {type(exc).__name__}: {exc}")]
+    info = discover(module, extra)
+    if not need.anywhere and not any(fi.traced for fi in info.functions):
+        return []
+    reports = analyze(info, module, _dispatch_for, need.anywhere)
+    if not reports:
+        return []
+    return _violations(reports, module, need.tree, source, honour_noqa)
 
 
-def _violations(reports: List[Report], module: cst.Module, source: str, honour_noqa: bool) -> List[Violation]:
+def _violations(reports: List[Report], module: cst.Module, tree: Optional[ast.AST], source: str,
+                honour_noqa: bool) -> List[Violation]:
     """Positions for the reports (one per position and code), less those a multi-line ``# noqa`` silences."""
-    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    positions = Positions(module, tree, (node for node, _, _ in reports))
     seen = set()
     out: List[Violation] = []
     lines: Optional[List[str]] = None

@@ -3,10 +3,11 @@
 ``self.<attr>`` inside such a module has a kind the class declares:
 
 * linen: dataclass fields are config (static); ``self.param(...)``/``self.variable(...)`` assigned
-  in ``setup`` are traced; anything else is config too, as before (submodules, static settings);
+  in ``setup`` are traced; anything else is config too (submodules, static settings);
 * nnx: attributes assigned in ``__init__`` from ``nnx.Param``/``nnx.Variable``/... are Variables
-  (their ``.value`` and ``[...]`` are traced arrays, their truthiness is static); from literals, or from ``__init__`` parameters with a Python-type annotation or a literal
-  default, static; anything else unknown;
+  (their ``.value`` and ``[...]`` are traced arrays, their truthiness is static); from literals,
+  or from ``__init__`` parameters with a Python-type annotation or a literal default, static;
+  anything else unknown;
 * equinox: fields annotated with an array type (``jax.Array``, ``Float[Array, ...]``) are traced;
   ``eqx.field(static=True)`` and Python-type annotations (``int``, ``Callable``, ``tuple[int, ...]``)
   static; anything else unknown.

@@ -32,17 +32,20 @@ _MARKERS = re.compile(r"\b(?:%s)\b" % "|".join(sorted({q.rsplit(".", 1)[-1] for 
 
 class Applicable(NamedTuple):
     """Which rules the file needs: ``traced`` (it may define traced code), ``anywhere`` (it may hold
-    an int8 matmul outside traced code)."""
+    an int8 matmul outside traced code); ``tree``: its ``ast`` when it was read (None if it does not
+    parse)."""
 
     traced: bool
     anywhere: bool
+    tree: Optional[ast.AST] = None
 
 
 _NOTHING = Applicable(False, False)
 
 
 def applicable_rules(source: str, tree: Optional[ast.AST], extra: TracedDecorators) -> Applicable:
-    """What the rules need to look at in ``source``; ``tree``: its ``ast``, or None to parse it here."""
+    """What the rules need to look at in ``source``; ``tree``: its ``ast`` if already parsed, else
+    it is parsed here once the text stage lets the file through."""
     if not any(p in source for p in _PACKAGES) and not extra.mentioned_in(source):
         return _NOTHING
     traced = _MARKERS.search(source) is not None or extra.mentioned_in(source)
@@ -84,7 +87,7 @@ def _scan(tree: ast.AST, extra: TracedDecorators, want_traced: bool, want_matmul
     traced = want_traced and any(_is_root_marker(expr, imports, extra) for expr in candidates)
     if want_matmul and not has_matmul:
         has_matmul = any(_resolve(expr, imports)[1] in MATMUL_FUNCS for expr in matmul_calls)
-    return Applicable(traced, want_matmul and has_matmul)
+    return Applicable(traced, want_matmul and has_matmul, tree)
 
 
 def _resolve(expr: ast.AST, imports: ImportTable) -> Tuple[Optional[str], Optional[str]]:

@@ -1,13 +1,17 @@
-"""Through real flake8: deeply nested (valid) code is analysed like any other file and never
-aborts the run; ``--select=JX,E9`` keeps flake8's own E999 for files that do not parse."""
+"""Deeply nested (valid) code is analysed like any other file and never aborts a flake8 run; an
+internal error is one JX000 result; ``--select=JX,E9`` keeps flake8's own E999 for files that do
+not parse."""
 
 from __future__ import annotations
 
+import sys
 import textwrap
 
 import pytest
 
 from lint_helpers import run_flake8
+from lint_plugin import engine, lint_source
+from lint_plugin.deep_stack import call_with_deep_stack
 
 NORMAL = textwrap.dedent('''\
     import jax
@@ -64,3 +68,38 @@ def test_select_jx_e9_reports_syntax_errors(tmp_path):
     # without E9 the broken file passes silently: why every recipe selects JX,E9
     jx_only = run_flake8("--select=JX", "broken.py", cwd=tmp_path)
     assert jx_only.stdout == "" and jx_only.returncode == 0
+
+
+def _recurse(n: int) -> int:
+    return 0 if n == 0 else 1 + _recurse(n - 1)
+
+
+def test_deep_stack_runs_what_the_default_limit_cannot():
+    depth = sys.getrecursionlimit() * 5
+    with pytest.raises(RecursionError):
+        _recurse(depth)
+    assert call_with_deep_stack(lambda: _recurse(depth)) == depth
+    with pytest.raises(ValueError):
+        call_with_deep_stack(lambda: int("not a number"))
+
+
+def test_internal_errors_become_one_jx000_result(monkeypatch):
+    source = "import jax\n\n\n@jax.jit\ndef f(x, w):\n    return x @ w\n"
+
+    def broken(*args):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(engine, "analyze", broken)
+    (v,) = lint_source(source)
+    assert (v.line, v.col, v.code) == (1, 0, "JX000") and "internal error ValueError: boom" in v.message
+    with pytest.raises(ValueError):
+        lint_source(source, raise_errors=True)
+
+
+def test_too_deep_even_with_a_larger_stack_is_one_jx000_result(monkeypatch):
+    def always_too_deep(*args):
+        raise RecursionError
+
+    monkeypatch.setattr(engine, "_lint", always_too_deep)
+    (v,) = lint_source("import jax\n")
+    assert v.code == "JX000" and "nesting too deep" in v.message
