@@ -16,7 +16,7 @@ assignments and ``functools.partial`` bindings. Afterwards:
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import libcst as cst
 
@@ -83,7 +83,7 @@ class _Walker:
                 push((child, func, cls if block else None, self_cls))
 
     def _function(self, node: cst.FunctionDef, func: Optional[FuncInfo], cls: Optional[ClassInfo],
-                  self_cls: Optional[ClassInfo], push) -> None:  # type: ignore[no-untyped-def]
+                  self_cls: Optional[ClassInfo], push: Callable[[_Frame], None]) -> None:
         info = self.info
         fi = FuncInfo(node, node.name.value, func, cls, cls or self_cls)
         info.functions.append(fi)

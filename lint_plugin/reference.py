@@ -49,8 +49,9 @@ def _section(rule: Type[Rule]) -> List[str]:
 
 
 def rules_reference() -> str:
-    lines = ["| code | name | flags | where |", "|---|---|---|---|"]
-    lines += [f"| {code} | `{rule.name}` | {_summary(rule)} | {_WHERE[rule.scope]} |" for code, rule in RULES.items()]
+    lines = ["| code | name | flags | where | instead |", "|---|---|---|---|---|"]
+    lines += [f"| {code} | `{rule.name}` | {_summary(rule)} | {_WHERE[rule.scope]} | {rule.instead} |"
+              for code, rule in RULES.items()]
     lines.append("")
     for rule in RULES.values():
         lines += _section(rule)

@@ -34,20 +34,22 @@ class Rule:
     """One rule = one code.
 
     The class docstring is the rule's documentation (``docs/lint.md`` is generated from it, see
-    :mod:`lint_plugin.reference`). Subclasses set ``code`` (``JXnnn``), ``name``, ``message`` (a
-    ``str.format`` template that says what to do instead; the reported text is ``"{code} {message}"``),
-    ``scope`` (where the rule runs), ``VALID`` snippets (no report of this code) and ``INVALID``
-    examples (exactly one report of this code, at the given line and column). They implement
+    :mod:`lint_plugin.reference`). Subclasses set ``code`` (``JXnnn``), ``name``, ``instead`` (what to
+    do instead, for the reference table), ``message`` (a ``str.format`` template that says what to do
+    instead, often as ``{instead}``; the reported text is ``"{code} {message}"``), ``scope`` (where
+    the rule runs), ``VALID`` snippets (no report of this code) and ``INVALID`` examples (exactly one
+    report of this code, at the given line and column). They implement
     ``visit_<NodeType>(node, walk)`` hooks, called once per node after the node's kind is known;
     ``walk`` is the :class:`~lint_plugin.walk.FunctionWalk` (``walk.kind(expr)``, ``walk.qualname(expr)``).
     """
 
     code: ClassVar[str] = ""
     name: ClassVar[str] = ""
+    instead: ClassVar[str] = ""
     message: ClassVar[str] = ""
     scope: ClassVar[str] = TRACED
     VALID: ClassVar[Sequence[str]] = ()
     INVALID: ClassVar[Sequence[Invalid]] = ()
 
     def report(self, walk: FunctionWalk, node: cst.CSTNode, **fmt: str) -> None:
-        walk.report(node, self.code, f"{self.code} {self.message.format(**fmt)}")
+        walk.report(node, self.code, f"{self.code} {self.message.format(instead=self.instead, **fmt)}")

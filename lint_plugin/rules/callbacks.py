@@ -23,8 +23,9 @@ class HostCallback(Rule):
     code = "JX301"
     name = "host-callback"
     scope = TRACED
+    instead = "compute it with jnp/lax operations"
     message = ("host callback `{name}` in traced code leaves the compiled int8 program and runs in "
-               "Python; compute it with jnp/lax operations instead")
+               "Python; {instead} instead")
     VALID = [
         """
         import jax
@@ -76,8 +77,8 @@ class DebugCallback(Rule):
     code = "JX302"
     name = "debug-callback"
     scope = TRACED
-    message = ("`{name}` is a host callback in disguise (it breaks the callback-free int8 program); "
-               "remove it before shipping")
+    instead = "remove it before shipping"
+    message = "`{name}` is a host callback in disguise (it breaks the callback-free int8 program); {instead}"
     VALID = [
         """
         import jax

@@ -25,7 +25,9 @@ class TracedCondition(Rule):
     code = "JX201"
     name = "traced-condition"
     scope = TRACED
-    message = ("Python `{construct}` on a traced value (TracerBoolConversionError under jit); {fix}")
+    instead = ("jnp.where or lax.cond for branches; lax.while_loop/fori_loop for loops; "
+               "jnp.logical_and/or/not; jax.experimental.checkify for asserts")
+    message = "Python `{construct}` on a traced value (TracerBoolConversionError under jit); {fix}"
     VALID = [
         """
         import jax
@@ -167,6 +169,7 @@ class Concretization(Rule):
     code = "JX202"
     name = "concretization"
     scope = TRACED
+    instead = "keep it an array; use the jax.numpy equivalent of numpy/math functions"
     message = ("`{call}` on a traced value needs a concrete Python value (ConcretizationTypeError "
                "under jit); {fix}")
     VALID = [

@@ -99,9 +99,9 @@ class FloatMatmul(_MatmulRule):
     code = "JX101"
     name = "float-matmul"
     scope = PLAIN
-    message = ("{what} `{name}` in traced code (operands not both known int8, or no int32 "
-               "accumulator); wrap the function with @int8ify or quantize both operands to int8 and "
-               "pass preferred_element_type=jnp.int32")
+    instead = ("wrap the function with @int8ify or quantize both operands to int8 and pass "
+               "preferred_element_type=jnp.int32")
+    message = "{what} `{name}` in traced code (operands not both known int8, or no int32 accumulator); {instead}"
     VALID = [
         """
         import jax, jax.numpy as jnp
@@ -205,6 +205,8 @@ class Int8MatmulInt8Accumulator(_MatmulRule):
     code = "JX102"
     name = "int8-accumulator"
     scope = ANYWHERE
+    instead = ("pass preferred_element_type=jnp.int32 (for `@`: use jnp.matmul(a, b, "
+               "preferred_element_type=jnp.int32))")
     message = ("int8 x int8 matmul `{name}` without preferred_element_type=jnp.int32 accumulates in "
                "int8 and wraps around; {fix}")
     VALID = [
@@ -286,9 +288,10 @@ class BroadcastMultiplySum(Rule):
     code = "JX103"
     name = "broadcast-multiply-sum"
     scope = TRACED
+    instead = ("use jnp.matmul/lax.dot_general on int8 operands with preferred_element_type=jnp.int32 "
+               "(or jnp.einsum under @int8ify)")
     message = ("broadcast multiply + sum emulates a matmul that the int8 rewrite cannot see, so it "
-               "stays float; use jnp.matmul/lax.dot_general on int8 operands with "
-               "preferred_element_type=jnp.int32 (or jnp.einsum under @int8ify)")
+               "stays float; {instead}")
     VALID = [
         """
         import jax, jax.numpy as jnp
@@ -353,8 +356,9 @@ class Convolution(Rule):
     code = "JX104"
     name = "convolution"
     scope = TRACED
+    instead = "express it as an int8 matmul over patches with preferred_element_type=jnp.int32"
     message = ("convolution `{name}` in traced code stays float (the int8 contract allows only int8 "
-               "matmuls); express it as an int8 matmul over patches with preferred_element_type=jnp.int32")
+               "matmuls); {instead}")
     VALID = [
         """
         import jax, jax.numpy as jnp
