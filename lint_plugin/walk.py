@@ -74,7 +74,8 @@ class FunctionWalk:
         self.graph = graph
         self.env: Dict[str, int] = {}
         # the expression each name was last bound to, for rules that look through a variable
-        # (``prod = a[:, None] * b; prod.sum(1)``); None when bound by unpacking or a loop
+        # (``prod = a[:, None] * b; prod.sum(1)``); None when no single expression was assigned
+        # (a loop target, unpacking a call's result)
         self.values: Dict[str, Optional[cst.BaseExpression]] = {}
         self.memo: Dict[int, int] = {}
         self.test_nodes: Set[int] = set()
