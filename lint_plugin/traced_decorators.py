@@ -22,9 +22,6 @@ class TracedDecorators:
         # what the cheap text check looks for: the name as a file must spell it somewhere
         self.last_parts: FrozenSet[str] = frozenset(n.rsplit(".", 1)[-1] for n in self.names)
 
-    def __bool__(self) -> bool:
-        return bool(self.names)
-
     def matches(self, raw: str, qualname: Optional[str]) -> bool:
         """Whether the decorator spelled ``raw`` (resolving to ``qualname``) is one of these."""
         names = self.names
