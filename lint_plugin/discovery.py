@@ -79,7 +79,9 @@ class _Walker:
             elif t is cst.SimpleString or t is cst.Integer or t is cst.Float or t is cst.Name:
                 continue
             block = t in _BLOCKS
-            for child in iter_children(node):
+            # pushed last to first, so nodes come off the stack in source order: a later import or
+            # ``def`` of the same name wins, as when Python runs the file
+            for child in reversed(tuple(iter_children(node))):
                 push((child, func, cls if block else None, self_cls))
 
     def _function(self, node: cst.FunctionDef, func: Optional[FuncInfo], cls: Optional[ClassInfo],
@@ -90,10 +92,15 @@ class _Walker:
         info.by_node[id(node)] = fi
         if cls is not None:
             cls.methods[fi.name] = fi
-        elif func is not None:
-            func.locals[fi.name] = fi
         else:
-            info.module_funcs[fi.name] = fi
+            if func is not None:
+                table, shadowed = func.locals, func.shadowed
+            else:
+                table, shadowed = info.module_funcs, info.module_shadowed
+            earlier = table.get(fi.name)
+            if earlier is not None:
+                shadowed.setdefault(fi.name, []).append(earlier)
+            table[fi.name] = fi
         if node.decorators:
             self.decorated.append((fi, node.decorators))
             for d in node.decorators:

@@ -68,7 +68,7 @@ class ClassInfo:
 class FuncInfo:
     """A ``def`` or a ``lambda`` (lambdas only when passed to a transform)."""
 
-    __slots__ = ("node", "name", "parent", "cls", "method_of", "locals", "roots", "traced",
+    __slots__ = ("node", "name", "parent", "cls", "method_of", "locals", "shadowed", "roots", "traced",
                  "plain", "seed", "closure_env", "params", "calls", "is_lambda", "ret", "ret_elts",
                  "callers", "partials")
 
@@ -80,6 +80,8 @@ class FuncInfo:
         self.method_of = method_of  # class this is directly a method of
         self.cls = cls  # class whose ``self`` is visible here (methods and their nested functions)
         self.locals: Dict[str, FuncInfo] = {}
+        # earlier ``def``s of a name ``locals`` holds a later one of (``if a: def f ... else: def f ...``)
+        self.shadowed: Dict[str, List[FuncInfo]] = {}
         self.partials: Dict[str, cst.Call] = {}  # ``name = functools.partial(...)`` in this body
         self.roots: List[RootSpec] = []
         self.traced = False
@@ -102,13 +104,15 @@ def param_list(params: cst.Parameters) -> List[cst.Param]:
 class ModuleInfo:
     """Everything the discovery found in one file."""
 
-    __slots__ = ("imports", "functions", "module_funcs", "classes", "classes_by_name", "module_calls",
+    __slots__ = ("imports", "functions", "module_funcs", "module_shadowed", "classes", "classes_by_name",
+                 "module_calls",
                  "by_node", "lambda_roots", "module_partials", "module_assigns", "module_static")
 
     def __init__(self) -> None:
         self.imports = ImportTable()
         self.functions: List[FuncInfo] = []
         self.module_funcs: Dict[str, FuncInfo] = {}
+        self.module_shadowed: Dict[str, List[FuncInfo]] = {}
         self.classes: List[ClassInfo] = []
         self.classes_by_name: Dict[str, ClassInfo] = {}
         self.module_calls: List[cst.Call] = []
@@ -123,6 +127,18 @@ class ModuleInfo:
     def lookup(self, name: str, scope: Optional[FuncInfo]) -> Optional[FuncInfo]:
         """The function a bare name refers to, from inside ``scope``."""
         return _innermost(name, scope, "locals", self.module_funcs)
+
+    def lookup_all(self, name: str, scope: Optional[FuncInfo]) -> List[FuncInfo]:
+        """Every ``def`` of a bare name in the innermost scope that has one: a name defined on two
+        branches may refer to either."""
+        last = self.lookup(name, scope)
+        if last is None:
+            return []
+        f = scope
+        while f is not None and f.locals.get(name) is not last:
+            f = f.parent
+        shadowed = f.shadowed if f is not None else self.module_shadowed
+        return [*shadowed.get(name, ()), last]
 
     def lookup_expr(self, expr: cst.BaseExpression, scope: Optional[FuncInfo]) -> Optional[FuncInfo]:
         """The function ``name`` or ``self.method`` refers to, from inside ``scope``."""

@@ -177,6 +177,14 @@ class RootFinder:
             spec.bound_pos = sum(1 for a in bound_args if a.keyword is None and not a.star)
             spec.static_names |= {a.keyword.value for a in bound_args if a.keyword is not None}
             target = target.args[0].value
+        if scope is not None and not spec.sig.int8ify:
+            spec.inherit_from = scope
+        for fi in self._functions(target, scope):
+            add_root(fi, spec)
+
+    def _functions(self, target: cst.BaseExpression, scope: Optional[FuncInfo]) -> List[FuncInfo]:
+        """The functions an argument names: a lambda, ``self.method``, or every ``def`` of a bare name
+        in its scope."""
         if isinstance(target, cst.Lambda):
             fi = self.info.lambda_roots.get(id(target))
             if fi is None:
@@ -184,13 +192,11 @@ class RootFinder:
                 self.info.lambda_roots[id(target)] = fi
                 self.info.functions.append(fi)
                 self.info.by_node[id(target)] = fi
-        else:
-            fi = self.info.lookup_expr(target, scope)
-        if fi is None:
-            return
-        if scope is not None and not spec.sig.int8ify:
-            spec.inherit_from = scope
-        add_root(fi, spec)
+            return [fi]
+        if isinstance(target, cst.Name):
+            return self.info.lookup_all(target.value, scope)
+        fi = self.info.lookup_expr(target, scope)
+        return [fi] if fi is not None else []
 
 
 def add_root(fi: FuncInfo, spec: RootSpec) -> None:
