@@ -105,8 +105,7 @@ class ModuleInfo:
     """Everything the discovery found in one file."""
 
     __slots__ = ("imports", "functions", "module_funcs", "module_shadowed", "classes", "classes_by_name",
-                 "module_calls",
-                 "by_node", "lambda_roots", "module_partials", "module_assigns", "module_static")
+                 "module_calls", "by_node", "lambda_roots", "module_partials", "module_assigns", "module_static")
 
     def __init__(self) -> None:
         self.imports = ImportTable()
