@@ -4,28 +4,35 @@
 ``UNKNOWN``: could be either; rules never flag on it ("when unsure, do not flag").
 ``TRACED``: an array (or pytree of arrays) that is a tracer under ``jit``.
 ``INT8``: a traced array known to have dtype int8.
-``FLAX_SELF``: ``self`` inside a flax module: its attributes are config (static), its
-``self.param(...)``/``self.variable(...)`` and submodule calls are traced.
+``MODULE_SELF``: ``self`` inside a flax linen, flax nnx or equinox module: each attribute has the
+kind the class gives it (see :mod:`lint_plugin.module_classes`), submodule calls are traced.
+``VARIABLE``: an nnx Variable (``nnx.Param(...)``): a box around a traced array. Reading it
+(``.value``, ``[...]``) or computing with it gives a traced array; its truthiness is ``len()`` of
+the array, static.
 """
 
 STATIC = 0
 UNKNOWN = 1
 TRACED = 2
 INT8 = 3
-FLAX_SELF = 4
-
-NAMES = {STATIC: "static", UNKNOWN: "unknown", TRACED: "traced", INT8: "int8", FLAX_SELF: "flax-self"}
+MODULE_SELF = 4
+VARIABLE = 5
 
 
 def is_traced(kind: int) -> bool:
     return kind == TRACED or kind == INT8
 
 
+def truth(kind: int) -> int:
+    """The kind of ``bool(value)`` for a value of this kind."""
+    return STATIC if kind == VARIABLE else kind
+
+
 def combine(*kinds: int) -> int:
     """The kind of a value computed from values of these kinds."""
     result = STATIC
     for k in kinds:
-        if k == TRACED or k == INT8:
+        if k == TRACED or k == INT8 or k == VARIABLE:
             return TRACED
         if k == UNKNOWN:
             result = UNKNOWN

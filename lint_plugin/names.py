@@ -1,57 +1,70 @@
-"""Fully qualified names the rules and the traced-code discovery know about.
+"""Fully qualified names of the JAX-world functions and classes the discovery and the rules know.
 
-Names are written as the alias table resolves them (``jax.numpy.matmul``, never ``jnp.matmul``).
+Names are written as the import table resolves them (``jax.numpy.matmul``, never ``jnp.matmul``;
+see :func:`lint_plugin.aliases.canonical` for the few re-exported paths folded into one spelling).
+How operations on arrays propagate (``.shape`` is static, ``jnp.*`` returns arrays, ...) is in
+:mod:`lint_plugin.array_api`.
 """
 
 from __future__ import annotations
 
-from typing import Dict, FrozenSet, Optional, Tuple
+from typing import Dict, FrozenSet, NamedTuple, Optional, Tuple
 
 __all__ = [
-    "TRANSFORMS",
-    "TransformSig",
-    "FLAX_MODULE_BASES",
-    "FLAX_COMPACT",
-    "MATMUL_FUNCS",
-    "CONV_FUNCS",
     "CALLBACK_FUNCS",
     "CALLBACK_PREFIXES",
+    "CONV_FUNCS",
     "DEBUG_FUNCS",
-    "STATIC_RESULT_FUNCS",
-    "NUMPY_OK_FUNCS",
+    "ENUM_BASES",
+    "EQUINOX",
+    "EQUINOX_FIELD",
+    "EQUINOX_STATIC_FIELD",
+    "HOST_CALLABLE_KEYWORDS",
+    "INT8IFY",
+    "LINEN",
+    "LINEN_COMPACT",
+    "MATMUL_FUNCS",
+    "MODULE_BASES",
+    "NNX",
+    "NNX_VARIABLES",
+    "PARTIAL",
+    "TRANSFORMS",
+    "TransformSig",
+    "host_callable_keyword",
     "is_int8ify",
-    "is_array_api",
+    "short_name",
 ]
 
 
-class TransformSig:
+class TransformSig(NamedTuple):
     """Where a function transform takes its function arguments, and how it traces them.
 
     ``fun_pos``: positional indices of function arguments; ``fun_kw``: their keyword names;
     ``list_pos``: index of a list/tuple of functions (``lax.switch``); ``params``: which
     parameters of the wrapped function become tracers: ``"all"`` (jit, vmap, lax bodies),
-    ``"argnums"`` (grad: only the differentiated ones, default 0).
+    ``"argnums"`` (grad: only the differentiated ones, default 0), ``"first"`` (equinox's filter
+    gradients); ``in_specs_pos``: positional index of ``shard_map``'s ``in_specs``, whose ``None``
+    entries pass Python values through; ``int8ify``: the transform is this project's ``int8ify``.
     """
 
-    __slots__ = ("fun_pos", "fun_kw", "list_pos", "params", "int8ify")
-
-    def __init__(
-        self,
-        fun_pos: Tuple[int, ...] = (0,),
-        fun_kw: Tuple[str, ...] = ("fun", "f"),
-        list_pos: Optional[int] = None,
-        params: str = "all",
-        int8ify: bool = False,
-    ) -> None:
-        self.fun_pos = fun_pos
-        self.fun_kw = fun_kw
-        self.list_pos = list_pos
-        self.params = params
-        self.int8ify = int8ify
+    fun_pos: Tuple[int, ...] = (0,)
+    fun_kw: Tuple[str, ...] = ("fun", "f")
+    list_pos: Optional[int] = None
+    params: str = "all"
+    in_specs_pos: Optional[int] = None
+    int8ify: bool = False
 
 
 _ALL = TransformSig()
 _GRAD = TransformSig(params="argnums")
+_SHARD_MAP = TransformSig(fun_kw=("f",), in_specs_pos=2)
+_SCAN = TransformSig(fun_kw=("f",))
+_COND = TransformSig(fun_pos=(1, 2), fun_kw=("true_fun", "false_fun"))
+_WHILE = TransformSig(fun_pos=(0, 1), fun_kw=("cond_fun", "body_fun"))
+_FORI = TransformSig(fun_pos=(2,), fun_kw=("body_fun",))
+_SWITCH = TransformSig(fun_pos=(), fun_kw=(), list_pos=1)
+# ``@pl.when(cond)`` only ever decorates: it takes no function argument in its call.
+_DECORATOR_FACTORY = TransformSig(fun_pos=(), fun_kw=())
 
 TRANSFORMS: Dict[str, TransformSig] = {
     "jax.jit": _ALL,
@@ -66,15 +79,15 @@ TRANSFORMS: Dict[str, TransformSig] = {
     "jax.checkpoint": _ALL,
     "jax.remat": _ALL,
     "jax.named_call": _ALL,
-    "jax.experimental.shard_map.shard_map": TransformSig(fun_kw=("f",)),
-    "jax.shard_map": TransformSig(fun_kw=("f",)),
-    "jax.lax.scan": TransformSig(fun_kw=("f",)),
-    "jax.lax.map": TransformSig(fun_kw=("f",)),
+    "jax.experimental.shard_map.shard_map": _SHARD_MAP,
+    "jax.shard_map": _SHARD_MAP,
+    "jax.lax.scan": _SCAN,
+    "jax.lax.map": _SCAN,
     "jax.lax.associative_scan": TransformSig(fun_kw=("fn",)),
-    "jax.lax.cond": TransformSig(fun_pos=(1, 2), fun_kw=("true_fun", "false_fun")),
-    "jax.lax.while_loop": TransformSig(fun_pos=(0, 1), fun_kw=("cond_fun", "body_fun")),
-    "jax.lax.fori_loop": TransformSig(fun_pos=(2,), fun_kw=("body_fun",)),
-    "jax.lax.switch": TransformSig(fun_pos=(), fun_kw=(), list_pos=1),
+    "jax.lax.cond": _COND,
+    "jax.lax.while_loop": _WHILE,
+    "jax.lax.fori_loop": _FORI,
+    "jax.lax.switch": _SWITCH,
     "equinox.filter_jit": _ALL,
     "equinox.filter_vmap": _ALL,
     "equinox.filter_pmap": _ALL,
@@ -82,9 +95,27 @@ TRANSFORMS: Dict[str, TransformSig] = {
     "equinox.filter_value_and_grad": TransformSig(params="first"),
     "equinox.filter_checkpoint": _ALL,
     "flax.linen.jit": _ALL,
+    "flax.nnx.jit": _ALL,
+    "flax.nnx.pmap": _ALL,
+    "flax.nnx.vmap": _ALL,
+    "flax.nnx.grad": _GRAD,
+    "flax.nnx.value_and_grad": _GRAD,
+    "flax.nnx.remat": _ALL,
+    "flax.nnx.checkpoint": _ALL,
+    "flax.nnx.scan": _SCAN,
+    "flax.nnx.shard_map": _SHARD_MAP,
+    "flax.nnx.cond": _COND,
+    "flax.nnx.while_loop": _WHILE,
+    "flax.nnx.fori_loop": _FORI,
+    "flax.nnx.switch": _SWITCH,
+    "jax.experimental.pallas.pallas_call": TransformSig(fun_kw=("kernel",)),
+    "jax.experimental.pallas.when": _DECORATOR_FACTORY,
 }
 
-_INT8IFY = TransformSig(int8ify=True)
+# ``@int8ify`` traces like ``jax.jit`` and rewrites every matmul in the function (JX101 is off there).
+INT8IFY = TransformSig(int8ify=True)
+
+PARTIAL = "functools.partial"
 
 
 def is_int8ify(qualname: Optional[str], raw: Optional[str]) -> bool:
@@ -95,18 +126,34 @@ def is_int8ify(qualname: Optional[str], raw: Optional[str]) -> bool:
     return False
 
 
-def int8ify_sig() -> TransformSig:
-    return _INT8IFY
+# The module systems whose methods run as traced code. ``self`` of such a module has attributes
+# whose kinds the discovery reads from the class (see :mod:`lint_plugin.module_classes`).
+LINEN = "linen"
+NNX = "nnx"
+EQUINOX = "equinox"
 
+MODULE_BASES: Dict[str, str] = {
+    "flax.linen.Module": LINEN,
+    "flax.nnx.Module": NNX,
+    "equinox.Module": EQUINOX,
+}
+LINEN_COMPACT = "flax.linen.compact"
+NNX_VARIABLES: FrozenSet[str] = frozenset(
+    "flax.nnx." + n for n in ("Param", "Variable", "BatchStat", "Cache", "Intermediate", "Perturbation")
+)
+EQUINOX_FIELD = "equinox.field"
+EQUINOX_STATIC_FIELD = "equinox.static_field"
 
-FLAX_MODULE_BASES: FrozenSet[str] = frozenset({"flax.linen.Module", "flax.linen.module.Module"})
-FLAX_COMPACT: FrozenSet[str] = frozenset({"flax.linen.compact", "flax.linen.module.compact"})
+ENUM_BASES: FrozenSet[str] = frozenset(
+    "enum." + n for n in ("Enum", "IntEnum", "StrEnum", "Flag", "IntFlag")
+)
 
 _JNP = "jax.numpy."
 MATMUL_FUNCS: FrozenSet[str] = frozenset(
     [_JNP + n for n in ("matmul", "dot", "einsum", "tensordot", "inner", "vdot", "outer")]
     + ["jax.numpy.linalg.matmul", "jax.numpy.linalg.vecdot", "jax.numpy.linalg.tensordot"]
     + ["jax.lax." + n for n in ("dot", "dot_general", "batch_matmul")]
+    + ["jax.experimental.pallas.dot"]
 )
 
 CONV_FUNCS: FrozenSet[str] = frozenset(
@@ -126,31 +173,26 @@ CALLBACK_FUNCS: FrozenSet[str] = frozenset({
 })
 CALLBACK_PREFIXES: Tuple[str, ...] = ("jax.experimental.host_callback.",)
 
+# The keyword of each callback's first parameter when that parameter is the Python function run on
+# the host (``host_callback.id_print`` takes a value there instead, so it is absent).
+HOST_CALLABLE_KEYWORDS: Dict[str, str] = {
+    **{name: "callback" for name in CALLBACK_FUNCS},
+    "jax.experimental.host_callback.id_tap": "tap_func",
+    "jax.experimental.host_callback.call": "callback_func",
+}
+
+
+def host_callable_keyword(qualname: Optional[str]) -> Optional[str]:
+    """For a callback API, the keyword of its host-function parameter (always positional 0)."""
+    return HOST_CALLABLE_KEYWORDS.get(qualname) if qualname is not None else None
+
+
 DEBUG_FUNCS: FrozenSet[str] = frozenset({"jax.debug.print", "jax.debug.breakpoint"})
 
-# jnp/lax/jax functions whose result is a Python value (or dtype) even on traced input.
-STATIC_RESULT_FUNCS: FrozenSet[str] = frozenset(
-    [_JNP + n for n in (
-        "shape", "ndim", "size", "result_type", "dtype", "issubdtype", "iinfo", "finfo",
-        "promote_types", "isdtype", "can_cast", "isscalar", "iscomplexobj", "isrealobj",
-    )]
-    + ["jax.dtypes.canonicalize_dtype", "jax.dtypes.result_type", "jax.dtypes.issubdtype",
-       "jax.tree_util.tree_structure", "jax.tree.structure", "jax.devices", "jax.device_count",
-       "jax.local_device_count", "jax.process_index", "jax.process_count", "jax.lax.axis_size",
-       "jax.core.concrete_or_error", "jax.numpy.broadcast_shapes"]
-)
 
-# numpy functions that are fine on tracers (they only read static metadata).
-NUMPY_OK_FUNCS: FrozenSet[str] = frozenset({
-    "shape", "ndim", "size", "dtype", "result_type", "issubdtype", "iinfo", "finfo",
-    "promote_types", "can_cast", "isscalar",
-})
-
-_ARRAY_API_PREFIXES: Tuple[str, ...] = (
-    "jax.numpy.", "jax.lax.", "jax.nn.", "jax.random.", "jax.scipy.", "jax.image.",
-)
-
-
-def is_array_api(qualname: str) -> bool:
-    """A jax function returning arrays (so its result under a trace is a tracer)."""
-    return qualname.startswith(_ARRAY_API_PREFIXES)
+def short_name(qualname: str) -> str:
+    """How messages spell a qualified name: ``jnp.matmul``, ``lax.dot``."""
+    for prefix, short in (("jax.numpy.", "jnp."), ("jax.lax.", "lax."), ("jax.experimental.pallas.", "pl.")):
+        if qualname.startswith(prefix):
+            return short + qualname[len(prefix):]
+    return qualname

@@ -6,7 +6,7 @@ from typing import Any, Iterator, Sequence, Tuple, Type
 
 from .engine import lint_source
 
-__all__ = ["Int8Checker"]
+__all__ = ["Int8Checker", "__version__"]
 
 __version__ = "0.1.0"
 
@@ -16,7 +16,7 @@ class Int8Checker:
 
     flake8 only runs a plugin as a tree plugin when ``__init__`` takes ``tree``; the rules work on
     a libcst module built from ``lines``. ``tree`` (parsed by flake8 anyway) only serves the cheap
-    pre-check that skips the libcst parse of files without traced code.
+    prefilter that skips the libcst parse of files the rules cannot apply to.
     """
 
     name = "int8ify-lint"
@@ -24,10 +24,9 @@ class Int8Checker:
     traced_decorators: Tuple[str, ...] = ()
     honour_noqa = True
 
-    def __init__(self, tree: Any, lines: Sequence[str], filename: str) -> None:
+    def __init__(self, tree: Any, lines: Sequence[str]) -> None:
         self.tree = tree
         self.lines = lines
-        self.filename = filename
 
     @classmethod
     def add_options(cls, option_manager: Any) -> None:
@@ -50,6 +49,5 @@ class Int8Checker:
 
     def run(self) -> Iterator[Tuple[int, int, str, Type["Int8Checker"]]]:
         source = "".join(self.lines)
-        for v in lint_source(source, self.traced_decorators, filename=self.filename,
-                             honour_noqa=self.honour_noqa, tree=self.tree):
+        for v in lint_source(source, self.traced_decorators, honour_noqa=self.honour_noqa, tree=self.tree):
             yield v.line, v.col, v.message, type(self)

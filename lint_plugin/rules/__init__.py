@@ -1,36 +1,50 @@
-"""The rules, one module per family, discovered by name.
-
-Every public module in this package is imported once; every :class:`Rule` subclass with a code is
-registered. ``RULES`` maps code -> rule class, in code order.
-"""
+"""The rules, one module per family: JX10x matmuls and convolutions, JX20x Python control flow on
+traced values, JX30x host callbacks. ``RULES`` maps code -> rule class, in code order."""
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import pkgutil
 from typing import Dict, List, Type
 
-from ._base import ANYWHERE, PLAIN, TRACED, Rule
+from ._base import ANYWHERE, PLAIN, TRACED, Invalid, Rule, example_source
+from .callbacks import DebugCallback, HostCallback
+from .control_flow import Concretization, TracedCondition
+from .matmul import BroadcastMultiplySum, Convolution, FloatMatmul, Int8MatmulInt8Accumulator
 
-__all__ = ["ANYWHERE", "PLAIN", "RULES", "TRACED", "Rule", "all_rules", "get_rule"]
+__all__ = [
+    "ANYWHERE",
+    "PLAIN",
+    "RULES",
+    "TRACED",
+    "BroadcastMultiplySum",
+    "Concretization",
+    "Convolution",
+    "DebugCallback",
+    "FloatMatmul",
+    "HostCallback",
+    "Int8MatmulInt8Accumulator",
+    "Invalid",
+    "Rule",
+    "TracedCondition",
+    "all_rules",
+    "example_source",
+    "get_rule",
+]
 
 
-def _discover() -> Dict[str, Type[Rule]]:
+def _registry(*rules: Type[Rule]) -> Dict[str, Type[Rule]]:
     found: Dict[str, Type[Rule]] = {}
-    for mod in pkgutil.iter_modules(__path__):  # type: ignore[name-defined]
-        if mod.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{mod.name}")
-        for _, obj in inspect.getmembers(module, inspect.isclass):
-            if issubclass(obj, Rule) and obj is not Rule and obj.code and obj.__module__ == module.__name__:
-                if obj.code in found and found[obj.code] is not obj:
-                    raise RuntimeError(f"duplicate rule code {obj.code}: {found[obj.code]} and {obj}")
-                found[obj.code] = obj
+    for rule in rules:
+        if rule.code in found:
+            raise RuntimeError(f"duplicate rule code {rule.code}: {found[rule.code]} and {rule}")
+        found[rule.code] = rule
     return dict(sorted(found.items()))
 
 
-RULES: Dict[str, Type[Rule]] = _discover()
+RULES: Dict[str, Type[Rule]] = _registry(
+    FloatMatmul, Int8MatmulInt8Accumulator, BroadcastMultiplySum, Convolution,
+    TracedCondition, Concretization,
+    HostCallback, DebugCallback,
+)
 
 
 def all_rules() -> List[Type[Rule]]:

@@ -2,37 +2,54 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Sequence
+import textwrap
+from typing import ClassVar, NamedTuple, Sequence
 
 import libcst as cst
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..dataflow import FunctionWalk
+from ..walk import FunctionWalk
 
-__all__ = ["Rule", "TRACED", "PLAIN", "ANYWHERE"]
+__all__ = ["ANYWHERE", "Invalid", "PLAIN", "Rule", "TRACED", "example_source"]
 
 TRACED = "traced"      # any traced code
 PLAIN = "plain"        # traced code not under @int8ify
 ANYWHERE = "anywhere"  # every function and the module body
 
 
+class Invalid(NamedTuple):
+    """An example the rule flags exactly once: at ``line`` (1-based) and ``col`` (0-based, as flake8
+    plugins report it; flake8 prints ``col + 1``) of :func:`example_source` of ``code``."""
+
+    code: str
+    line: int
+    col: int
+
+
+def example_source(code: str) -> str:
+    """An example snippet as a file: dedented, without the blank first line of a triple-quoted string."""
+    return textwrap.dedent(code).lstrip("\n")
+
+
 class Rule:
     """One rule = one code.
 
-    Subclasses set ``code`` (``JXnnn``), ``name``, ``message`` (a ``str.format`` template; the
-    reported text is ``"{code} {message}"``), ``scope`` (where the rule runs) and ``VALID`` /
-    ``INVALID`` example snippets (the test suite checks that every VALID snippet yields no report
-    of this code and every INVALID one at least one). They implement ``visit_<NodeType>(node, walk)``
-    hooks, called once per node, after the node's kind is known; ``walk`` is the
-    :class:`~lint_plugin.dataflow.FunctionWalk` (``walk.kind(expr)``, ``walk.qualname(expr)``).
+    The class docstring is the rule's documentation (``docs/lint.md`` is generated from it, see
+    :mod:`lint_plugin.reference`). Subclasses set ``code`` (``JXnnn``), ``name``, ``instead`` (what to
+    do instead, for the reference table), ``message`` (a ``str.format`` template that says what to do
+    instead, often as ``{instead}``; the reported text is ``"{code} {message}"``), ``scope`` (where
+    the rule runs), ``VALID`` snippets (no report of this code) and ``INVALID`` examples (exactly one
+    report of this code, at the given line and column). They implement
+    ``visit_<NodeType>(node, walk)`` hooks, called once per node after the node's kind is known;
+    ``walk`` is the :class:`~lint_plugin.walk.FunctionWalk` (``walk.kind(expr)``, ``walk.qualname(expr)``).
     """
 
     code: ClassVar[str] = ""
     name: ClassVar[str] = ""
+    instead: ClassVar[str] = ""
     message: ClassVar[str] = ""
     scope: ClassVar[str] = TRACED
     VALID: ClassVar[Sequence[str]] = ()
-    INVALID: ClassVar[Sequence[str]] = ()
+    INVALID: ClassVar[Sequence[Invalid]] = ()
 
-    def report(self, walk: "FunctionWalk", node: cst.CSTNode, **fmt: str) -> None:
-        walk.report(node, self.code, f"{self.code} {self.message.format(**fmt)}")
+    def report(self, walk: FunctionWalk, node: cst.CSTNode, **fmt: str) -> None:
+        walk.report(node, self.code, f"{self.code} {self.message.format(instead=self.instead, **fmt)}")

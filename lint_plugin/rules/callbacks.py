@@ -4,20 +4,28 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..dataflow import FunctionWalk
-from ..names import CALLBACK_FUNCS, CALLBACK_PREFIXES, DEBUG_FUNCS
-from ._base import TRACED, Rule
-from .matmul import short_name
+from ..names import CALLBACK_FUNCS, CALLBACK_PREFIXES, DEBUG_FUNCS, short_name
+from ..walk import FunctionWalk
+from ._base import TRACED, Invalid, Rule
 
-__all__ = ["HostCallback", "DebugCallback"]
+__all__ = ["DebugCallback", "HostCallback"]
 
 
 class HostCallback(Rule):
+    """A host callback in traced code.
+
+    ``jax.pure_callback``, ``jax.experimental.io_callback``, ``jax.debug.callback`` and
+    ``jax.experimental.host_callback.*`` leave the compiled program to run Python on the host; the
+    int8 program must not. The function such a call runs is host code: it is not traced, and the
+    other rules do not look inside it.
+    """
+
     code = "JX301"
     name = "host-callback"
     scope = TRACED
+    instead = "compute it with jnp/lax operations"
     message = ("host callback `{name}` in traced code leaves the compiled int8 program and runs in "
-               "Python; compute it with jnp/lax operations instead")
+               "Python; {instead} instead")
     VALID = [
         """
         import jax
@@ -27,14 +35,14 @@ class HostCallback(Rule):
         """,
     ]
     INVALID = [
-        """
+        Invalid("""
         import jax, numpy as np
 
         @jax.jit
         def f(x):
             return jax.pure_callback(np.sin, x, x)
-        """,
-        """
+        """, line=5, col=11),
+        Invalid("""
         import jax
         from jax.experimental import io_callback
 
@@ -42,15 +50,15 @@ class HostCallback(Rule):
         def f(x):
             io_callback(print, None, x)
             return x
-        """,
-        """
+        """, line=6, col=4),
+        Invalid("""
         import jax
         from jax.experimental import host_callback as hcb
 
         @jax.jit
         def f(x):
             return hcb.id_tap(lambda a, t: None, x)
-        """,
+        """, line=6, col=11),
     ]
 
     def visit_Call(self, node: cst.Call, walk: FunctionWalk) -> None:
@@ -60,11 +68,17 @@ class HostCallback(Rule):
 
 
 class DebugCallback(Rule):
+    """``jax.debug.print`` or ``jax.debug.breakpoint`` in traced code.
+
+    Both are host callbacks in disguise: fine while debugging, but they break the callback-free int8
+    program.
+    """
+
     code = "JX302"
     name = "debug-callback"
     scope = TRACED
-    message = ("`{name}` is a host callback in disguise (it breaks the callback-free int8 program); "
-               "remove it before shipping")
+    instead = "remove it before shipping"
+    message = "`{name}` is a host callback in disguise (it breaks the callback-free int8 program); {instead}"
     VALID = [
         """
         import jax
@@ -74,15 +88,15 @@ class DebugCallback(Rule):
         """,
     ]
     INVALID = [
-        """
+        Invalid("""
         import jax
 
         @jax.jit
         def f(x):
             jax.debug.print("x = {}", x)
             return x
-        """,
-        """
+        """, line=5, col=4),
+        Invalid("""
         import jax
         from jax import debug
 
@@ -90,7 +104,7 @@ class DebugCallback(Rule):
         def f(x):
             debug.breakpoint()
             return x
-        """,
+        """, line=6, col=4),
     ]
 
     def visit_Call(self, node: cst.Call, walk: FunctionWalk) -> None:

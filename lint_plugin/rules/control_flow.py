@@ -5,19 +5,29 @@ from __future__ import annotations
 import libcst as cst
 
 from ..aliases import dotted_name
-from ..dataflow import FunctionWalk
+from ..array_api import NUMPY_OK_FUNCS
 from ..kinds import is_traced
-from ..names import NUMPY_OK_FUNCS
-from ._base import TRACED, Rule
+from ..walk import FunctionWalk
+from ._base import TRACED, Invalid, Rule
 
-__all__ = ["TracedCondition", "Concretization"]
+__all__ = ["Concretization", "TracedCondition"]
 
 
 class TracedCondition(Rule):
+    """Python control flow on a traced value.
+
+    ``if``/``elif``/``while``/ternary/``assert``/``and``/``or``/``not`` on a traced value need its
+    concrete truth value, which a tracer does not have (``TracerBoolConversionError`` under
+    ``jit``). Conditions on static values are fine: shapes, dtypes, ``len()``, ``x is None``,
+    ``static_argnums``, module config, parameters annotated with a Python type, Python containers.
+    """
+
     code = "JX201"
     name = "traced-condition"
     scope = TRACED
-    message = ("Python `{construct}` on a traced value (TracerBoolConversionError under jit); {fix}")
+    instead = ("jnp.where or lax.cond for branches; lax.while_loop/fori_loop for loops; "
+               "jnp.logical_and/or/not; jax.experimental.checkify for asserts")
+    message = "Python `{construct}` on a traced value (TracerBoolConversionError under jit); {fix}"
     VALID = [
         """
         import jax
@@ -57,7 +67,7 @@ class TracedCondition(Rule):
         """,
     ]
     INVALID = [
-        """
+        Invalid("""
         import jax, jax.numpy as jnp
 
         @jax.jit
@@ -65,16 +75,16 @@ class TracedCondition(Rule):
             if jnp.all(x == 0):
                 return x
             return x / jnp.abs(x).max()
-        """,
-        """
+        """, line=5, col=4),
+        Invalid("""
         import jax
 
         @jax.jit
         def f(x):
             s = x.max()
             return x / s if s > 0 else x
-        """,
-        """
+        """, line=6, col=20),
+        Invalid("""
         import jax
 
         def body(i, x):
@@ -84,15 +94,22 @@ class TracedCondition(Rule):
 
         def run(x):
             return jax.lax.fori_loop(0, 3, body, x)
-        """,
-        """
+        """, line=4, col=4),
+        Invalid("""
+        import jax
+
+        @jax.jit
+        def f(x):
+            assert (x > 0).all()
+            return x
+        """, line=5, col=4),
+        Invalid("""
         import jax
 
         @jax.jit
         def f(x, y):
-            assert (x > 0).all()
             return x or y
-        """,
+        """, line=5, col=11),
     ]
 
     _FIX = {
@@ -141,9 +158,18 @@ _CONVERTERS = ("bool", "int", "float", "complex")
 
 
 class Concretization(Rule):
+    """Forcing a traced value to a concrete Python or numpy value.
+
+    ``bool()``, ``int()``, ``float()``, ``complex()``, ``.item()``, ``.tolist()``, ``np.*`` (numpy
+    proper, not ``jax.numpy``) and ``math.*`` on a traced value raise ``ConcretizationTypeError``
+    (or ``TracerArrayConversionError``) under ``jit``. On static values (``int(x.shape[0])``,
+    ``np.prod(x.shape)``) they are fine.
+    """
+
     code = "JX202"
     name = "concretization"
     scope = TRACED
+    instead = "keep it an array; use the jax.numpy equivalent of numpy/math functions"
     message = ("`{call}` on a traced value needs a concrete Python value (ConcretizationTypeError "
                "under jit); {fix}")
     VALID = [
@@ -165,14 +191,14 @@ class Concretization(Rule):
         """,
     ]
     INVALID = [
-        """
+        Invalid("""
         import jax
 
         @jax.jit
         def f(x):
             return x * float(x.max())
-        """,
-        """
+        """, line=5, col=15),
+        Invalid("""
         import jax
         import numpy as onp
 
@@ -180,15 +206,15 @@ class Concretization(Rule):
         def f(x):
             y = onp.asarray(x)
             return y
-        """,
-        """
+        """, line=6, col=8),
+        Invalid("""
         import jax
 
         @jax.grad
         def f(x):
             print(x.item())
             return x.sum()
-        """,
+        """, line=5, col=10),
     ]
 
     def visit_Call(self, node: cst.Call, walk: FunctionWalk) -> None:

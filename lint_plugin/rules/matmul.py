@@ -6,29 +6,35 @@ from typing import List, NamedTuple, Optional
 
 import libcst as cst
 
-from ..dataflow import FunctionWalk, _kwarg, is_broadcast_product, is_int32_dtype
+from ..call_args import kwarg, positional
+from ..dtypes import is_int32_dtype, is_integer_or_bool
 from ..kinds import INT8, STATIC, is_traced
-from ..names import CONV_FUNCS, MATMUL_FUNCS
-from ._base import ANYWHERE, PLAIN, TRACED, Rule
+from ..names import CONV_FUNCS, MATMUL_FUNCS, short_name
+from ..walk import FunctionWalk
+from ._base import ANYWHERE, PLAIN, TRACED, Invalid, Rule
+from ._broadcast import is_broadcast_product
+from ._operand_dtypes import operand_dtype
 
-__all__ = ["FloatMatmul", "Int8MatmulInt8Accumulator", "BroadcastMultiplySum", "Convolution"]
+__all__ = ["BroadcastMultiplySum", "Convolution", "FloatMatmul", "Int8MatmulInt8Accumulator"]
 
-
-def short_name(qualname: str) -> str:
-    for prefix, short in (("jax.numpy.", "jnp."), ("jax.lax.", "lax."), ("jax.scipy.", "jax.scipy.")):
-        if qualname.startswith(prefix):
-            return short + qualname[len(prefix):]
-    return qualname
+_EINSUM = "jax.numpy.einsum"
+_SUBSCRIPTS = (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString, cst.Name, cst.Attribute)
 
 
 class Matmul(NamedTuple):
     name: str                              # how the message names it: "@", "jnp.matmul", ...
-    operands: List[cst.BaseExpression]
+    operands: List[cst.BaseExpression]     # ``*ops`` counts as one operand
     int32_acc: bool                        # preferred_element_type=int32 was passed
     is_operator: bool                      # ``@`` (cannot take preferred_element_type)
 
 
+def _int32_accumulator(call: cst.Call, walk: FunctionWalk) -> bool:
+    pet = kwarg(call, "preferred_element_type")
+    return pet is not None and is_int32_dtype(pet, walk.info.imports)
+
+
 def match_matmul(node: cst.CSTNode, walk: FunctionWalk) -> Optional[Matmul]:
+    """``a @ b``, a matmul function of :data:`~lint_plugin.names.MATMUL_FUNCS`, or ``x.dot(y)`` on an array."""
     if isinstance(node, cst.BinaryOperation):
         if isinstance(node.operator, cst.MatrixMultiply):
             return Matmul("@", [node.left, node.right], False, True)
@@ -36,38 +42,66 @@ def match_matmul(node: cst.CSTNode, walk: FunctionWalk) -> Optional[Matmul]:
     if not isinstance(node, cst.Call):
         return None
     q = walk.qualname(node.func)
-    positional = [a.value for a in node.args if a.keyword is None and not a.star]
+    args = positional(node)
+    starred = [a.value for a in node.args if a.star == "*"]  # ``jnp.einsum(spec, *operands)``
     if q is not None and q in MATMUL_FUNCS:
-        if q == "jax.numpy.einsum":
-            subscripts = (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString, cst.Name, cst.Attribute)
-            if not positional or not isinstance(positional[0], subscripts):
+        if q == _EINSUM:
+            if not args or not isinstance(args[0], _SUBSCRIPTS):
                 return None
-            operands = positional[1:]
-            if len(operands) < 2:
+            operands = args[1:] + starred
+            if len(operands) < 2 and not starred:
                 return None  # one-operand einsum: a transpose/trace/sum, not a matmul
         else:
-            operands = positional[:2]
-            for kw in ("lhs", "rhs", "a", "b"):
-                v = _kwarg(node, kw)
-                if v is not None:
-                    operands.append(v)
-        pet = _kwarg(node, "preferred_element_type")
-        return Matmul(short_name(q), operands, pet is not None and is_int32_dtype(pet, walk), False)
+            operands = args[:2] + [v for v in (kwarg(node, kw) for kw in ("lhs", "rhs", "a", "b")) if v is not None]
+            operands += starred
+        return Matmul(short_name(q), operands, _int32_accumulator(node, walk), False)
     f = node.func
-    if q is None and isinstance(f, cst.Attribute) and f.attr.value == "dot" and len(positional) == 1 \
+    if q is None and isinstance(f, cst.Attribute) and f.attr.value == "dot" and len(args) == 1 \
             and is_traced(walk.kind(f.value)):
-        pet = _kwarg(node, "preferred_element_type")
-        return Matmul(".dot", [f.value, positional[0]], pet is not None and is_int32_dtype(pet, walk), False)
+        return Matmul(".dot", [f.value, args[0]], _int32_accumulator(node, walk), False)
     return None
 
 
-class FloatMatmul(Rule):
+def _what(operands: List[cst.BaseExpression], walk: FunctionWalk) -> str:
+    """How JX101 names the matmul: by the operands' dtype when the source says they are not float."""
+    dtypes = [operand_dtype(o, walk) for o in operands]
+    if dtypes and all(d is not None and is_integer_or_bool(d) for d in dtypes):
+        return f"{dtypes[0]} matmul" if len(set(dtypes)) == 1 else "non-int8 matmul"
+    return "float matmul"
+
+
+class _MatmulRule(Rule):
+    """Runs ``check`` on every ``@`` and every call."""
+
+    def check(self, node: cst.CSTNode, walk: FunctionWalk) -> None:
+        raise NotImplementedError
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation, walk: FunctionWalk) -> None:
+        if isinstance(node.operator, cst.MatrixMultiply):
+            self.check(node, walk)
+
+    def visit_Call(self, node: cst.Call, walk: FunctionWalk) -> None:
+        self.check(node, walk)
+
+
+class FloatMatmul(_MatmulRule):
+    """A matmul in traced code that is not an int8 x int8 matmul with an int32 accumulator.
+
+    The int8 contract allows one kind of matmul: both operands int8, accumulated in int32. Any other
+    matmul in traced code (``@``, ``jnp.matmul/dot/einsum/tensordot/inner/vdot/outer``,
+    ``lax.dot/dot_general/batch_matmul``, ``pl.dot``, ``x.dot(y)``, ``jnp.einsum(spec, *operands)``)
+    stays in float (or in the integer type its operands have: the message then names that dtype,
+    e.g. ``int32 matmul``, or says ``non-int8 matmul``). A matmul of scales (``jnp.outer(sx, sw)``)
+    counts. Not reported: matmuls of Python/numpy values only (``np.eye(3) @ basis``), and functions
+    under ``@int8ify``, which rewrites their matmuls.
+    """
+
     code = "JX101"
     name = "float-matmul"
     scope = PLAIN
-    message = ("float matmul `{name}` in traced code (operands not both known int8, or no int32 "
-               "accumulator); wrap the function with @int8ify or quantize both operands to int8 and "
-               "pass preferred_element_type=jnp.int32")
+    instead = ("wrap the function with @int8ify or quantize both operands to int8 and pass "
+               "preferred_element_type=jnp.int32")
+    message = "{what} `{name}` in traced code (operands not both known int8, or no int32 accumulator); {instead}"
     VALID = [
         """
         import jax, jax.numpy as jnp
@@ -95,35 +129,47 @@ class FloatMatmul(Rule):
         """,
         """
         import jax
-        import jax.numpy as jnp
-        from jax import lax
+        import numpy as np
+
+        _BASIS = np.linspace(0.0, 1.0, 9).reshape(3, 3)
 
         @jax.jit
-        def f(x, w):
-            xq = lax.convert_element_type(x, jnp.int8)
-            wq = w.astype("int8")
-            return lax.dot_general(xq, wq, (((1,), (0,)), ((), ())), preferred_element_type="int32")
+        def f(x):
+            gram = _BASIS @ _BASIS.T  # numpy on the host, a constant under the trace
+            return x * gram.sum()
         """,
     ]
     INVALID = [
-        """
+        Invalid("""
         import jax
 
         @jax.jit
         def f(x, w):
             return x @ w
-        """,
-        """
+        """, line=5, col=11),
+        Invalid("""
         import jax, jax.numpy as jnp
 
         @jax.jit
-        def f(x, w, sx, sw):
-            xq = x.astype(jnp.int8)
-            wq = w.astype(jnp.int8)
-            y = jnp.matmul(xq.astype(jnp.float32), wq.astype(jnp.float32))
-            return y * jnp.outer(sx, sw)
-        """,
-        """
+        def f(x, w):
+            xq, wq = x.astype(jnp.int8), w.astype(jnp.int8)
+            return jnp.matmul(xq.astype(jnp.float32), wq.astype(jnp.float32))
+        """, line=6, col=11),
+        Invalid("""
+        import jax, jax.numpy as jnp
+
+        @jax.jit
+        def f(acc, sx, sw):
+            return acc * jnp.outer(sx, sw)
+        """, line=5, col=17),
+        Invalid("""
+        import jax, jax.numpy as jnp
+
+        @jax.jit
+        def f(spec, *operands):
+            return jnp.einsum(spec, *operands)
+        """, line=5, col=11),
+        Invalid("""
         import flax.linen as nn
         import jax.numpy as jnp
 
@@ -134,10 +180,10 @@ class FloatMatmul(Rule):
             def __call__(self, x):
                 k = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features))
                 return jnp.dot(x, k)
-        """,
+        """, line=10, col=15),
     ]
 
-    def _check(self, node: cst.CSTNode, walk: FunctionWalk) -> None:
+    def check(self, node: cst.CSTNode, walk: FunctionWalk) -> None:
         mm = match_matmul(node, walk)
         if mm is None:
             return
@@ -146,20 +192,21 @@ class FloatMatmul(Rule):
             return
         if len(kinds) >= 2 and all(k == INT8 for k in kinds):
             return  # int8 x int8: fine with an int32 accumulator, JX102 otherwise
-        self.report(walk, node, name=mm.name)
-
-    def visit_BinaryOperation(self, node: cst.BinaryOperation, walk: FunctionWalk) -> None:
-        if isinstance(node.operator, cst.MatrixMultiply):
-            self._check(node, walk)
-
-    def visit_Call(self, node: cst.Call, walk: FunctionWalk) -> None:
-        self._check(node, walk)
+        self.report(walk, node, what=_what(mm.operands, walk), name=mm.name)
 
 
-class Int8MatmulInt8Accumulator(Rule):
+class Int8MatmulInt8Accumulator(_MatmulRule):
+    """An int8 x int8 matmul without ``preferred_element_type=jnp.int32``.
+
+    Without an int32 accumulator the products are summed in int8 and wrap around. Reported anywhere
+    (traced or not), since the result is wrong either way.
+    """
+
     code = "JX102"
     name = "int8-accumulator"
     scope = ANYWHERE
+    instead = ("pass preferred_element_type=jnp.int32 (for `@`: use jnp.matmul(a, b, "
+               "preferred_element_type=jnp.int32))")
     message = ("int8 x int8 matmul `{name}` without preferred_element_type=jnp.int32 accumulates in "
                "int8 and wraps around; {fix}")
     VALID = [
@@ -177,22 +224,22 @@ class Int8MatmulInt8Accumulator(Rule):
         """,
     ]
     INVALID = [
-        """
+        Invalid("""
         import jax.numpy as jnp
 
         def f(x, w):
             xq = x.astype(jnp.int8)
             wq = w.astype(jnp.int8)
             return jnp.matmul(xq, wq)
-        """,
-        """
+        """, line=6, col=11),
+        Invalid("""
         import jax.numpy as jnp
 
         def f(x, w):
             xq, wq = x.astype(jnp.int8), w.astype(jnp.int8)
             return xq @ wq
-        """,
-        """
+        """, line=5, col=11),
+        Invalid("""
         import numpy as np
         import jax.numpy as jnp
         from jax import lax
@@ -201,10 +248,10 @@ class Int8MatmulInt8Accumulator(Rule):
             xq = lax.convert_element_type(x, np.int8)
             wq = jnp.asarray(w, dtype="int8")
             return lax.dot(xq, wq, preferred_element_type=np.int8)
-        """,
+        """, line=8, col=11),
     ]
 
-    def _check(self, node: cst.CSTNode, walk: FunctionWalk) -> None:
+    def check(self, node: cst.CSTNode, walk: FunctionWalk) -> None:
         mm = match_matmul(node, walk)
         if mm is None or mm.int32_acc or len(mm.operands) < 2:
             return
@@ -213,36 +260,38 @@ class Int8MatmulInt8Accumulator(Rule):
                    else "pass preferred_element_type=jnp.int32")
             self.report(walk, node, name=mm.name, fix=fix)
 
-    def visit_BinaryOperation(self, node: cst.BinaryOperation, walk: FunctionWalk) -> None:
-        if isinstance(node.operator, cst.MatrixMultiply):
-            self._check(node, walk)
-
-    def visit_Call(self, node: cst.Call, walk: FunctionWalk) -> None:
-        self._check(node, walk)
-
 
 _SUMS = frozenset({"jax.numpy.sum", "jax.numpy.nansum"})
 
 
 def _axis_given(call: cst.Call, first_positional_is_array: bool) -> bool:
-    axis = _kwarg(call, "axis")
+    axis = kwarg(call, "axis")
     if axis is None:
-        positional = [a for a in call.args if a.keyword is None and not a.star]
+        args = positional(call)
         idx = 1 if first_positional_is_array else 0
-        if len(positional) > idx:
-            axis = positional[idx].value
+        if len(args) > idx:
+            axis = args[idx]
     if axis is None:
         return False
     return not (isinstance(axis, cst.Name) and axis.value == "None")
 
 
 class BroadcastMultiplySum(Rule):
+    """A matmul emulated by a broadcast multiply and a sum over an axis.
+
+    ``(x[:, :, None] * w[None]).sum(1)`` and ``jnp.sum(a[..., None] * b, axis=-2)`` (also through a
+    variable holding the product) compute a matmul the int8 rewrite cannot see, so it stays float.
+    A product of arrays with an inserted axis followed by a full sum, or scaling by broadcast
+    scales (``acc * sx[:, None] * sw[None, :]``), is not reported.
+    """
+
     code = "JX103"
     name = "broadcast-multiply-sum"
     scope = TRACED
+    instead = ("use jnp.matmul/lax.dot_general on int8 operands with preferred_element_type=jnp.int32 "
+               "(or jnp.einsum under @int8ify)")
     message = ("broadcast multiply + sum emulates a matmul that the int8 rewrite cannot see, so it "
-               "stays float; use jnp.matmul/lax.dot_general on int8 operands with "
-               "preferred_element_type=jnp.int32 (or jnp.einsum under @int8ify)")
+               "stays float; {instead}")
     VALID = [
         """
         import jax, jax.numpy as jnp
@@ -260,28 +309,28 @@ class BroadcastMultiplySum(Rule):
         """,
     ]
     INVALID = [
-        """
+        Invalid("""
         import jax
 
         @jax.jit
         def f(x, w):
             return (x[:, :, None] * w[None]).sum(1)
-        """,
-        """
+        """, line=5, col=11),
+        Invalid("""
         import jax, jax.numpy as jnp
 
         @jax.jit
         def f(a, b):
             return jnp.sum(a[..., None] * b, axis=-2)
-        """,
-        """
+        """, line=5, col=11),
+        Invalid("""
         import jax, jax.numpy as jnp
 
         @jax.jit
         def f(x_q, w_q):
             prod = x_q[:, :, jnp.newaxis].astype(jnp.int32) * w_q[jnp.newaxis].astype(jnp.int32)
             return prod.sum(axis=1)
-        """,
+        """, line=6, col=11),
     ]
 
     def visit_Call(self, node: cst.Call, walk: FunctionWalk) -> None:
@@ -297,11 +346,19 @@ class BroadcastMultiplySum(Rule):
 
 
 class Convolution(Rule):
+    """A convolution in traced code.
+
+    ``lax.conv*`` (``conv_general_dilated``, ``conv_transpose``, ``conv_general_dilated_local``,
+    ``conv_general_dilated_patches``, ...), ``jnp.convolve``/``jnp.correlate`` and
+    ``jax.scipy.signal.convolve*/correlate*`` stay float: the int8 contract allows only int8 matmuls.
+    """
+
     code = "JX104"
     name = "convolution"
     scope = TRACED
+    instead = "express it as an int8 matmul over patches with preferred_element_type=jnp.int32"
     message = ("convolution `{name}` in traced code stays float (the int8 contract allows only int8 "
-               "matmuls); express it as an int8 matmul over patches with preferred_element_type=jnp.int32")
+               "matmuls); {instead}")
     VALID = [
         """
         import jax, jax.numpy as jnp
@@ -311,22 +368,22 @@ class Convolution(Rule):
         """,
     ]
     INVALID = [
-        """
+        Invalid("""
         import jax
         from jax import lax
 
         @jax.jit
         def f(x, k):
             return lax.conv_general_dilated(x, k, (1, 1), "SAME")
-        """,
-        """
+        """, line=6, col=11),
+        Invalid("""
         import jax
         import jax.numpy as np_
 
         @jax.vmap
         def f(x, k):
             return np_.convolve(x, k, mode="same")
-        """,
+        """, line=6, col=11),
     ]
 
     def visit_Call(self, node: cst.Call, walk: FunctionWalk) -> None:

@@ -7,6 +7,10 @@ import pytest
 
 from lint_helpers import codes
 from lint_plugin.aliases import ImportTable
+from lint_plugin.prefilter import applicable_rules
+from lint_plugin.traced_decorators import TracedDecorators
+
+NO_EXTRA = TracedDecorators()
 
 
 def _table(source):
@@ -76,6 +80,6 @@ def test_extra_traced_decorators():
 
 
 def test_file_without_jax_is_skipped_before_parsing():
-    from lint_plugin.engine import might_contain_traced_code
-    assert not might_contain_traced_code("import numpy as np\nx = np.ones(3) @ np.ones(3)\n")
-    assert might_contain_traced_code("from jax import jit\n")
+    need = applicable_rules("import numpy as np\nx = np.ones(3) @ np.ones(3)\n", None, NO_EXTRA)
+    assert not need.traced and not need.anywhere and need.tree is None  # not even parsed
+    assert applicable_rules("from jax import jit\n\n@jit\ndef f(x):\n    return x\n", None, NO_EXTRA).traced

@@ -124,7 +124,7 @@ def test_traced_decorators_option_on_command_line(tmp_path):
 
 def test_unparseable_file_gives_one_clear_result_not_a_traceback():
     lines = ["import jax\n", "@jax.jit\n", "def f(x:\n", "    return x\n"]
-    results = list(Int8Checker(None, lines, "broken.py").run())
+    results = list(Int8Checker(None, lines).run())
     assert len(results) == 1
     line, col, message, checker = results[0]
     assert message.startswith(f"{PARSE_ERROR_CODE} could not parse this file with libcst")
@@ -133,5 +133,33 @@ def test_unparseable_file_gives_one_clear_result_not_a_traceback():
 
 def test_checker_yields_flake8_tuples():
     lines = ["import jax\n", "@jax.jit\n", "def f(x):\n", "    return x @ x\n"]
-    (result,) = Int8Checker(None, lines, "m.py").run()
+    (result,) = Int8Checker(None, lines).run()
     assert result[:3] == (4, 11, result[2]) and result[2].startswith("JX101 ")
+
+
+CONTINUATION_SOURCE = textwrap.dedent('''\
+    import jax
+    import jax.numpy as jnp
+
+
+    @jax.jit
+    def f(x, w):
+        y = jnp.matmul(
+            x,  {comment}
+            w,
+        )
+        return y
+''')
+
+
+@pytest.mark.parametrize("comment, expected", [
+    ("# noqa: JX201", [(7, 9, "JX101")]),       # another code: reported
+    ("# noqa:JX201,JX202", [(7, 9, "JX101")]),
+    ("# noqa: JX101", []),
+    ("# noqa: JX1", []),                         # a prefix of the code, as flake8 matches
+    ("# noqa", []),                              # blanket
+])
+def test_noqa_codes_on_a_continuation_line(tmp_path, comment, expected):
+    (tmp_path / "mod.py").write_text(CONTINUATION_SOURCE.format(comment=comment))
+    result = run_flake8("--select=JX", "mod.py", cwd=tmp_path)
+    assert _reported(result.stdout) == expected, result.stdout + result.stderr

@@ -1,0 +1,48 @@
+"""Run a function with room for deep recursion.
+
+libcst's visitors (the position computation) and the expression walk recurse once per nesting
+level; a 500-term ``and`` chain or 200 nested calls is valid Python that exceeds the default
+recursion limit. Rather than skipping such a file, the engine retries it here: in a thread with a
+large stack and a raised recursion limit, so the deep tree is analysed like any other.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Callable, Dict, TypeVar
+
+__all__ = ["call_with_deep_stack"]
+
+T = TypeVar("T")
+
+_STACK_BYTES = 512 * 1024 * 1024  # address space only: pages are committed as the stack grows
+_RECURSION_LIMIT = 100_000
+
+
+def call_with_deep_stack(fn: Callable[[], T]) -> T:
+    """``fn()`` in a thread with a 512 MiB stack and a recursion limit of 100k frames; its exception
+    (a ``RecursionError`` even there, or anything else) is raised here."""
+    outcome: Dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # handed to the caller's thread below
+            outcome["error"] = exc
+
+    old_limit = sys.getrecursionlimit()
+    old_size = threading.stack_size(_STACK_BYTES)
+    # The limit is per interpreter; flake8 checks files one at a time per process, so nothing
+    # else runs Python code while the caller waits for this thread.
+    sys.setrecursionlimit(max(old_limit, _RECURSION_LIMIT))
+    try:
+        thread = threading.Thread(target=target, name="jx-deep-stack")
+        thread.start()
+        thread.join()
+    finally:
+        threading.stack_size(old_size)
+        sys.setrecursionlimit(old_limit)
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["value"]  # type: ignore[return-value]

@@ -1,0 +1,164 @@
+"""What the discovery records about one file: its functions, classes, imports and root specs.
+
+Filled by :func:`lint_plugin.discovery.discover`, read by the data flow
+(:mod:`lint_plugin.walk`, :mod:`lint_plugin.fixpoint`).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Set, TypeVar, Union
+
+import libcst as cst
+
+from .aliases import ImportTable
+from .names import TransformSig
+
+__all__ = ["ClassInfo", "FuncInfo", "FuncNode", "ModuleInfo", "RootSpec"]
+
+FuncNode = Union[cst.FunctionDef, cst.Lambda]
+T = TypeVar("T")
+
+
+class RootSpec:
+    """How one transform traces the parameters of the function it wraps.
+
+    Parameters are traced unless this says otherwise: ``static_nums``/``static_names``
+    (``static_argnums``, values bound with ``functools.partial``, ``None`` in ``shard_map``'s
+    ``in_specs``) are Python values; ``unknown_nums`` (``in_axes=None``) may be either;
+    ``traced_nums`` (``grad``'s ``argnums``), when set, are the only traced positions;
+    ``all_unknown``: the arguments could not be read (``**kwargs``, computed ``static_argnums``).
+    """
+
+    __slots__ = ("sig", "static_nums", "static_names", "traced_nums", "unknown_nums", "bound_pos",
+                 "all_unknown", "module_method", "inherit_from")
+
+    def __init__(self, sig: TransformSig) -> None:
+        self.sig = sig
+        self.static_nums: Set[int] = set()
+        self.static_names: Set[str] = set()
+        self.traced_nums: Optional[Set[int]] = None  # None: all parameters
+        self.unknown_nums: Set[int] = set()
+        # positional arguments bound by ``functools.partial``: the transform's argument indices
+        # (``static_argnums``, ``in_axes``) start after them
+        self.bound_pos = 0
+        self.all_unknown = False
+        self.module_method = False  # ``__call__``/``@nn.compact`` of a linen, nnx or equinox module
+        # The function whose body applied the transform (``lax.scan(body, ...)`` inside ``f``):
+        # the root is under ``@int8ify`` exactly when ``f`` is.
+        self.inherit_from: Optional["FuncInfo"] = None
+
+
+class ClassInfo:
+    """A class; ``framework`` is :data:`~lint_plugin.names.LINEN`/``NNX``/``EQUINOX`` for a module
+    class of one of those libraries (directly or through classes of this file)."""
+
+    __slots__ = ("node", "name", "methods", "base_names", "fields", "framework", "is_enum", "attr_kinds")
+
+    def __init__(self, node: cst.ClassDef) -> None:
+        self.node = node
+        self.name = node.name.value
+        self.methods: Dict[str, FuncInfo] = {}
+        self.base_names: List[str] = []
+        self.fields: List[cst.AnnAssign] = []  # ``name: annotation [= value]`` in the class body
+        self.framework: Optional[str] = None
+        self.is_enum = False
+        self.attr_kinds: Optional[Dict[str, int]] = None  # computed on first use
+
+
+class FuncInfo:
+    """A ``def`` or a ``lambda`` (lambdas only when passed to a transform)."""
+
+    __slots__ = ("node", "name", "parent", "cls", "method_of", "locals", "shadowed", "roots", "traced",
+                 "plain", "seed", "closure_env", "params", "calls", "is_lambda", "ret", "ret_elts",
+                 "callers", "partials")
+
+    def __init__(self, node: FuncNode, name: str, parent: Optional["FuncInfo"],
+                 method_of: Optional[ClassInfo], cls: Optional[ClassInfo]) -> None:
+        self.node = node
+        self.name = name
+        self.parent = parent
+        self.method_of = method_of  # class this is directly a method of
+        self.cls = cls  # class whose ``self`` is visible here (methods and their nested functions)
+        self.locals: Dict[str, FuncInfo] = {}
+        # earlier ``def``s of a name ``locals`` holds a later one of (``if a: def f ... else: def f ...``)
+        self.shadowed: Dict[str, List[FuncInfo]] = {}
+        self.partials: Dict[str, cst.Call] = {}  # ``name = functools.partial(...)`` in this body
+        self.roots: List[RootSpec] = []
+        self.traced = False
+        self.plain = False  # traced through a path not under @int8ify
+        self.seed: Dict[str, int] = {}
+        self.closure_env: Optional[Dict[str, int]] = None
+        self.is_lambda = isinstance(node, cst.Lambda)
+        self.params = param_list(node.params)
+        self.calls: List[cst.Call] = []
+        self.ret: Optional[int] = None  # kind of the returned value, once walked
+        self.ret_elts: Optional[List[int]] = None  # per element, when it returns tuples
+        self.callers: List[FuncInfo] = []
+
+
+def param_list(params: cst.Parameters) -> List[cst.Param]:
+    """Positional parameters, in order (positional-only first)."""
+    return list(params.posonly_params) + list(params.params)
+
+
+class ModuleInfo:
+    """Everything the discovery found in one file."""
+
+    __slots__ = ("imports", "functions", "module_funcs", "module_shadowed", "classes", "classes_by_name",
+                 "module_calls", "by_node", "lambda_roots", "module_partials", "module_assigns", "module_static")
+
+    def __init__(self) -> None:
+        self.imports = ImportTable()
+        self.functions: List[FuncInfo] = []
+        self.module_funcs: Dict[str, FuncInfo] = {}
+        self.module_shadowed: Dict[str, List[FuncInfo]] = {}
+        self.classes: List[ClassInfo] = []
+        self.classes_by_name: Dict[str, ClassInfo] = {}
+        self.module_calls: List[cst.Call] = []
+        self.by_node: Dict[int, FuncInfo] = {}
+        self.lambda_roots: Dict[int, FuncInfo] = {}
+        self.module_partials: Dict[str, cst.Call] = {}
+        # ``Name = value`` at module level (type aliases such as ``Cache = dict[str, jax.Array]``)
+        self.module_assigns: Dict[str, cst.BaseExpression] = {}
+        # module-level names bound only to Python values (``_EYE = np.eye(3)``), set by the analysis
+        self.module_static: Set[str] = set()
+
+    def lookup(self, name: str, scope: Optional[FuncInfo]) -> Optional[FuncInfo]:
+        """The function a bare name refers to, from inside ``scope``."""
+        return _innermost(name, scope, "locals", self.module_funcs)
+
+    def lookup_all(self, name: str, scope: Optional[FuncInfo]) -> List[FuncInfo]:
+        """Every ``def`` of a bare name in the innermost scope that has one: a name defined on two
+        branches may refer to either."""
+        last = self.lookup(name, scope)
+        if last is None:
+            return []
+        f = scope
+        while f is not None and f.locals.get(name) is not last:
+            f = f.parent
+        shadowed = f.shadowed if f is not None else self.module_shadowed
+        return [*shadowed.get(name, ()), last]
+
+    def lookup_expr(self, expr: cst.BaseExpression, scope: Optional[FuncInfo]) -> Optional[FuncInfo]:
+        """The function ``name`` or ``self.method`` refers to, from inside ``scope``."""
+        if isinstance(expr, cst.Name):
+            return self.lookup(expr.value, scope)
+        if (isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name)
+                and expr.value.value == "self" and scope is not None and scope.cls is not None):
+            return scope.cls.methods.get(expr.attr.value)
+        return None
+
+    def lookup_partial(self, name: str, scope: Optional[FuncInfo]) -> Optional[cst.Call]:
+        """The ``functools.partial(...)`` call a bare name was bound to, from inside ``scope``."""
+        return _innermost(name, scope, "partials", self.module_partials)
+
+
+def _innermost(name: str, scope: Optional[FuncInfo], table: str, module_table: Dict[str, T]) -> Optional[T]:
+    """``name`` in the ``table`` of the innermost enclosing function that has it, else at module level."""
+    f = scope
+    while f is not None:
+        hit = getattr(f, table).get(name)
+        if hit is not None:
+            return hit
+        f = f.parent
+    return module_table.get(name)
