@@ -22,9 +22,9 @@ this representation plus two small devices handle all four:
 * **Division.** XLA turns ``a / 127`` into ``a * (1/127)`` and ``v / broadcast(s)`` into ``v * (1/s)``, which
   differ from the division by one ulp and move values that sit on a rounding tie (integers, dyadic values,
   bfloat16 data) to the other code. Both divisions use :func:`true_divide`, which XLA keeps a division.
-* **NaN and Inf.** XLA's CPU ``reduce_max`` drops NaN. :func:`absmax` adds ``sum(v * 0)``, which is 0 for a
-  finite slice and NaN otherwise (one fused pass); a slice holding NaN or Inf gets a NaN scale, so every output
-  that depends on it comes out non-finite.
+* **NaN and Inf.** XLA's CPU ``reduce_max`` drops NaN. :func:`absmax` turns NaN into Inf before reducing (in
+  the same fused pass); a slice holding NaN or Inf gets an infinite scale, so every output that depends on it
+  comes out non-finite (Inf or NaN).
 * **Tiny slices.** XLA flushes subnormal floats to zero, so ``a / 127`` for ``a < 127 * 2**-126`` cannot be
   represented as one float. Held as ``scales * 2**exponents`` it needs no special case: the codes of such a slice
   use the full +-127 range like any other.
@@ -115,14 +115,15 @@ def pow2(exponent, dtype=np.float32):
 
 
 def absmax(x, reduce_axes: Sequence[int]):
-    """``max|x|`` over ``reduce_axes`` in the compute dtype: NaN for a slice holding NaN or Inf, 0 for an empty one.
+    """``max|x|`` over ``reduce_axes`` in the compute dtype: Inf for a slice holding NaN or Inf, 0 for an empty one.
 
-    ``sum(x * 0)`` is 0 for a finite slice and NaN otherwise; XLA fuses both reductions into one pass, and no
-    backend can drop the NaN of a sum (XLA's CPU float ``reduce_max`` drops NaN for many layouts).
+    NaN becomes Inf before the reduction (one fused pass), because XLA's CPU float ``reduce_max`` drops NaN for
+    many layouts.
     """
     x = to_compute(x)
     axes = tuple(reduce_axes)
-    amax = lax.add(lax.reduce_max(lax.abs(x), axes), lax.reduce_sum(lax.mul(x, x.dtype.type(0)), axes))
+    magnitude = lax.select(lax.ne(x, x), lax.full_like(x, np.inf), lax.abs(x))
+    amax = lax.reduce_max(magnitude, axes)
     if any(x.shape[a] == 0 for a in axes):
         amax = lax.max(amax, x.dtype.type(0))  # reduce_max of an empty slice is -inf: it is an all-zero slice
     return amax
@@ -138,7 +139,8 @@ def scales_from_absmax(amax):
         ``(scales, exponents)``: ``exponents`` (int32) is the power of two of the absmax and ``scales`` (the
         absmax's dtype) is its mantissa divided by 127, in ``[1/127, 2/127)`` (``[2/127, 4/127)`` in the top
         binade, where the exponent is kept one lower so ``2**-exponents`` is a normal float); an all-zero slice
-        has scale 1 (``scales`` 1, ``exponents`` 0) and a slice holding NaN or Inf a NaN scale.
+        has scale 1 (``scales`` 1, ``exponents`` 0) and a slice holding NaN or Inf an infinite scale, which makes
+        every output it feeds infinite or NaN.
     """
     fmt = _format(amax)
     bits = lax.bitcast_convert_type(amax, fmt.bits)
@@ -147,7 +149,7 @@ def scales_from_absmax(amax):
     mantissa_mask = fmt.bits((1 << fmt.mantissa_bits) - 1)
     one = fmt.bits(fmt.bias << fmt.mantissa_bits)
     mantissa = lax.bitcast_convert_type(lax.bitwise_or(lax.bitwise_and(bits, mantissa_mask), one), fmt.dtype)
-    mantissa = lax.select(lax.is_finite(amax), mantissa, amax)  # NaN stays NaN
+    mantissa = lax.select(lax.is_finite(amax), mantissa, amax)  # Inf stays Inf
     # 2**-e must be a normal float for the prescale: the top binade keeps e = bias - 1 with a doubled mantissa
     top = lax.gt(exponents, np.int32(fmt.bias - 1))
     mantissa = lax.select(top, lax.add(mantissa, mantissa), mantissa)
@@ -170,7 +172,8 @@ def quantize_parts(x, reduce_axes: Sequence[int]):
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
     scales, exponents = scales_from_absmax(absmax(x, reduce_axes))
     values = to_compute(x)
-    # x * 2**-e is exact (a NaN slice's exponent is meaningless, but its scale is NaN and so is every output it feeds)
+    # x * 2**-e is exact (a non-finite slice's exponent is meaningless, but its scale is Inf and so is every output
+    # it feeds)
     prescale = pow2(lax.neg(exponents), values.dtype)
     values = lax.mul(values, lax.broadcast_in_dim(prescale, x.shape, kept_axes))
     quotient = true_divide(values, lax.broadcast_in_dim(scales, x.shape, kept_axes))
