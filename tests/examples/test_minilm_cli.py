@@ -103,6 +103,24 @@ def test_out_path_is_the_file_numpy_writes(run, tmp_path):
     assert (tmp_path / "emb.npz").is_file()
 
 
+def test_fallback_save_never_overwrites(run, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "e.npz").write_bytes(b"earlier work")
+    f32 = np.ones((1, 384), np.float32)
+    written = run.save_with_fallback(tmp_path / "missing" / "e.npz", f32, f32, ["a"])
+    assert written == tmp_path / "e-1.npz" and np.load(written)["sentences"].tolist() == ["a"]
+    assert (tmp_path / "e.npz").read_bytes() == b"earlier work"
+    assert f"saved the embeddings to {written} instead" in capsys.readouterr().err
+
+
+def test_figure_that_cannot_be_written_is_reported(run, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "a_file").write_text("")
+    layers = [run.LayerError("layer_0", 0.01, 8, "ffn/output", 0.02)]
+    assert not run.write_figure(tmp_path / "a_file" / "report.png", np.array([0.99, 1.0]), layers, "t")
+    assert "could not write the figure" in capsys.readouterr().err
+
+
 # -- report pieces ----------------------------------------------------------------------------------------------
 
 
