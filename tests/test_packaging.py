@@ -1,0 +1,48 @@
+"""The package builds into a wheel whose metadata works: the flake8 entry point, the console script, the extras,
+both packages and the supported JAX range."""
+
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        capture_output=True, text=True, timeout=300,
+    )
+    if result.returncode != 0 and ("No module named" in result.stderr or "invalid command 'bdist_wheel'" in result.stderr):
+        pytest.skip("this environment cannot build wheels offline (needs setuptools >= 70, or wheel)")
+    assert result.returncode == 0, result.stderr
+    (path,) = out.glob("int8ify-*.whl")
+    return zipfile.ZipFile(path)
+
+
+def _read(wheel, suffix):
+    (name,) = [n for n in wheel.namelist() if n.endswith(suffix)]
+    return wheel.read(name).decode()
+
+
+def test_wheel_holds_both_packages_and_no_tests(wheel):
+    names = wheel.namelist()
+    assert "jaxpr_rewrite/__init__.py" in names and "lint_plugin/plugin.py" in names
+    assert "jaxpr_rewrite/_compat.py" in names and "lint_plugin/rules/__init__.py" in names
+    assert not [n for n in names if n.startswith(("tests/", "examples/", "benchmarks/"))]
+
+
+def test_entry_points_and_extras(wheel):
+    entry_points = _read(wheel, ".dist-info/entry_points.txt")
+    assert "[flake8.extension]\nJX = lint_plugin.plugin:Int8Checker" in entry_points
+    assert "[console_scripts]\nint8ify = jaxpr_rewrite.cli:main" in entry_points
+    metadata = _read(wheel, ".dist-info/METADATA")
+    assert "Requires-Dist: jax<0.11,>=0.8" in metadata or "Requires-Dist: jax>=0.8,<0.11" in metadata
+    for extra in ("test", "plot", "examples"):
+        assert f"Provides-Extra: {extra}" in metadata
+    assert 'Requires-Dist: matplotlib; extra == "plot"' in metadata
+    assert "# int8ify" in metadata  # README as the long description
