@@ -337,3 +337,10 @@ def test_transposed_weights_are_quantized():
     f = jax.jit(int8ify(logits))
     np.testing.assert_array_equal(np.asarray(f(q, x)), np.asarray(f(params, x)))
     _assert_codes_consumed(logits, q, x, n_dots=1)
+
+
+def test_quantized_params_print_and_map_like_any_pytree():
+    q = quantize_params(lambda p, x: x @ p["w"], {"w": PARAMS[0]["w"]}, X)
+    assert repr(q) == "{'w': QuantizedArray(i8[32, 32], contracting=(0,), dtype=float32)}"
+    shapes = jax.tree_util.tree_map(lambda a: a.shape, q)  # the leaves become tuples: repr must still work
+    assert "codes=(32, 32)" in repr(shapes)

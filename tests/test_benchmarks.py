@@ -1,0 +1,41 @@
+"""The prepared GPU check runs anywhere with --dry-run (toy sizes), so it is known to work before a GPU window."""
+
+import sys
+
+from conftest import ROOT
+
+
+def test_device_check_dry_run(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    sys.modules.pop("device_check", None)
+    import device_check
+
+    out = tmp_path / "device.md"
+    assert device_check.main(["--dry-run", "--out", str(out)]) == 0
+    text = out.read_text()
+    for step in ("Environment", "Tests on the device", "Speed", "What the dots compile to", "Block-scaled backends"):
+        assert f"## {step}" in text, step
+    assert "FAILED" not in text
+    assert "3 passed, 0 failed of 3 run" in text
+    assert "| MiniLM 2x16 | 2 | int8ify+qparams |" in text
+    assert "4 GEMM(s), 4 with s8 x s8 operands" in text
+    assert "`auto` resolves to `int8`" in text and "`nvfp4`: ran" in text
+
+
+def test_gemm_reader_tells_int8_from_float():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import device_check
+
+    hlo = """
+%fused (p0: s8[4,4], p1: s8[4,4]) -> s32[4,4] {
+  %p0 = s8[4,4]{1,0} parameter(0)
+  %p1 = s8[4,4]{1,0} parameter(1)
+  ROOT %d = s32[4,4]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+ENTRY %main (a: f32[4,4], b: f32[4,4]) -> (f32[4,4], f32[4,4]) {
+  %a = f32[4,4]{1,0} parameter(0)
+  %b = f32[4,4]{1,0} parameter(1)
+  %c = (f32[4,4]{1,0}, s8[16]{0}) custom-call(%a, %b), custom_call_target="__cublas$lt$matmul"
+}
+"""
+    assert device_check.gemms(hlo) == [("dot", "s8", "s8"), ("__cublas$lt$matmul", "f32", "f32")]
