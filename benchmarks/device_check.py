@@ -135,7 +135,7 @@ def _cast(tree, dtype):
 def speed(dry_run: bool) -> tuple[str, list]:
     import model as minilm
     from mlp import init_mlp, mlp
-    from speed import bare_dots, hand_mlp, hand_weights, rel_error, time_interleaved
+    from speed import hand_mlp, hand_weights
 
     rounds, reps = (2, 1) if dry_run else (9, 10)
     width, batches = (64, (8,)) if dry_run else (1024, (128, 1024))

@@ -430,4 +430,3 @@ int8_ragged_dot_general = straight_through(int8_ragged_dot_general_impl, _ragged
 def int8_backend(lhs, rhs, float_params, out_dtype, config: RewriteConfig):
     """The int8 contract (the default backend)."""
     return int8_dot_general(lhs, rhs, float_params, out_dtype, Scheme.of(config))
-

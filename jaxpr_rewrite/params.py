@@ -37,7 +37,7 @@ from .evaluate import bind, evaluate
 from .jaxprs import SUBJAXPR_PARAMS, is_float_dot, open_jaxpr
 from .quantized import QuantizedArray, is_quantized, quantize
 from .source import describe_source
-from .tracing import StaticArgs, split_call, trace
+from .tracing import target_of, trace
 
 __all__ = ["QuantizationWarning", "quantize_params", "smoothing_factors", "weight_absmax"]
 
@@ -209,17 +209,6 @@ def _activation_absmax(closed, targets: dict, flat_args) -> dict:
 
 
 # -- entry point ------------------------------------------------------------------------------------------------
-def _target(fn) -> tuple[Callable, RewriteConfig, Callable]:
-    if hasattr(fn, "config") and hasattr(fn, "signature"):  # an Int8ified: its options and static arguments
-        return fn.fn, fn.config, fn.signature
-    if not callable(fn):
-        raise Int8ifyError(f"quantize_params expects the model function as its first argument, got "
-                           f"{type(fn).__name__} {fn!r:.40}")
-    name = getattr(fn, "__name__", repr(fn))
-    return fn, RewriteConfig(), lambda args, kwargs: split_call(args, kwargs, StaticArgs(frozenset(), frozenset()),
-                                                               name)
-
-
 def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | None = None, calibration=None,
                     smooth_skip=(), explain: bool = False, **example_kwargs):
     """Quantize, once, the leaves of ``params`` that ``int8ify(fn)`` would quantize on every call.
@@ -253,7 +242,7 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
         QuantizationWarning: when a leaf that feeds a rewritten matmul stays float (``explain=True`` instead
             returns every leaf's reason and does not warn).
     """
-    function, config, signature_of = _target(fn)
+    function, config, signature_of = target_of(fn, "quantize_params")
     paths_and_leaves, tree = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_quantized)
     paths = [jax.tree_util.keystr(path) for path, _ in paths_and_leaves]
     leaves = [leaf for _, leaf in paths_and_leaves]
@@ -366,4 +355,3 @@ def _smoothing(plans, leaves, alpha, smooth_skip, calibration, traced) -> dict:
         factors = smoothing_factors(absmax[group[0]], w_absmax, alpha)
         smooth.update({i: (factors, f"{token}-{number}") for i in group})
     return smooth
-

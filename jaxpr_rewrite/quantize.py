@@ -238,8 +238,8 @@ def ldexp_exact(scales, exponents):
     kept = lax.shift_right_logical(significand, shift)
     rest = lax.bitwise_and(significand, lax.sub(lax.shift_left(np.int32(1), shift), np.int32(1)))
     half = lax.shift_left(np.int32(1), lax.sub(shift, np.int32(1)))
-    up = lax.bitwise_or(lax.gt(rest, half), lax.bitwise_and(lax.eq(rest, half),
-                                                             lax.eq(lax.bitwise_and(kept, np.int32(1)), np.int32(1))))
+    odd = lax.eq(lax.bitwise_and(kept, np.int32(1)), np.int32(1))
+    up = lax.bitwise_or(lax.gt(rest, half), lax.bitwise_and(lax.eq(rest, half), odd))
     subnormal = lax.bitwise_or(sign, lax.add(kept, lax.convert_element_type(up, np.int32)))
     ok = lax.bitwise_and(lax.is_finite(scales), lax.ne(magnitude, np.int32(0)))
     value = lax.select(lax.gt(biased, np.int32(0)), normal, subnormal)

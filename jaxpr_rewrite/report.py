@@ -18,7 +18,7 @@ carry); one in a branch that was not taken, a loop that ran zero times, or insid
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
 import jax.extend  # noqa: F401
@@ -36,7 +36,7 @@ from .jaxprs import DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS, is_float_dot, is_ma
 from .quantized import is_quantized
 from .rewrite import Rewriter, higher_order_rules
 from .source import Location, eqn_location, short_path
-from .tracing import StaticArgs, split_call, trace
+from .tracing import target_of, trace
 
 __all__ = ["DotRow", "Report", "report"]
 
@@ -389,16 +389,6 @@ def _missing_note(site: _Site, ran_zero_times: bool) -> str:
 
 
 # -- entry point ------------------------------------------------------------------------------------------------
-def _target(fn) -> tuple[Callable, RewriteConfig, Callable]:
-    """``(function, options, signature)`` of an ``int8ify``-wrapped function, or of a plain one under the
-    default options."""
-    if hasattr(fn, "config") and hasattr(fn, "signature"):  # an Int8ified
-        return fn.fn, fn.config, fn.signature
-    name = getattr(fn, "__name__", repr(fn))
-    return fn, RewriteConfig(), lambda args, kwargs: split_call(args, kwargs, StaticArgs(frozenset(), frozenset()),
-                                                               name)
-
-
 def _is_concrete(leaf) -> bool:
     return not isinstance(leaf, (jax.ShapeDtypeStruct, jax.core.Tracer))
 
@@ -416,7 +406,7 @@ def report(fn, *args, **kwargs) -> Report:
     Returns:
         A :class:`Report`; ``print`` it for the table.
     """
-    function, config, signature_of = _target(fn)
+    function, config, signature_of = target_of(fn, "report")
     args, kwargs = jax.tree_util.tree_map(
         lambda x: x.materialise() if is_quantized(x) else x, (args, kwargs), is_leaf=is_quantized
     )

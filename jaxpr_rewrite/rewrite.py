@@ -33,7 +33,7 @@ from .config import RewriteConfig, dot_backends, join_scope, registering, skip_r
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .int8_dot import Scheme, int8_ragged_dot_general, supports_ragged
-from .jaxprs import DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS, forward_jaxprs, is_float_dot, is_matmul, open_jaxpr
+from .jaxprs import DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS, forward_jaxprs, is_float_dot, open_jaxpr
 from .quantized import is_quantized, resolve_dot_operands
 from .source import UNKNOWN, Location, describe_source, eqn_location
 
@@ -404,8 +404,9 @@ QuantizedRule = Callable[[Rewriter, object, list, str, Location], "list | None"]
 returns ``None`` to have the operands materialised instead."""
 
 quantized_rules: dict[str, QuantizedRule] = {}
-register_quantized_rule = registering(quantized_rules, "Decorator: ``@register_quantized_rule(*names)`` "
-                                                       "registers a :data:`QuantizedRule` for the primitives ``names``.")
+register_quantized_rule = registering(
+    quantized_rules, "Decorator: ``@register_quantized_rule(*names)`` registers a :data:`QuantizedRule` for the "
+                     "primitives ``names``.")
 
 
 def _sub_interpreter(rewriter: Rewriter, closed, scope: str, where: Location):

@@ -24,10 +24,11 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr
 
+from .config import RewriteConfig
 from .errors import Int8ifyError, TracedValueError
 from .quantized import QuantizedArray, is_quantized
 
-__all__ = ["Signature", "StaticArgs", "is_array", "rebuild", "resolve_static", "split_call", "trace",
+__all__ = ["Signature", "StaticArgs", "is_array", "rebuild", "resolve_static", "split_call", "target_of", "trace",
            "traced_value_error"]
 
 
@@ -115,6 +116,25 @@ class Signature(NamedTuple):
 
     def __eq__(self, other):
         return isinstance(other, Signature) and self.key == other.key
+
+
+def target_of(fn, caller: str) -> tuple[Callable, RewriteConfig, Callable]:
+    """``(function, options, signature_of)`` for an entry point that takes ``fn``: an ``int8ify``-wrapped
+    function's own options and static arguments, or the default options and no static arguments for a plain one.
+
+    ``signature_of(args, kwargs)`` returns ``(Signature, traced leaves)`` of a call.
+
+    Raises:
+        Int8ifyError: ``fn`` is not callable (``caller`` names the entry point in the message).
+    """
+    if hasattr(fn, "config") and hasattr(fn, "signature"):  # an Int8ified (api.py builds on this module)
+        return fn.fn, fn.config, fn.signature
+    if not callable(fn):
+        raise Int8ifyError(f"{caller} expects the model function as its first argument, got {type(fn).__name__} "
+                           f"{fn!r:.40}")
+    name = getattr(fn, "__name__", repr(fn))
+    no_static = StaticArgs(frozenset(), frozenset())
+    return fn, RewriteConfig(), lambda args, kwargs: split_call(args, kwargs, no_static, name)
 
 
 def _leaf_type(x):

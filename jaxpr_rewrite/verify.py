@@ -25,10 +25,10 @@ import jax.extend  # noqa: F401
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Var
 
-from .errors import Int8ifyError, TracedValueError
+from .errors import TracedValueError
 from .jaxprs import forward_jaxprs, is_matmul, open_jaxpr
 from .source import eqn_location
-from .tracing import StaticArgs, split_call, trace
+from .tracing import target_of, trace
 
 __all__ = ["Finding", "assert_int8", "verify", "verify_jaxpr"]
 
@@ -193,13 +193,8 @@ def trace_program(fn, *args, **kwargs) -> ClosedJaxpr:
     """
     if hasattr(fn, "rewritten_jaxpr"):  # an Int8ified
         return fn.rewritten_jaxpr(*args, **kwargs)
-    if not callable(fn):
-        raise Int8ifyError(
-            f"verify expects a function, an int8ify-wrapped function or a jaxpr, got {type(fn).__name__} {fn!r:.40}"
-        )
-    signature, dynamic = split_call(args, kwargs, StaticArgs(frozenset(), frozenset()),
-                                    getattr(fn, "__name__", repr(fn)))
-    return trace(fn, signature, dynamic)[0]
+    function, _, signature_of = target_of(fn, "verify")
+    return trace(function, *signature_of(args, kwargs))[0]
 
 
 def verify(fn, *args, **kwargs) -> list[Finding]:

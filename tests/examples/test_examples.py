@@ -1,7 +1,6 @@
 """The examples run as documented (small sizes, so the suite stays fast)."""
 
 
-
 def test_seed_problem_example(run_example):
     out = run_example("seed_problem.py")
     assert out.count("y matches the published output: True") == 3

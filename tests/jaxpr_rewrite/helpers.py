@@ -11,6 +11,7 @@ import numpy as np
 
 from jaxpr_rewrite import dot_eqns, iter_eqns  # noqa: F401  (re-exported for the tests)
 
+
 def reference_scale_parts(x, reduce_axes) -> tuple[np.ndarray, np.ndarray]:
     """The contract's scale of each slice over ``reduce_axes`` (kept axes in order) as ``(scales, exponents)``
     with ``scale = scales * 2**exponents``, the library's documented representation: ``2**exponents`` the power

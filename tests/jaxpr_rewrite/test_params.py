@@ -11,11 +11,11 @@ from helpers import assert_all_dots_int8, iter_eqns
 from jaxpr_rewrite import Int8ifyError, QuantizationWarning, QuantizedArray, int8ify, quantize_params
 
 
-
 @pytest.fixture(scope="module")
 def mlp(load_example):
     """The example's Dense + gelu MLP."""
     return load_example("mlp.py").mlp
+
 
 rng = np.random.default_rng(7)
 
@@ -333,7 +333,8 @@ def test_transposed_weights_are_quantized():
         return x @ params["table"].T
 
     q = quantize_params(logits, params, x)
-    assert isinstance(q["table"], QuantizedArray) and q["table"].contracting == (1,) and q["table"].scales.shape == (48,)
+    assert isinstance(q["table"], QuantizedArray)
+    assert q["table"].contracting == (1,) and q["table"].scales.shape == (48,)
     f = jax.jit(int8ify(logits))
     np.testing.assert_array_equal(np.asarray(f(q, x)), np.asarray(f(params, x)))
     _assert_codes_consumed(logits, q, x, n_dots=1)

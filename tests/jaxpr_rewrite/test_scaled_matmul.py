@@ -25,7 +25,6 @@ from hypothesis import strategies as st
 from jax import lax
 
 from jaxpr_rewrite import Int8ifyError, int8ify
-from jaxpr_rewrite import _compat
 from jaxpr_rewrite.jaxprs import sub_jaxprs
 from jaxpr_rewrite import scaled_matmul as sm
 
