@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jax.extend.core import ClosedJaxpr, Jaxpr
 
 __all__ = [
+    "CALL_PRIMITIVES",
     "DERIVATIVE_ONLY_PARAMS",
     "MATMUL_PRIMITIVES",
     "SUBJAXPR_PARAMS",
@@ -44,6 +45,9 @@ SUBJAXPR_PARAMS: dict[str, tuple[str, ...]] = {
     "custom_linear_solve": ("jaxprs",),
     "custom_vmap_call": ("call",),
 }
+
+# Calls: one sub-jaxpr that takes the equation's operands one to one and gives its outputs (remat included).
+CALL_PRIMITIVES = frozenset({"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"})
 
 # Sub-jaxprs that only define derivatives: their dots never run in the forward pass, so they stay float
 # (like the tangent dots of a custom_jvp rule). custom_linear_solve's forward pass is its ``solve``.

@@ -34,7 +34,7 @@ from jax import lax
 from .config import RewriteConfig, join_scope, skip_reason
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
-from .jaxprs import SUBJAXPR_PARAMS, is_float_dot, open_jaxpr
+from .jaxprs import CALL_PRIMITIVES, SUBJAXPR_PARAMS, is_float_dot, open_jaxpr
 from .quantized import QuantizedArray, is_quantized, quantize
 from .source import describe_source
 from .tracing import target_of, trace
@@ -56,9 +56,6 @@ class _Use:
     eqn: object  # the matmul
     side: int  # 0: lhs, 1: rhs
     jaxpr: object  # the jaxpr holding the matmul
-
-
-_CALLS = ("jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint")
 
 
 def _uses(jaxpr, var, config: RewriteConfig, scope: str, cast, top: bool, refused: list,
@@ -101,7 +98,7 @@ def _uses(jaxpr, var, config: RewriteConfig, scope: str, cast, top: bool, refuse
         elif name == "transpose":
             permuted = tuple(axes[p] for p in eqn.params["permutation"])
             found += _uses(jaxpr, eqn.outvars[0], config, here, cast, top, refused, permuted)
-        elif name in _CALLS:
+        elif name in CALL_PRIMITIVES:
             (param,) = SUBJAXPR_PARAMS[name]
             sub = open_jaxpr(eqn.params[param])
             for k in positions:

@@ -32,7 +32,8 @@ from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .int8_dot import supports_ragged
 from .plotting import COLORS, bar_chart, new_figure, save
-from .jaxprs import DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS, is_float_dot, is_matmul, open_jaxpr, sub_jaxprs
+from .jaxprs import (CALL_PRIMITIVES, DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS, is_float_dot, is_matmul, open_jaxpr,
+                     sub_jaxprs)
 from .quantized import is_quantized
 from .rewrite import Rewriter, higher_order_rules
 from .source import Location, eqn_location, short_path
@@ -267,10 +268,9 @@ def _sites(jaxpr: Jaxpr, config: RewriteConfig, scope: str = "", path: tuple = (
 
 
 # -- measuring ------------------------------------------------------------------------------------------------
-_CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-          "remat2": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr",
-          "custom_vjp_call": "call_jaxpr"}
-MEASURED_PRIMITIVES = frozenset(_CALLS) | {"cond", "scan", "while"}
+# Calls and custom derivatives are evaluated inline (a custom_jvp/custom_vjp through its primal).
+_INLINED = CALL_PRIMITIVES | {"custom_jvp_call", "custom_vjp_call"}
+MEASURED_PRIMITIVES = _INLINED | {"cond", "scan", "while"}
 
 
 def _sub_index(eqn, sub) -> int:
@@ -318,8 +318,8 @@ class _Measurer:
             f32, q32 = float_out[0].astype(jnp.float32), q.astype(jnp.float32)
             sums = jnp.stack([jnp.sum(jnp.square(q32 - f32)), jnp.sum(jnp.square(f32)), jnp.float32(1)])
             return float_out, {here: sums}
-        if name in _CALLS and self.paths_under(here):
-            sub = eqn.params[_CALLS[name]]
+        if name in _INLINED and self.paths_under(here):
+            sub = eqn.params[SUBJAXPR_PARAMS[name][0]]
             return self.run(sub, invals, here + (_sub_index(eqn, sub),))
         if name == "cond" and self.paths_under(here):
             return self._cond(eqn, invals, here)

@@ -33,7 +33,7 @@ from .config import RewriteConfig, dot_backends, join_scope, registering, skip_r
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .int8_dot import Scheme, int8_ragged_dot_general, supports_ragged
-from .jaxprs import DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS, forward_jaxprs, is_float_dot, open_jaxpr
+from .jaxprs import CALL_PRIMITIVES, DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS, forward_jaxprs, is_float_dot, open_jaxpr
 from .quantized import is_quantized, resolve_dot_operands
 from .source import UNKNOWN, Location, describe_source, eqn_location
 
@@ -439,7 +439,7 @@ def _transpose_quantized(rewriter, eqn, invals, scope, where):
     return [value.transpose(eqn.params["permutation"])]
 
 
-@register_quantized_rule("jit", "pjit", "closed_call", "core_call")
+@register_quantized_rule(*(CALL_PRIMITIVES - {"remat2", "checkpoint"}))
 def _inline_call(rewriter, eqn, invals, scope, where):
     """A nested call reading a pre-quantized weight is evaluated inline (XLA inlines it anyway)."""
     (param,) = SUBJAXPR_PARAMS[eqn.primitive.name]
