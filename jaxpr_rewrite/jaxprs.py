@@ -18,6 +18,7 @@ __all__ = [
     "DERIVATIVE_ONLY_PARAMS",
     "MATMUL_PRIMITIVES",
     "SUBJAXPR_PARAMS",
+    "derivative_jaxprs",
     "dot_eqns",
     "forward_jaxprs",
     "is_float_dot",
@@ -77,23 +78,20 @@ def sub_jaxprs(eqn) -> list[Jaxpr]:
     return [open_jaxpr(sub) for value in eqn.params.values() for sub in _sub_values(value)]
 
 
-def forward_jaxprs(eqn) -> list[Jaxpr]:
-    """The sub-jaxprs of ``eqn`` that run in its forward pass (derivative-only ones left out).
-
-    Primitives missing from :data:`SUBJAXPR_PARAMS` report every jaxpr in their params, so nothing is hidden.
-    """
-    name = eqn.primitive.name
-    if name not in SUBJAXPR_PARAMS:
-        return sub_jaxprs(eqn)
-    skipped = DERIVATIVE_ONLY_PARAMS.get(name, ())
+def derivative_jaxprs(eqn) -> list[Jaxpr]:
+    """The sub-jaxprs of ``eqn`` that only define derivatives (see :data:`DERIVATIVE_ONLY_PARAMS`)."""
+    fields = DERIVATIVE_ONLY_PARAMS.get(eqn.primitive.name, ())
     found = []
-    for param in SUBJAXPR_PARAMS[name]:
+    for param in SUBJAXPR_PARAMS.get(eqn.primitive.name, ()):
         value = eqn.params[param]
-        fields = getattr(value, "_fields", None)
-        if fields is not None:  # a named tuple: leave out the derivative-only fields
-            value = tuple(getattr(value, f) for f in fields if f not in skipped)
-        found.extend(open_jaxpr(sub) for sub in _sub_values(value))
+        found += [open_jaxpr(sub) for f in fields for sub in _sub_values(getattr(value, f, None))]
     return found
+
+
+def forward_jaxprs(eqn) -> list[Jaxpr]:
+    """The sub-jaxprs of ``eqn`` that run in its forward pass: all of them but the derivative-only ones."""
+    derivative = {id(j) for j in derivative_jaxprs(eqn)}
+    return [sub for sub in sub_jaxprs(eqn) if id(sub) not in derivative]
 
 
 def iter_eqns(jaxpr, *, forward_only: bool = False) -> Iterator:

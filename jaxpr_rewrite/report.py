@@ -32,7 +32,7 @@ from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .int8_dot import supports_ragged
 from .plotting import COLORS, bar_chart, new_figure, save
-from .jaxprs import (CALL_PRIMITIVES, DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS, is_float_dot, is_matmul, open_jaxpr,
+from .jaxprs import (CALL_PRIMITIVES, SUBJAXPR_PARAMS, derivative_jaxprs, is_float_dot, is_matmul, open_jaxpr,
                      sub_jaxprs)
 from .quantized import is_quantized
 from .rewrite import Rewriter, higher_order_rules
@@ -224,16 +224,6 @@ class _Site:
     measurable: bool  # a float matmul of the forward program that the rewrite can express
 
 
-def _derivative_only(eqn) -> list:
-    """The sub-jaxprs of ``eqn`` that only define derivatives."""
-    fields = DERIVATIVE_ONLY_PARAMS.get(eqn.primitive.name, ())
-    found = []
-    for param in SUBJAXPR_PARAMS.get(eqn.primitive.name, ()):
-        value = eqn.params[param]
-        found += [open_jaxpr(getattr(value, f)) for f in fields if getattr(value, f, None) is not None]
-    return found
-
-
 def _site(eqn, path, scope, enclosing, config: RewriteConfig, derivative_only: str | None,
           no_rule: str | None) -> _Site:
     if not is_float_dot(eqn):
@@ -258,7 +248,7 @@ def _sites(jaxpr: Jaxpr, config: RewriteConfig, scope: str = "", path: tuple = (
         here = join_scope(scope, eqn.source_info.name_stack)
         if is_matmul(eqn):
             sites.append(_site(eqn, path + (i,), here, enclosing, config, derivative_only, no_rule))
-        derivative_subs = [id(j) for j in _derivative_only(eqn)]
+        derivative_subs = [id(j) for j in derivative_jaxprs(eqn)]
         name = eqn.primitive.name
         for j, sub in enumerate(sub_jaxprs(eqn)):
             sub_derivative = name if id(sub) in derivative_subs else derivative_only
