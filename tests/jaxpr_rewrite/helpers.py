@@ -1,4 +1,5 @@
-"""Shared test helpers: an independent numpy reference of the int8 contract, tie-free data, jaxpr walkers.
+"""Shared test helpers: an independent numpy reference of the int8 contract, tie-free data, jaxpr walkers and
+shared test programs.
 
 The reference never calls the library: scales in float32 (``absmax / 127``, correctly rounded by numpy; 1 for an
 all-zero slice), codes by numpy division and rounding (ties to even), exact integer sums in int64, and
@@ -7,6 +8,7 @@ all-zero slice), codes by numpy division and rounding (ties to even), exact inte
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from jaxpr_rewrite import dot_eqns, iter_eqns  # noqa: F401  (re-exported for the tests)
@@ -193,3 +195,15 @@ def float_dot_eqns(jaxpr):
         return np.issubdtype(dtype, np.inexact) or "float" in str(dtype)  # ml_dtypes' bfloat16 included
 
     return [e for e in dot_eqns(jaxpr) if any(is_float(v.aval.dtype) for v in e.invars)]
+
+
+@jax.custom_jvp
+def dense_with_custom_jvp(x, w):
+    """``x @ w`` behind a user ``custom_jvp`` rule (the product rule), for tests of dots inside custom_jvp."""
+    return x @ w  # CJVP
+
+
+@dense_with_custom_jvp.defjvp
+def _dense_jvp(primals, tangents):
+    (x, w), (dx, dw) = primals, tangents
+    return x @ w, dx @ w + x @ dw

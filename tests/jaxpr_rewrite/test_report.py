@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import away_from_ties, reference_dot
+from helpers import away_from_ties, dense_with_custom_jvp, reference_dot
 from jaxpr_rewrite import int8ify
 from jaxpr_rewrite.report import DotRow, Report, report
 
@@ -83,17 +83,6 @@ def test_abstract_inputs_trace_only():
     assert "-" in str(rep)
 
 
-@jax.custom_jvp
-def _dense(x, w):
-    return x @ w  # CJVP
-
-
-@_dense.defjvp
-def _dense_jvp(primals, tangents):
-    (x, w), (dx, dw) = primals, tangents
-    return x @ w, dx @ w + x @ dw
-
-
 def nested(x, w1, w2, codes):
     inner = jax.jit(lambda a, b: a @ b)
     h = inner(x, w1)  # 0: jit
@@ -101,7 +90,7 @@ def nested(x, w1, w2, codes):
     h = jax.lax.cond(jnp.sum(x) > -1e9, lambda a: a @ w1, lambda a: -(a @ w1), h)  # 2, 3: cond branches
     h, _ = jax.lax.scan(lambda c, _: (jnp.tanh(c @ w1.T) @ w1, None), h, None, length=3)  # 4, 5: scan
     h = jax.lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, jnp.tanh(c[1] @ w1.T) @ w1), (0, h))[1]  # 6, 7
-    h = _dense(h, w2)  # 8: custom_jvp primal
+    h = dense_with_custom_jvp(h, w2)  # 8: custom_jvp primal
     ints = jnp.matmul(codes, codes.T, preferred_element_type=jnp.int32)  # 9: integer
     return h, ints
 
@@ -117,7 +106,7 @@ def test_nested_dots_are_listed_and_measured():
     assert errors[2] is None and rep[2].note == "n/a (branch not taken)"
     for i in (0, 1, 3, 4, 5, 6, 7, 8):
         assert errors[i] is not None and 0 < errors[i] < 0.1, (i, rep[i])
-    assert rep[8].line == _line(_dense, "# CJVP")
+    assert rep[8].line == _line(dense_with_custom_jvp, "# CJVP")
     assert errors[9] is None
     table = str(rep)
     assert "n/a (branch not taken)" in table and "integer dot" in table

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import dense_with_custom_jvp
 from jaxpr_rewrite import int8ify
 from jaxpr_rewrite.verify import Finding, assert_int8, verify
 
@@ -209,19 +210,8 @@ def rematted(x, w1, w2):
     return jax.checkpoint(lambda a: jax.nn.relu(a @ w1) @ w2)(x)
 
 
-@jax.custom_jvp
-def _dense(x, w):
-    return x @ w
-
-
-@_dense.defjvp
-def _dense_jvp(primals, tangents):
-    (x, w), (dx, dw) = primals, tangents
-    return x @ w, dx @ w + x @ dw
-
-
 def custom_jvp(x, w1, w2):
-    return _dense(jax.nn.relu(_dense(x, w1)), w2)
+    return dense_with_custom_jvp(jax.nn.relu(dense_with_custom_jvp(x, w1)), w2)
 
 
 def vmapped(x, w1, w2):
