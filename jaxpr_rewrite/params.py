@@ -177,13 +177,13 @@ def smoothing_factors(activation_absmax, weight_absmax, alpha: float):
     return jnp.where(usable, factors, 1.0)
 
 
-def _activation_absmax(closed, targets: dict, flat_args) -> dict:
-    """Per parameter, the absmax of the activations its top-level dots meet, per contracting index.
+def _activation_absmax(closed, targets: dict) -> Callable:
+    """A jitted function of ``(closed.consts, flat_args)`` giving, per parameter, the absmax of the activations
+    its top-level dots meet, per contracting index.
 
     Arguments:
-        closed: the float program, traced on one calibration input.
+        closed: the float program, traced for one calibration input signature.
         targets: ``id(dot equation) -> (parameter index, side of the parameter)``.
-        flat_args: the program's input values.
     """
 
     def run(consts, args):
@@ -202,7 +202,7 @@ def _activation_absmax(closed, targets: dict, flat_args) -> dict:
         evaluate(closed.jaxpr, consts, args, step)
         return stats
 
-    return jax.jit(run)(closed.consts, list(flat_args))
+    return jax.jit(run)
 
 
 # -- entry point ------------------------------------------------------------------------------------------------
@@ -248,18 +248,22 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
     if smooth_alpha is not None and not (isinstance(smooth_alpha, (int, float)) and 0 <= smooth_alpha <= 1):
         raise Int8ifyError(f"smooth_alpha must be in [0, 1], got {smooth_alpha!r}")
 
+    programs: dict = {}  # Signature -> (program, input positions): calibration batches of one shape trace once
+
     def traced(args):
         signature, dynamic = signature_of((params, *args), example_kwargs)
-        if 0 in {i for i, _ in signature.static_positional}:
-            raise Int8ifyError("quantize_params needs params (the first argument) to be traced, not static")
-        closed, _ = trace(function, signature, dynamic)
-        # the params' leaves come first among the call's leaves; the static ones are not program inputs
-        inputs, position = {}, 0
-        for i, is_dynamic in enumerate(signature.is_dynamic[:len(leaves)]):
-            if is_dynamic:
-                inputs[i] = position
-                position += 1
-        return closed, inputs, dynamic
+        if signature not in programs:
+            if 0 in {i for i, _ in signature.static_positional}:
+                raise Int8ifyError("quantize_params needs params (the first argument) to be traced, not static")
+            closed, _ = trace(function, signature, dynamic)
+            # the params' leaves come first among the call's leaves; the static ones are not program inputs
+            inputs, position = {}, 0
+            for i, is_dynamic in enumerate(signature.is_dynamic[:len(leaves)]):
+                if is_dynamic:
+                    inputs[i] = position
+                    position += 1
+            programs[signature] = closed, inputs
+        return (*programs[signature], dynamic)
 
     example, inputs, _ = traced(example_args)
     jaxpr = example.jaxpr
@@ -325,15 +329,20 @@ def _smoothing(plans, leaves, alpha, smooth_skip, calibration, traced) -> dict:
         if len(uses[0].from_end) == 1 and all(u.direct and u.cast is None for u in uses):
             single[i] = uses
     absmax: dict = {}
+    measurers: dict = {}  # id(program) -> its jitted measuring function, compiled once per input signature
     for args in calibration:
         closed, call_inputs, dynamic = traced(args)
-        targets = {}
-        for i in single:
-            for eqn in closed.jaxpr.eqns:
-                positions = [k for k, v in enumerate(eqn.invars[:2]) if v is closed.jaxpr.invars[call_inputs[i]]]
-                if eqn.primitive.name == "dot_general" and positions:
-                    targets[id(eqn)] = (i, positions[0])
-        for i, value in _activation_absmax(closed, targets, jax.tree_util.tree_leaves(dynamic)).items():
+        if id(closed) not in measurers:
+            targets = {}
+            for i in single:
+                for eqn in closed.jaxpr.eqns:
+                    positions = [k for k, v in enumerate(eqn.invars[:2])
+                                 if v is closed.jaxpr.invars[call_inputs[i]]]
+                    if eqn.primitive.name == "dot_general" and positions:
+                        targets[id(eqn)] = (i, positions[0])
+            measurers[id(closed)] = _activation_absmax(closed, targets)
+        measured = measurers[id(closed)](closed.consts, jax.tree_util.tree_leaves(dynamic))
+        for i, value in measured.items():
             absmax[i] = value if i not in absmax else jnp.maximum(absmax[i], value)
     # weights reading the same activation (same variable, same axis) share one factor vector, taken from the
     # largest of their weights, so the program divides and quantizes that activation once for all of them
