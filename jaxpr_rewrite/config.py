@@ -54,8 +54,9 @@ def registering(table: dict, doc: str):
 
 register_backend = registering(dot_backends, """Decorator: ``@register_backend(name)`` registers
 ``backend(lhs, rhs, float_params, out_dtype, config)`` as ``int8ify(backend=name)``. ``lhs``/``rhs`` are the dot's
-operands (a :class:`~jaxpr_rewrite.quantized.QuantizedArray` for a pre-quantized weight), ``float_params`` the
-original ``dot_general`` params as a sorted tuple of items.""")
+operands (a :class:`~jaxpr_rewrite.quantized.QuantizedArray` for a pre-quantized weight only when ``name`` is in
+:data:`prequantized_backends`; any other backend gets it materialised), ``float_params`` the original
+``dot_general`` params as a sorted tuple of items.""")
 
 register_backend_alias = registering(backend_aliases, """Decorator: ``@register_backend_alias(name)`` registers
 ``resolve() -> backend name`` as ``int8ify(backend=name)``, resolved when a program is rewritten.""")

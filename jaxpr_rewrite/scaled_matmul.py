@@ -307,7 +307,6 @@ def _format_backend(fmt: BlockFormat):
     def backend(lhs, rhs, float_params, out_dtype, config: RewriteConfig):
         _check_options(config, fmt)
         enable_emulation()
-        lhs, rhs = (x.materialise() if hasattr(x, "materialise") else x for x in (lhs, rhs))
         return scaled_dot_general(lhs, rhs, float_params, out_dtype, fmt)
 
     backend.__name__ = f"{fmt.name}_backend"
