@@ -10,6 +10,7 @@ import numbers
 from typing import Callable
 
 from .errors import Int8ifyError
+from .jaxprs import matmul_dimension_numbers
 from .quantize import MAX_INT32_SAFE_CONTRACTION
 
 __all__ = [
@@ -169,10 +170,7 @@ def skip_reason(eqn, config: RewriteConfig, scope: str) -> str | None:
             return f"name scope {scope!r} matches skip pattern {pattern!r}"
     if config.skip_if is not None and config.skip_if(eqn):
         return "skip_if returned True"
-    dimension_numbers = eqn.params.get("dimension_numbers")
-    if dimension_numbers is None:  # ragged_dot_general
-        dimension_numbers = eqn.params["ragged_dot_dimension_numbers"].dot_dimension_numbers
-    (lc, _), _ = dimension_numbers
+    (lc, _), _ = matmul_dimension_numbers(eqn)
     size = contraction_size(eqn.invars[0].aval.shape, lc)
     if size < config.min_contracting_size:
         return f"contraction of {size} < min_contracting_size={config.min_contracting_size}"

@@ -24,6 +24,7 @@ __all__ = [
     "is_float_dot",
     "is_matmul",
     "iter_eqns",
+    "matmul_dimension_numbers",
     "open_jaxpr",
     "sub_jaxprs",
 ]
@@ -115,6 +116,12 @@ def iter_eqns(jaxpr, *, forward_only: bool = False) -> Iterator:
 
 def is_matmul(eqn) -> bool:
     return eqn.primitive.name in MATMUL_PRIMITIVES
+
+
+def matmul_dimension_numbers(eqn):
+    """The ``dot_general`` dimension numbers of a matmul equation (a ragged dot's underlying ones)."""
+    dims = eqn.params.get("dimension_numbers")
+    return dims if dims is not None else eqn.params["ragged_dot_dimension_numbers"].dot_dimension_numbers
 
 
 def dot_eqns(jaxpr, *, forward_only: bool = False) -> list:

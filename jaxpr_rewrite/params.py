@@ -34,7 +34,7 @@ from jax import lax
 from .config import RewriteConfig, join_scope, skip_reason
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
-from .jaxprs import CALL_PRIMITIVES, SUBJAXPR_PARAMS, is_float_dot, open_jaxpr
+from .jaxprs import CALL_PRIMITIVES, SUBJAXPR_PARAMS, is_float_dot, matmul_dimension_numbers, open_jaxpr
 from .quantized import QuantizedArray, is_quantized, quantize
 from .source import describe_source
 from .tracing import target_of, trace
@@ -85,9 +85,7 @@ def _uses(jaxpr, var, config: RewriteConfig, scope: str, cast, top: bool, refuse
             if reason is not None:
                 refused.append(f"its matmul at {where} stays float ({reason})")
                 continue
-            dims = eqn.params.get("dimension_numbers")
-            if dims is None:
-                dims = eqn.params["ragged_dot_dimension_numbers"].dot_dimension_numbers
+            dims = matmul_dimension_numbers(eqn)
             side = positions[0]
             leaf_ndim = max(axes) + 1 if axes else 0  # axes are the leaf's trailing axes, permuted
             from_end = tuple(sorted(axes[a] - leaf_ndim for a in dims[0][side]))

@@ -32,8 +32,8 @@ from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .int8_dot import supports_ragged
 from .plotting import COLORS, bar_chart, new_figure, save
-from .jaxprs import (CALL_PRIMITIVES, SUBJAXPR_PARAMS, derivative_jaxprs, is_float_dot, is_matmul, open_jaxpr,
-                     sub_jaxprs)
+from .jaxprs import (CALL_PRIMITIVES, SUBJAXPR_PARAMS, derivative_jaxprs, is_float_dot, is_matmul,
+                     matmul_dimension_numbers, open_jaxpr, sub_jaxprs)
 from .quantized import is_quantized
 from .rewrite import Rewriter, higher_order_rules
 from .source import Location, eqn_location, short_path
@@ -45,12 +45,6 @@ __all__ = ["DotRow", "Report", "report"]
 def _format_dims(dimension_numbers) -> str:
     (lc, rc), (lb, rb) = dimension_numbers
     return f"(({list(lc)}, {list(rc)}), ({list(lb)}, {list(rb)}))"
-
-
-def matmul_dimension_numbers(eqn):
-    """The ``dot_general`` dimension numbers of a matmul equation (a ragged dot's underlying ones)."""
-    dims = eqn.params.get("dimension_numbers")
-    return dims if dims is not None else eqn.params["ragged_dot_dimension_numbers"].dot_dimension_numbers
 
 
 @dataclasses.dataclass(frozen=True)
