@@ -33,7 +33,8 @@ from .config import RewriteConfig, dot_backends, join_scope, registering, skip_r
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .int8_dot import Scheme, int8_ragged_dot_general, supports_ragged
-from .jaxprs import CALL_PRIMITIVES, DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS, forward_jaxprs, is_float_dot, open_jaxpr
+from .jaxprs import (CALL_PRIMITIVES, DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS, forward_jaxprs, is_float_dot,
+                     matmul_dimension_numbers, open_jaxpr)
 from .quantized import is_quantized, resolve_dot_operands
 from .source import UNKNOWN, Location, describe_source, eqn_location
 
@@ -242,15 +243,18 @@ class Rewriter:
                 )
         float_params = tuple(sorted(eqn.params.items()))
         out_dtype = eqn.outvars[0].aval.dtype
-        if eqn.primitive.name == "ragged_dot_general":
-            return self._rewrite_ragged(eqn, invals, float_params, out_dtype, where)
-        contractions = eqn.params["dimension_numbers"][0]
-        lhs, rhs = resolve_dot_operands(invals, contractions, self.config.uses_per_channel_int8, smoothed)
+        ragged = eqn.primitive.name == "ragged_dot_general"
+        if ragged:
+            self._check_ragged(eqn, where)
+        contractions = matmul_dimension_numbers(eqn)[0]
+        lhs, rhs = resolve_dot_operands(invals[:2], contractions, self.config.uses_per_channel_int8, smoothed)
         # an integer operand of a mixed dot is quantized like a float one
         lhs, rhs = (
             x if is_quantized(x) or _is_float_dtype(v.aval.dtype) else lax.convert_element_type(x, np.float32)
             for x, v in zip((lhs, rhs), eqn.invars)
         )
+        if ragged:
+            return int8_ragged_dot_general(lhs, rhs, invals[2], float_params, out_dtype, self.scheme)
         backend = dot_backends[self.backend]
 
         def program(lhs, rhs):
@@ -263,7 +267,7 @@ class Rewriter:
             program = jax.sharding.auto_axes(program, out_sharding=out_sharding)
         return program(lhs, rhs)
 
-    def _rewrite_ragged(self, eqn, invals, float_params, out_dtype, where):
+    def _check_ragged(self, eqn, where):
         if not supports_ragged(eqn.params) or self.backend != "int8":
             what = (f"backend {self.backend!r} has no ragged_dot_general rule" if supports_ragged(eqn.params)
                     else "only a ragged non-contracting lhs dim with a group dim in the rhs is supported")
@@ -271,17 +275,6 @@ class Rewriter:
                 f"ragged_dot_general at {describe_source(eqn, where)} ({_operand_types(eqn)}) cannot be rewritten: "
                 f"{what}. Keep it float with skip/skip_if."
             )
-        lhs, rhs, group_sizes = invals
-        (lc, rc), _ = eqn.params["ragged_dot_dimension_numbers"].dot_dimension_numbers
-        lhs, rhs = (
-            (x.dot_operand(contract) or x.materialise()) if is_quantized(x) else x
-            for x, contract in ((lhs, lc), (rhs, rc))
-        )
-        lhs, rhs = (
-            x if is_quantized(x) or _is_float_dtype(x.dtype) else lax.convert_element_type(x, np.float32)
-            for x in (lhs, rhs)
-        )
-        return int8_ragged_dot_general(lhs, rhs, group_sizes, float_params, out_dtype, self.scheme)
 
 
 def _explicit_sharding(eqn):

@@ -9,6 +9,7 @@ from jax import lax
 
 from helpers import away_from_ties, dot_eqns, reference_codes, reference_scales
 from jaxpr_rewrite import Int8ifyError, int8ify, quantize_params, report, verify
+from jaxpr_rewrite.quantized import QuantizedArray, quantize
 
 rng = np.random.default_rng(5)
 
@@ -54,6 +55,21 @@ def test_ragged_gradients_are_straight_through_and_weights_quantize_once():
     assert q["experts"].scales.shape == (3, 8)  # one per group and column
     f = jax.jit(int8ify(moe))
     np.testing.assert_array_equal(np.asarray(f(q, x, g)), np.asarray(f({"experts": w}, x, g)))
+
+
+def test_smoothed_prequantized_experts_follow_the_dot_rule():
+    """A pre-quantized weight with SmoothQuant factors stands for ``w``: its codes hold ``s * w``, so the ragged
+    dot divides the activations by ``s`` first, as a plain dot does."""
+    x = away_from_ties(rng.normal(size=(64, 32)), (1,))
+    w = rng.normal(size=(4, 32, 48)).astype(np.float32)
+    smooth = rng.uniform(0.5, 2.0, size=32).astype(np.float32)
+    w_s = np.stack([away_from_ties(smooth[:, None] * w[g], (0,)) for g in range(4)])
+    q = quantize(jnp.asarray(w_s), (1,))
+    experts = QuantizedArray(q.codes, q.scales, q.exponents, q.contracting, np.float32, jnp.asarray(smooth))
+    sizes = (20, 0, 30, 14)
+    got = np.asarray(jax.jit(int8ify(lambda w, x, g: lax.ragged_dot(x, w, g)))(experts, x, np.array(sizes, np.int32)))
+    x_s = (x * (np.float32(1) / smooth)).astype(np.float32)
+    np.testing.assert_allclose(got, reference_ragged(x_s, w_s, sizes), rtol=1e-5, atol=1e-6)
 
 
 def test_report_verify_and_assert_int8_know_ragged_dots():
