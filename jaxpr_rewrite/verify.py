@@ -26,7 +26,7 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Var
 
 from .errors import TracedValueError
-from .jaxprs import forward_jaxprs, is_matmul, open_jaxpr
+from .jaxprs import forward_jaxprs, is_float_dot, is_matmul, open_jaxpr
 from .source import eqn_location
 from .tracing import target_of, trace
 
@@ -64,10 +64,6 @@ _INTEGER_ACCUMULATORS = (np.dtype(np.int32), np.dtype(np.int64))
 def _types(eqn) -> str:
     ins = " x ".join(v.aval.str_short(short_dtypes=True) for v in eqn.invars)
     return f"{ins} -> {eqn.outvars[0].aval.str_short(short_dtypes=True)}"
-
-
-def _is_float(dtype) -> bool:
-    return jax.numpy.issubdtype(dtype, jax.numpy.inexact)
 
 
 def _finding(code: str, eqn, message: str) -> Finding:
@@ -138,15 +134,13 @@ def _check_jaxpr(jaxpr: Jaxpr, findings: list, seen: set) -> None:
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if is_matmul(eqn):
-            dtypes = [v.aval.dtype for v in eqn.invars[:2]]
-            out_dtype = eqn.outvars[0].aval.dtype
-            if any(_is_float(d) for d in dtypes):
+            if is_float_dot(eqn):
                 findings.append(_finding("JX101", eqn, (
                     f"float {name} {_types(eqn)}: quantize both operands to int8 (absmax/127 scales per "
                     "row/column) and multiply the codes with preferred_element_type=jnp.int32, or wrap the "
                     "function in int8ify"
                 )))
-            elif np.dtype(out_dtype) not in _INTEGER_ACCUMULATORS:
+            elif np.dtype(eqn.outvars[0].aval.dtype) not in _INTEGER_ACCUMULATORS:
                 findings.append(_finding("JX102", eqn, (
                     f"integer {name} {_types(eqn)} does not accumulate in int32 (sums of int8 products "
                     "overflow int8/int16): pass preferred_element_type=jnp.int32"
