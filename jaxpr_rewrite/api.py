@@ -12,7 +12,7 @@ from jax.extend.core import ClosedJaxpr
 
 from .config import RewriteConfig
 from .errors import Int8ifyError
-from .quantized import is_quantized
+from .quantized import materialise
 from .report import Report, report
 from .rewrite import Rewriter
 from .tracing import Signature, resolve_static, split_call, trace
@@ -33,7 +33,7 @@ class _Program(NamedTuple):
     def run(self, flat_args: list) -> list:
         """Evaluate the rewritten program under the current trace (the rewrite happens as it is traced)."""
         outs = self.rewriter.interpret(self.float_jaxpr.jaxpr, self.float_jaxpr.consts, flat_args)
-        return [out.materialise() if is_quantized(out) else out for out in outs]
+        return [materialise(out) for out in outs]
 
 
 class Int8ified:

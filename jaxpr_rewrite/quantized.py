@@ -26,7 +26,7 @@ from jax import lax
 from .errors import Int8ifyError
 from .quantize import dequantize_codes, quantize_parts, scale_values, to_compute
 
-__all__ = ["QuantizedArray", "is_quantized", "quantize", "resolve_dot_operands"]
+__all__ = ["QuantizedArray", "is_quantized", "materialise", "quantize", "resolve_dot_operands"]
 
 
 @jax.tree_util.register_pytree_node_class
@@ -170,6 +170,11 @@ def is_quantized(x) -> bool:
     return isinstance(x, QuantizedArray)
 
 
+def materialise(x):
+    """``x`` as a plain array: a :class:`QuantizedArray` materialised, anything else as it is."""
+    return x.materialise() if is_quantized(x) else x
+
+
 def quantize(x, reduce_axes: Sequence[int]) -> QuantizedArray:
     """Quantize ``x`` to int8 with one symmetric scale per slice over ``reduce_axes`` (the contract's rule).
 
@@ -209,7 +214,7 @@ def resolve_dot_operands(invals: Sequence, contractions, direct: bool, smoothed:
         if usable[side] and x.smooth is not None and is_quantized(invals[1 - side]):
             usable[side] = False  # two weights: the smoothing cannot move into the other one
     operands = [
-        x if use else x.materialise() if is_quantized(x) else x
+        x if use else materialise(x)
         for x, use in zip(invals, usable)
     ]
     for side in (0, 1):

@@ -34,7 +34,7 @@ from .int8_dot import supports_ragged
 from .plotting import COLORS, bar_chart, new_figure, save
 from .jaxprs import (CALL_PRIMITIVES, SUBJAXPR_PARAMS, derivative_jaxprs, is_float_dot, is_matmul,
                      matmul_dimension_numbers, open_jaxpr, sub_jaxprs)
-from .quantized import is_quantized
+from .quantized import is_quantized, materialise
 from .rewrite import Rewriter, higher_order_rules
 from .source import Location, eqn_location, short_path
 from .tracing import target_of, trace
@@ -391,9 +391,7 @@ def report(fn, *args, **kwargs) -> Report:
         A :class:`Report`; ``print`` it for the table.
     """
     function, config, signature_of = target_of(fn, "report")
-    args, kwargs = jax.tree_util.tree_map(
-        lambda x: x.materialise() if is_quantized(x) else x, (args, kwargs), is_leaf=is_quantized
-    )
+    args, kwargs = jax.tree_util.tree_map(materialise, (args, kwargs), is_leaf=is_quantized)
     signature, dynamic = signature_of(args, kwargs)
     closed, _ = trace(function, signature, dynamic)
     concrete = all(_is_concrete(x) for x in dynamic)

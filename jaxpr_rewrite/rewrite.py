@@ -35,7 +35,7 @@ from .evaluate import bind, evaluate
 from .int8_dot import Scheme, int8_ragged_dot_general, supports_ragged
 from .jaxprs import (CALL_PRIMITIVES, DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS, forward_jaxprs, is_float_dot,
                      matmul_dimension_numbers, open_jaxpr)
-from .quantized import is_quantized, resolve_dot_operands
+from .quantized import is_quantized, materialise, resolve_dot_operands
 from .source import UNKNOWN, Location, describe_source, eqn_location
 
 __all__ = [
@@ -48,8 +48,8 @@ __all__ = [
 ]
 
 
-def _materialise(value):
-    return value.materialise() if is_quantized(value) else value
+def _materialised(values) -> list:
+    return [materialise(v) for v in values]
 
 
 def _is_float_dtype(dtype) -> bool:
@@ -125,7 +125,7 @@ class Rewriter:
         consts = closed_jaxpr.consts
 
         def interpret(*args):
-            return [_materialise(v) for v in self.interpret(jaxpr, consts, args, scope, tangents, where)]
+            return _materialised(self.interpret(jaxpr, consts, args, scope, tangents, where))
 
         in_avals = [v.aval for v in jaxpr.invars]
         if context is None:
@@ -195,21 +195,21 @@ class Rewriter:
             eqn_where = eqn_where if eqn_where.known else where
             if tangent_vars and any(isinstance(v, Var) and v in tangent_vars for v in eqn.invars):
                 tangent_vars.update(eqn.outvars)
-                return bind(eqn, [_materialise(v) for v in invals])
+                return bind(eqn, _materialised(invals))
             if is_float_dot(eqn):
                 reason = skip_reason(eqn, self.config, here)
                 if self.on_dot is not None:
                     self.on_dot(eqn, here, reason)
                 if reason is None:
                     return [self.rewrite_matmul(eqn, invals, eqn_where, smoothed)]
-                return bind(eqn, [_materialise(v) for v in invals])
+                return bind(eqn, _materialised(invals))
             if any(is_quantized(v) for v in invals):
                 rule = quantized_rules.get(eqn.primitive.name)
                 if rule is not None:
                     outs = rule(self, eqn, invals, here, eqn_where)
                     if outs is not None:
                         return outs
-                invals = [_materialise(v) for v in invals]
+                invals = _materialised(invals)
             if not self.rewrites_at(eqn, scope):
                 return bind(eqn, invals)
             rule = higher_order_rules.get(eqn.primitive.name)
@@ -385,7 +385,7 @@ def _custom_vmap_rule(rewriter: Rewriter, params: dict, scope: str, where: Locat
         traced = jax.make_jaxpr(flat_rule)(*leaves)
         outs = rewriter.interpret(traced.jaxpr, traced.consts, leaves, scope, where=where)
         out_tree, out_batched = results[-1]
-        return jax.tree_util.tree_unflatten(out_tree, [_materialise(o) for o in outs]), out_batched
+        return jax.tree_util.tree_unflatten(out_tree, _materialised(outs)), out_batched
 
     new_params["rule"] = rewritten_rule
     return new_params
@@ -407,10 +407,6 @@ def _sub_interpreter(rewriter: Rewriter, closed, scope: str, where: Location):
     jaxpr = open_jaxpr(closed)
     consts = closed.consts if isinstance(closed, ClosedJaxpr) else []
     return lambda values: rewriter.interpret(jaxpr, consts, values, scope, where=where)
-
-
-def _materialised(values) -> list:
-    return [_materialise(v) for v in values]
 
 
 @register_quantized_rule("convert_element_type")
@@ -467,7 +463,7 @@ def _while_quantized(rewriter, eqn, invals, scope, where):
     cond = _sub_interpreter(rewriter, p["cond_jaxpr"], scope, where)
     body = _sub_interpreter(rewriter, p["body_jaxpr"], scope, where)
     out = lax.while_loop(
-        lambda carry: _materialise(cond([*cond_consts, *carry])[0]),
+        lambda carry: materialise(cond([*cond_consts, *carry])[0]),
         lambda carry: _materialised(body([*body_consts, *carry])),
         init,
     )
@@ -480,7 +476,7 @@ def _cond_quantized(rewriter, eqn, invals, scope, where):
     index, *operands = invals
     branches = [_sub_interpreter(rewriter, branch, scope, where) for branch in eqn.params["branches"]]
     fns = [lambda ops, b=b: _materialised(b(list(ops))) for b in branches]
-    return list(lax.switch(_materialise(index), fns, operands))
+    return list(lax.switch(materialise(index), fns, operands))
 
 
 @register_quantized_rule("remat2", "checkpoint")
