@@ -191,8 +191,6 @@ class Rewriter:
 
         def step(eqn, invals):
             here = join_scope(scope, eqn.source_info.name_stack)
-            eqn_where = eqn_location(eqn)
-            eqn_where = eqn_where if eqn_where.known else where
             if tangent_vars and any(isinstance(v, Var) and v in tangent_vars for v in eqn.invars):
                 tangent_vars.update(eqn.outvars)
                 return bind(eqn, _materialised(invals))
@@ -201,12 +199,12 @@ class Rewriter:
                 if self.on_dot is not None:
                     self.on_dot(eqn, here, reason)
                 if reason is None:
-                    return [self.rewrite_matmul(eqn, invals, eqn_where, smoothed)]
+                    return [self.rewrite_matmul(eqn, invals, eqn_location(eqn, where), smoothed)]
                 return bind(eqn, _materialised(invals))
             if any(is_quantized(v) for v in invals):
                 rule = quantized_rules.get(eqn.primitive.name)
                 if rule is not None:
-                    outs = rule(self, eqn, invals, here, eqn_where)
+                    outs = rule(self, eqn, invals, here, eqn_location(eqn, where))
                     if outs is not None:
                         return outs
                 invals = _materialised(invals)
@@ -219,7 +217,7 @@ class Rewriter:
                     "sub-jaxpr, and int8ify has no rule for it; leaving that matmul in float would break the int8 "
                     "contract. Move the matmul out of it, keep it float with skip/skip_if, or report it."
                 )
-            return bind(eqn, invals, rule(self, eqn.params, here, eqn_where))
+            return bind(eqn, invals, rule(self, eqn.params, here, eqn_location(eqn, where)))
 
         return evaluate(jaxpr, consts, args, step)
 

@@ -56,17 +56,17 @@ class Location(NamedTuple):
 UNKNOWN = Location(None, None, None)
 
 
-def eqn_location(eqn) -> Location:
-    """The user's source of ``eqn``: the innermost frame outside JAX that created it."""
+def eqn_location(eqn, fallback: Location = UNKNOWN) -> Location:
+    """The user's source of ``eqn``: the innermost frame outside JAX that created it, or ``fallback`` when JAX
+    recorded no user frame for it (equations built inside a library function, such as ``jnp.linalg.solve``'s
+    ``custom_linear_solve``)."""
     summary = source_info_util.summarize(eqn.source_info)
     match = _SUMMARY.match(summary)
     if match is None:
-        return UNKNOWN
+        return fallback
     return Location(match["file"], int(match["line"]), match["function"])
 
 
 def describe_source(eqn, fallback: Location = UNKNOWN) -> str:
-    """``file:line (function)`` of ``eqn``, or of ``fallback`` when JAX recorded no user frame for it
-    (equations built inside a library function, such as ``jnp.linalg.solve``'s ``custom_linear_solve``)."""
-    location = eqn_location(eqn)
-    return str(location if location.known else fallback)
+    """``file:line (function)`` of ``eqn`` (see :func:`eqn_location`)."""
+    return str(eqn_location(eqn, fallback))
