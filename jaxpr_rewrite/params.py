@@ -304,8 +304,7 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
                                          f"{q.contracting}{cast}{smoothing}")
 
     if not explain:
-        surprising = {p: r for p, r in explanation.items() if r.startswith("kept float") and "feeds no matmul" not in r
-                      and "not a float" not in r}
+        surprising = {p: r for p, r in explanation.items() if r.startswith("kept float") and "feeds no matmul" not in r}
         if surprising:
             lines = "; ".join(f"{p}: {r.removeprefix('kept float: ')}" for p, r in surprising.items())
             warnings.warn(f"quantize_params left {len(surprising)} parameter(s) that feed a matmul in float "

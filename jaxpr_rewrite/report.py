@@ -230,7 +230,6 @@ def _site(eqn, path, scope, enclosing, config: RewriteConfig, derivative_only: s
                      False)
     if no_rule is not None and reason is None:
         reason = f"inside {no_rule}, which int8ify has no rule for (int8ify raises an error)"
-        return _Site(path, eqn, scope, enclosing, reason, True)
     return _Site(path, eqn, scope, enclosing, reason, True)
 
 
