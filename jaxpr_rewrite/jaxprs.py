@@ -24,9 +24,12 @@ __all__ = [
     "is_float_dot",
     "is_matmul",
     "iter_eqns",
+    "jaxpr_and_consts",
     "matmul_dimension_numbers",
     "open_jaxpr",
+    "scan_operands",
     "sub_jaxprs",
+    "while_operands",
 ]
 
 # primitive name -> the params holding sub-jaxprs that run in the forward pass. Each value is a Jaxpr, a
@@ -64,6 +67,23 @@ MATMUL_PRIMITIVES = frozenset({"dot_general", "ragged_dot_general"})
 def open_jaxpr(jaxpr) -> Jaxpr:
     """The ``Jaxpr`` of a ``Jaxpr`` or ``ClosedJaxpr``."""
     return jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
+
+
+def jaxpr_and_consts(jaxpr) -> tuple[Jaxpr, list]:
+    """The ``Jaxpr`` of a ``Jaxpr`` or ``ClosedJaxpr`` and the values of its constants (none for an open one)."""
+    return (jaxpr.jaxpr, jaxpr.consts) if isinstance(jaxpr, ClosedJaxpr) else (jaxpr, [])
+
+
+def scan_operands(params, values) -> tuple[list, list, list]:
+    """A ``scan`` equation's operand values split as its body reads them: ``(consts, init, xs)``."""
+    n_consts, n_carry = params["num_consts"], params["num_carry"]
+    return list(values[:n_consts]), list(values[n_consts:n_consts + n_carry]), list(values[n_consts + n_carry:])
+
+
+def while_operands(params, values) -> tuple[list, list, list]:
+    """A ``while`` equation's operand values split as its jaxprs read them: ``(cond_consts, body_consts, init)``."""
+    n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
+    return list(values[:n_cond]), list(values[n_cond:n_cond + n_body]), list(values[n_cond + n_body:])
 
 
 def _sub_values(value) -> Iterator:

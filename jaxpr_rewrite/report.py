@@ -32,8 +32,8 @@ from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .int8_dot import supports_ragged
 from .plotting import COLORS, bar_chart, new_figure, save
-from .jaxprs import (CALL_PRIMITIVES, SUBJAXPR_PARAMS, derivative_jaxprs, is_float_dot, is_matmul,
-                     matmul_dimension_numbers, open_jaxpr, sub_jaxprs)
+from .jaxprs import (CALL_PRIMITIVES, SUBJAXPR_PARAMS, derivative_jaxprs, is_float_dot, is_matmul, jaxpr_and_consts,
+                     matmul_dimension_numbers, open_jaxpr, scan_operands, sub_jaxprs, while_operands)
 from .quantized import is_quantized, materialise
 from .rewrite import Rewriter, higher_order_rules
 from .source import Location, eqn_location, short_path
@@ -281,7 +281,7 @@ class _Measurer:
         return [p for p in self.measured if p[:len(prefix)] == prefix]
 
     def run(self, closed, args, prefix: tuple = ()) -> tuple[list, dict]:
-        jaxpr, consts = open_jaxpr(closed), closed.consts if isinstance(closed, ClosedJaxpr) else []
+        jaxpr, consts = jaxpr_and_consts(closed)
         stats = _zeros(self.paths_under(prefix))
         index = iter(range(len(jaxpr.eqns)))
 
@@ -328,8 +328,8 @@ class _Measurer:
 
     def _scan(self, eqn, invals, here):
         p = eqn.params
-        n_consts, n_carry = p["num_consts"], p["num_carry"]
-        consts, init, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
+        n_carry = p["num_carry"]
+        consts, init, xs = scan_operands(p, invals)
         body = p["jaxpr"]
         sub = here + (_sub_index(eqn, body),)
 
@@ -338,15 +338,13 @@ class _Measurer:
             outs, stats = self.run(body, [*consts, *carry, *x], sub)
             return (outs[:n_carry], _add(acc, stats)), outs[n_carry:]
 
-        (carry, acc), ys = lax.scan(step, (list(init), _zeros(self.paths_under(sub))), list(xs),
+        (carry, acc), ys = lax.scan(step, (init, _zeros(self.paths_under(sub))), xs,
                                     length=p["length"], reverse=p["reverse"], unroll=p["unroll"])
         return [*carry, *ys], acc
 
     def _while(self, eqn, invals, here):
         p = eqn.params
-        n_cond, n_body = p["cond_nconsts"], p["body_nconsts"]
-        cond_consts, body_consts = invals[:n_cond], invals[n_cond:n_cond + n_body]
-        init = invals[n_cond + n_body:]
+        cond_consts, body_consts, init = while_operands(p, invals)
         cond, body = p["cond_jaxpr"], p["body_jaxpr"]
         sub = here + (_sub_index(eqn, body),)
 
@@ -358,7 +356,7 @@ class _Measurer:
             outs, stats = self.run(body, [*body_consts, *carry], sub)
             return outs, _add(acc, stats)
 
-        carry, acc = lax.while_loop(keep_going, step, (list(init), _zeros(self.paths_under(sub))))
+        carry, acc = lax.while_loop(keep_going, step, (init, _zeros(self.paths_under(sub))))
         return list(carry), acc
 
 

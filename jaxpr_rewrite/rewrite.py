@@ -34,7 +34,7 @@ from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .int8_dot import Scheme, int8_ragged_dot_general, supports_ragged
 from .jaxprs import (CALL_PRIMITIVES, DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS, forward_jaxprs, is_float_dot,
-                     matmul_dimension_numbers, open_jaxpr)
+                     jaxpr_and_consts, matmul_dimension_numbers, open_jaxpr, scan_operands, while_operands)
 from .quantized import is_quantized, materialise, resolve_dot_operands
 from .source import UNKNOWN, Location, describe_source, eqn_location
 
@@ -402,8 +402,7 @@ register_quantized_rule = registering(
 
 def _sub_interpreter(rewriter: Rewriter, closed, scope: str, where: Location):
     """A function evaluating a (closed) sub-jaxpr through ``rewriter`` on a flat list of values."""
-    jaxpr = open_jaxpr(closed)
-    consts = closed.consts if isinstance(closed, ClosedJaxpr) else []
+    jaxpr, consts = jaxpr_and_consts(closed)
     return lambda values: rewriter.interpret(jaxpr, consts, values, scope, where=where)
 
 
@@ -437,10 +436,9 @@ def _inline_call(rewriter, eqn, invals, scope, where):
 def _scan_quantized(rewriter, eqn, invals, scope, where):
     """``lax.scan`` again, with pre-quantized consts closed over and pre-quantized ``xs`` sliced per step."""
     p = eqn.params
-    n_consts, n_carry = p["num_consts"], p["num_carry"]
-    consts = invals[:n_consts]
-    init = _materialised(invals[n_consts:n_consts + n_carry])
-    xs = invals[n_consts + n_carry:]
+    n_carry = p["num_carry"]
+    consts, init, xs = scan_operands(p, invals)
+    init = _materialised(init)
     body = _sub_interpreter(rewriter, p["jaxpr"], scope, where)
 
     def step(carry, x):
@@ -455,9 +453,8 @@ def _scan_quantized(rewriter, eqn, invals, scope, where):
 def _while_quantized(rewriter, eqn, invals, scope, where):
     """``lax.while_loop`` again, with pre-quantized consts closed over (decode loops reading the weights)."""
     p = eqn.params
-    n_cond, n_body = p["cond_nconsts"], p["body_nconsts"]
-    cond_consts, body_consts = invals[:n_cond], invals[n_cond:n_cond + n_body]
-    init = _materialised(invals[n_cond + n_body:])
+    cond_consts, body_consts, init = while_operands(p, invals)
+    init = _materialised(init)
     cond = _sub_interpreter(rewriter, p["cond_jaxpr"], scope, where)
     body = _sub_interpreter(rewriter, p["body_jaxpr"], scope, where)
     out = lax.while_loop(
