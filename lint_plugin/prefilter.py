@@ -20,7 +20,8 @@ import re
 from typing import List, NamedTuple, Optional, Tuple
 
 from .aliases import ImportTable, ast_dotted_name
-from .names import MATMUL_FUNCS, MODULE_BASES, TRANSFORMS, is_int8ify
+from .names import MATMUL_FUNCS, MODULE_BASES, TRANSFORMS
+from .roots import transform_sig
 from .traced_decorators import TracedDecorators
 
 __all__ = ["Applicable", "applicable_rules"]
@@ -100,6 +101,4 @@ def _is_root_marker(expr: ast.AST, imports: ImportTable, extra: TracedDecorators
     raw, q = _resolve(expr, imports)
     if raw is None:
         return False
-    if q is not None and (q in TRANSFORMS or q in MODULE_BASES):
-        return True
-    return is_int8ify(q, raw) or extra.matches(raw, q)
+    return (q is not None and q in MODULE_BASES) or transform_sig(raw, q, extra) is not None

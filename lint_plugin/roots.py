@@ -9,11 +9,12 @@ from typing import Callable, List, Optional, Sequence, Set, TypeVar
 import libcst as cst
 
 from .aliases import dotted_name
+from .call_args import positional as positional_args
 from .module_info import FuncInfo, ModuleInfo, RootSpec
 from .names import INT8IFY, PARTIAL, TRANSFORMS, TransformSig, is_int8ify
 from .traced_decorators import TracedDecorators
 
-__all__ = ["RootFinder", "add_root"]
+__all__ = ["RootFinder", "add_root", "transform_sig"]
 
 T = TypeVar("T")
 
@@ -107,6 +108,20 @@ def _new_spec(sig: TransformSig, args: Sequence[cst.Arg]) -> RootSpec:
     return spec
 
 
+def transform_sig(raw: str, q: Optional[str], extra: TracedDecorators) -> Optional[TransformSig]:
+    """The transform a name spelled ``raw`` (resolving to ``q`` through the imports) stands for: a JAX transform,
+    ``int8ify``, or an extra traced decorator (traced as ``jax.jit``); ``None`` for any other name."""
+    if q is not None:
+        sig = TRANSFORMS.get(q)
+        if sig is not None:
+            return sig
+    if is_int8ify(q, raw):
+        return INT8IFY
+    if extra.matches(raw, q):
+        return TRANSFORMS["jax.jit"]
+    return None
+
+
 class RootFinder:
     """Resolves decorators and calls of one file to transforms and registers the functions they trace."""
 
@@ -116,18 +131,7 @@ class RootFinder:
 
     def transform_of(self, expr: cst.BaseExpression) -> Optional[TransformSig]:
         raw = dotted_name(expr)
-        if raw is None:
-            return None
-        q = self.info.imports.resolve_dotted(raw)
-        if q is not None:
-            sig = TRANSFORMS.get(q)
-            if sig is not None:
-                return sig
-        if is_int8ify(q, raw):
-            return INT8IFY
-        if self.extra.matches(raw, q):
-            return TRANSFORMS["jax.jit"]
-        return None
+        return None if raw is None else transform_sig(raw, self.info.imports.resolve_dotted(raw), self.extra)
 
     def is_partial(self, expr: cst.BaseExpression) -> bool:
         return self.info.imports.resolve(expr) == PARTIAL
@@ -153,7 +157,7 @@ class RootFinder:
         if sig is None:
             return
         args = call.args
-        positional = [a.value for a in args if a.keyword is None and not a.star]
+        positional = positional_args(call)
         targets: List[cst.BaseExpression] = [positional[i] for i in sig.fun_pos if i < len(positional)]
         targets.extend(a.value for a in args if a.keyword is not None and a.keyword.value in sig.fun_kw)
         if sig.list_pos is not None and sig.list_pos < len(positional):
