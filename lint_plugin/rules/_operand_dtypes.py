@@ -7,6 +7,7 @@ from typing import Optional
 
 import libcst as cst
 
+from ..array_api import ARRAY_ATTRS_SAME
 from ..call_args import kwarg
 from ..dtypes import dtype_name
 from ..kinds import INT8
@@ -27,7 +28,6 @@ _SAME_DTYPE_FUNCS = frozenset("jax.numpy." + n for n in (
 ))
 _SAME_DTYPE_METHODS = frozenset({"reshape", "transpose", "swapaxes", "squeeze", "ravel", "flatten", "copy",
                                  "repeat", "take"})
-_SAME_DTYPE_ATTRS = frozenset({"T", "mT"})
 _ORDERING = (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual, cst.Equal, cst.NotEqual)
 
 
@@ -48,7 +48,7 @@ def operand_dtype(node: cst.BaseExpression, walk: FunctionWalk, depth: int = 0) 
     if isinstance(node, cst.Subscript):
         return operand_dtype(node.value, walk, deeper)
     if isinstance(node, cst.Attribute):
-        return operand_dtype(node.value, walk, deeper) if node.attr.value in _SAME_DTYPE_ATTRS else None
+        return operand_dtype(node.value, walk, deeper) if node.attr.value in ARRAY_ATTRS_SAME else None
     if isinstance(node, cst.BinaryOperation):
         left, right = operand_dtype(node.left, walk, deeper), operand_dtype(node.right, walk, deeper)
         return left if left == right else None
