@@ -24,6 +24,7 @@ import libcst as cst
 from .aliases import dotted_name
 from .annotations import AnnotationReader
 from .call_args import kwarg
+from .cstwalk import iter_children
 from .kinds import STATIC, TRACED, UNKNOWN, VARIABLE, join
 from .module_info import ClassInfo, FuncInfo, ModuleInfo
 from .names import ENUM_BASES, EQUINOX, EQUINOX_FIELD, EQUINOX_STATIC_FIELD, LINEN, MODULE_BASES, NNX, NNX_VARIABLES
@@ -154,7 +155,7 @@ def _is_python_value(value: cst.BaseExpression, static_params: Dict[str, int]) -
     if _is_literal(value):
         return True
     if isinstance(value, cst.Name):
-        return value.value in static_params or value.value in ("True", "False")
+        return value.value in static_params
     if isinstance(value, cst.BinaryOperation):
         return _is_python_value(value.left, static_params) and _is_python_value(value.right, static_params)
     if isinstance(value, (cst.Tuple, cst.List)):
@@ -184,21 +185,5 @@ def _self_assignments(method: FuncInfo,
                     attr = raw[len("self."):]
                     out[attr] = join(out[attr], k) if attr in out else k
             continue
-        stack.extend(_statement_children(node))
-    return out
-
-
-def _statement_children(node: cst.CSTNode) -> List[cst.CSTNode]:
-    body = getattr(node, "body", None)
-    out: List[cst.CSTNode] = []
-    if isinstance(body, (list, tuple)):
-        out.extend(body)
-    elif isinstance(body, cst.CSTNode):
-        out.append(body)
-    for extra in ("orelse", "handlers", "finalbody"):
-        value = getattr(node, extra, None)
-        if isinstance(value, (list, tuple)):
-            out.extend(value)
-        elif isinstance(value, cst.CSTNode):
-            out.append(value)
+        stack.extend(iter_children(node))
     return out

@@ -69,6 +69,29 @@ class Block(nnx.Module):
         return x
 '''
 
+MATCH_INVALID = '''
+import jax.numpy as jnp
+from flax import nnx
+
+
+class Block(nnx.Module):
+    def __init__(self, din: int, dout: int, kind: str, *, rngs: nnx.Rngs):
+        match kind:
+            case "dense":
+                self.w = nnx.Param(jnp.zeros((din, dout)))
+                self.scaled = False
+            case _:
+                self.w = nnx.Variable(jnp.ones((din, dout)))
+                self.scaled = True
+
+    def __call__(self, x):
+        if self.scaled:
+            x = x * 2
+        if self.w[...].sum() > 0:  # JX201:8
+            x = -x
+        return x
+'''
+
 TRANSFORMS_INVALID = '''
 import jax.numpy as jnp
 from flax import nnx
@@ -142,7 +165,8 @@ def untraced(x, w):
 '''
 
 
-@pytest.mark.parametrize("snippet", [MODULE_INVALID, TRANSFORMS_INVALID], ids=["module", "transforms"])
+@pytest.mark.parametrize("snippet", [MODULE_INVALID, MATCH_INVALID, TRANSFORMS_INVALID],
+                         ids=["module", "match-in-init", "transforms"])
 def test_nnx_traced_code_is_flagged(snippet):
     check_annotated(snippet)
 
