@@ -23,7 +23,7 @@ import libcst as cst
 from .aliases import dotted_name
 from .cstwalk import iter_children
 from .module_classes import resolve_classes
-from .module_info import ClassInfo, FuncInfo, ModuleInfo, RootSpec, param_list
+from .module_info import ClassInfo, FuncInfo, ModuleInfo, RootSpec, named_params
 from .names import LINEN, LINEN_COMPACT, TRANSFORMS
 from .roots import RootFinder, add_root
 from .traced_decorators import TracedDecorators
@@ -105,7 +105,7 @@ class _Walker:
             self.decorated.append((fi, node.decorators))
             for d in node.decorators:
                 push((d, func, None, self_cls))
-        for p in param_list(node.params) + list(node.params.kwonly_params):
+        for p in named_params(node.params):
             if p.default is not None:
                 push((p.default, func, None, self_cls))
         push((node.body, fi, None, cls or self_cls))

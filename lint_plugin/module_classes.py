@@ -26,7 +26,7 @@ from .annotations import AnnotationReader
 from .call_args import kwarg
 from .cstwalk import iter_children
 from .kinds import STATIC, TRACED, UNKNOWN, VARIABLE, join
-from .module_info import ClassInfo, FuncInfo, ModuleInfo
+from .module_info import ClassInfo, FuncInfo, ModuleInfo, named_params
 from .names import ENUM_BASES, EQUINOX, EQUINOX_FIELD, EQUINOX_STATIC_FIELD, LINEN, MODULE_BASES, NNX, NNX_VARIABLES
 
 __all__ = ["attribute_kind", "resolve_classes"]
@@ -110,8 +110,7 @@ def _static_params(init: FuncInfo, reader: AnnotationReader) -> Dict[str, int]:
     """``__init__`` parameters known to hold Python values: annotated with a Python type, or with a
     literal default."""
     out: Dict[str, int] = {}
-    node = init.node
-    for p in list(init.params) + list(node.params.kwonly_params):
+    for p in named_params(init.node.params):
         k = reader.kind(p.annotation)
         if k == STATIC or (k is None and p.annotation is None and _is_literal(p.default)):
             out[p.name.value] = STATIC

@@ -101,6 +101,11 @@ def param_list(params: cst.Parameters) -> List[cst.Param]:
     return list(params.posonly_params) + list(params.params)
 
 
+def named_params(params: cst.Parameters) -> List[cst.Param]:
+    """Every parameter with its own name: the positional ones, in order, then the keyword-only ones."""
+    return param_list(params) + list(params.kwonly_params)
+
+
 class ModuleInfo:
     """Everything the discovery found in one file."""
 

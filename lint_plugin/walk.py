@@ -30,7 +30,7 @@ from .array_api import (
 from .cstwalk import iter_children
 from .kinds import INT8, MODULE_SELF, STATIC, TRACED, UNKNOWN, VARIABLE, combine, is_traced, join, truth
 from .module_classes import attribute_kind
-from .module_info import FuncInfo, ModuleInfo
+from .module_info import FuncInfo, ModuleInfo, named_params
 from .names import LINEN, host_callable_keyword
 
 __all__ = ["CallGraph", "FunctionWalk", "Hook", "Report"]
@@ -505,7 +505,7 @@ class FunctionWalk:
             return STATIC
         saved = self.env
         self.env = dict(saved)
-        for p in list(node.params.params) + list(node.params.posonly_params) + list(node.params.kwonly_params):
+        for p in named_params(node.params):
             self.env[p.name.value] = UNKNOWN
             if p.default is not None:
                 self.ev(p.default)
