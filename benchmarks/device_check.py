@@ -107,7 +107,8 @@ def environment() -> str:
 def run_tests(timeout: float, dry_run: bool) -> str:
     tests = ["tests/jaxpr_rewrite/test_matmul_seed.py::test_published_examples"] if dry_run else GPU_TESTS
     # -v prints each test's name and outcome as it finishes, so a time-out still says which ones failed
-    command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "addopts=", *tests]
+    # --tb=line: one "file:line: message" per failure, so the results say where and why each one failed
+    command = [sys.executable, "-m", "pytest", "-v", "--tb=line", "-p", "no:cacheprovider", "-o", "addopts=", *tests]
     env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", ""))  # the suite's 8 host devices are not needed
     try:
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
@@ -124,7 +125,16 @@ def run_tests(timeout: float, dry_run: bool) -> str:
         body += f" -- stopped after {timeout:.0f} s"
     if failed:
         body += "\n\n" + "\n".join(f"- FAILED {name}" for name in failed)
+        reasons = _failure_lines(output)
+        if reasons:
+            body += "\n\nWhere they failed (pytest --tb=line):\n\n```\n" + "\n".join(reasons) + "\n```"
     return body
+
+
+def _failure_lines(output: str, limit: int = 60, width: int = 400) -> list[str]:
+    """The ``file:line: message`` lines that ``pytest --tb=line`` prints, one per failure."""
+    found = re.findall(r"^(\S+\.py:\d+: .*)$", output, flags=re.MULTILINE)
+    return [line.removeprefix(f"{ROOT}/")[:width] for line in found[:limit]]
 
 
 # -- 3. speed -------------------------------------------------------------------------------------------------------

@@ -39,3 +39,23 @@ ENTRY %main (a: f32[4,4], b: f32[4,4]) -> (f32[4,4], f32[4,4]) {
 }
 """
     assert device_check.gemms(hlo) == [("dot", "s8", "s8"), ("__cublas$lt$matmul", "f32", "f32")]
+
+
+def test_failure_lines_say_where_each_test_failed():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import device_check
+
+    output = f"""
+tests/jaxpr_rewrite/test_ragged.py::test_a FAILED                        [ 50%]
+=================================== FAILURES ===================================
+E   AssertionError: x was 1
+    assert 1 == 2
+{ROOT}/tests/jaxpr_rewrite/test_ragged.py:3: AssertionError: x was 1
+/elsewhere/jax/_src/core.py:120: TypeError: bad operand
+=========================== short test summary info ============================
+FAILED tests/jaxpr_rewrite/test_ragged.py::test_a - AssertionError: x was 1
+"""
+    assert device_check._failure_lines(output) == [
+        "tests/jaxpr_rewrite/test_ragged.py:3: AssertionError: x was 1",
+        "/elsewhere/jax/_src/core.py:120: TypeError: bad operand",
+    ]
