@@ -138,22 +138,23 @@ def scales_from_absmax(amax):
     Returns:
         ``(scales, exponents)``: ``exponents`` (int32) is the power of two of the absmax and ``scales`` (the
         absmax's dtype) is its mantissa divided by 127, in ``[1/127, 2/127)`` (``[2/127, 4/127)`` in the top
-        binade, where the exponent is kept one lower so ``2**-exponents`` is a normal float); an all-zero slice
-        has scale 1 (``scales`` 1, ``exponents`` 0) and a slice holding NaN or Inf an infinite scale, which makes
-        every output it feeds infinite or NaN.
+        binade, where the exponent is kept one lower so ``2**-exponents`` is a normal float; below ``1/127`` for a
+        subnormal absmax, on a device that does not read it as zero); an all-zero slice has scale 1 (``scales`` 1,
+        ``exponents`` 0) and a slice holding NaN or Inf an infinite scale, which makes every output it feeds
+        infinite or NaN.
+
+    The mantissa is ``amax * 2**-exponents``, a multiply by a power of two and so exact, with ``2**-exponents``
+    built from the absmax's exponent field.
     """
     fmt = _format(amax)
-    bits = lax.bitcast_convert_type(amax, fmt.bits)
-    exponents = lax.sub(lax.convert_element_type(lax.shift_right_logical(bits, fmt.bits(fmt.mantissa_bits)),
-                                                 np.int32), np.int32(fmt.bias))
-    mantissa_mask = fmt.bits((1 << fmt.mantissa_bits) - 1)
-    one = fmt.bits(fmt.bias << fmt.mantissa_bits)
-    mantissa = lax.bitcast_convert_type(lax.bitwise_or(lax.bitwise_and(bits, mantissa_mask), one), fmt.dtype)
-    mantissa = lax.select(lax.is_finite(amax), mantissa, amax)  # Inf stays Inf
-    # 2**-e must be a normal float for the prescale: the top binade keeps e = bias - 1 with a doubled mantissa
-    top = lax.gt(exponents, np.int32(fmt.bias - 1))
-    mantissa = lax.select(top, lax.add(mantissa, mantissa), mantissa)
-    exponents = lax.min(exponents, np.int32(fmt.bias - 1))
+    field = lax.shift_right_logical(lax.bitcast_convert_type(amax, fmt.bits), fmt.bits(fmt.mantissa_bits))
+    # 2**-e must be a normal float for the prescale: the top binade (and Inf) keeps e = bias - 1; a subnormal
+    # absmax has field 0, e = -bias, which makes the same exact multiply
+    field = lax.min(field, fmt.bits(2 * fmt.bias - 1))
+    exponents = lax.sub(lax.convert_element_type(field, np.int32), np.int32(fmt.bias))
+    inverse = lax.bitcast_convert_type(
+        lax.shift_left(lax.sub(fmt.bits(2 * fmt.bias), field), fmt.bits(fmt.mantissa_bits)), fmt.dtype)
+    mantissa = lax.mul(amax, inverse)  # exact: in [1, 2), [2, 4) in the top binade, Inf for Inf
     scales = true_divide(mantissa, lax.full_like(amax, INT8_MAX))
     zero = lax.eq(amax, fmt.dtype(0))
     scales = lax.select(zero, lax.full_like(scales, 1), scales)

@@ -31,14 +31,14 @@ __all__ = ["QuantizedArray", "is_quantized", "materialise", "quantize", "resolve
 
 @jax.tree_util.register_pytree_node_class
 class QuantizedArray:
-    """A float array stored as int8 codes and float32 per-slice scales.
+    """A float array stored as int8 codes and per-slice scales.
 
     Attributes:
         codes: int8, the array's shape.
-        scales: float32, one per index of the axes not in ``contracting``, in order; with ``exponents`` the scale
-            of a slice is ``scales * 2**exponents``.
-        exponents: int32, shaped like ``scales``; 0 except for slices whose absmax is below ``2**-100`` (see
-            :func:`jaxpr_rewrite.quantize.scales_from_absmax`).
+        scales: float32 (float64 for float64 arrays), one per index of the axes not in ``contracting``, in order;
+            with ``exponents`` the scale of a slice is ``scales * 2**exponents``.
+        exponents: int32, shaped like ``scales``: the power of two of each slice's absmax, so ``scales`` is its
+            mantissa / 127 (see :func:`jaxpr_rewrite.quantize.scales_from_absmax`).
         contracting: the axes one scale covers (the contracting dims of the dot it feeds). They are stored counted
             from the end, so slicing leading axes (``lax.scan`` over stacked layers) keeps them right.
         dtype: the float dtype of the array it stands for, which the traced program sees.

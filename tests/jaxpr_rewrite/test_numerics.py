@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import reference_codes, reference_dot, reference_scale_parts
+from helpers import away_from_ties, reference_codes, reference_dot, reference_scale_parts
 from jaxpr_rewrite import int8_matmul, int8ify, quantize, quantize_params
 
 MATMUL = (((1,), (0,)), ((), ()))
@@ -92,6 +92,29 @@ def test_tiny_rows_keep_full_code_resolution():
     rel = np.linalg.norm(np.asarray(jit_matmul(x, w), np.float64) - exact) / np.linalg.norm(exact)
     assert rel < 0.02, rel  # int8 accuracy, not the 17% of 2-3 code levels
     np.testing.assert_allclose(np.asarray(out["y"], np.float64), reference_dot(x, w, MATMUL), rtol=1e-6)
+
+
+def test_scales_and_codes_in_every_binade():
+    """One row per float32 binade of the absmax (2**-126 to the largest float), plus an Inf row and a zero row:
+    scales, exponents and codes are the reference's, bit for bit, and the codes of every finite row reach +-127."""
+    exponents = np.arange(-126, 128)
+    mantissas = rng.uniform(1, 2, size=exponents.size)
+    mantissas[-1] = np.float32(2 - 2.0**-23)  # the largest float32
+    amax = np.ldexp(mantissas, exponents).astype(np.float32)
+    x = (rng.uniform(-1, 1, size=(exponents.size, 256)) * amax[:, None].astype(np.float64)).astype(np.float32)
+    x[np.abs(x) < np.finfo(np.float32).tiny] = 0  # XLA reads subnormal inputs as zero
+    x[:, 17] = -amax
+    x = away_from_ties(x, (1,))
+    x = np.concatenate([x, np.full((1, 256), 1.0, np.float32), np.zeros((1, 256), np.float32)])
+    x[-2, 5] = np.inf
+    want_scales, want_exponents = reference_scale_parts(x, (1,))
+    for q in (quantize(x, (1,)), jax.jit(lambda x: quantize(x, (1,)))(x)):
+        np.testing.assert_array_equal(np.asarray(q.scales), want_scales)
+        np.testing.assert_array_equal(np.asarray(q.exponents)[:-2], want_exponents[:-2])
+        assert np.asarray(q.exponents)[-1] == 0
+        codes = np.asarray(q.codes)
+        np.testing.assert_array_equal(codes[:-2], reference_codes(x[:-2], (1,)))
+        assert np.all(np.abs(codes[:-2]).max(axis=1) == 127) and np.all(codes[-1] == 0)
 
 
 def test_float64_operands_beyond_float32_range():
