@@ -21,6 +21,8 @@ __all__ = [
     "ARRAY_ATTRS_SAME",
     "ARRAY_ATTRS_TRACED",
     "COMBINE_BUILTINS",
+    "DTYPE_PRESERVING_FUNCS",
+    "DTYPE_PRESERVING_METHODS",
     "NUMPY_OK_FUNCS",
     "STATIC_ATTRS",
     "STATIC_BUILTINS",
@@ -38,15 +40,17 @@ ARRAY_ATTRS_SAME: FrozenSet[str] = frozenset({"T", "mT"})
 # nnx Variable)
 ARRAY_ATTRS_TRACED: FrozenSet[str] = frozenset({"real", "imag", "at", "value"})
 
-# methods that only move elements around, so an int8 array stays int8
-_PRESERVING_METHODS = frozenset({"reshape", "transpose", "swapaxes", "squeeze", "ravel", "flatten",
-                                 "clip", "T", "copy", "repeat", "take", "__getitem__"})
+# methods whose result has the dtype of the array they are called on (an int8 array stays int8)
+DTYPE_PRESERVING_METHODS: FrozenSet[str] = frozenset({
+    "reshape", "transpose", "swapaxes", "squeeze", "ravel", "flatten", "clip", "T", "copy", "repeat", "take",
+    "__getitem__",
+})
 _ARRAY_METHODS = frozenset({
     "sum", "mean", "max", "min", "any", "all", "prod", "std", "var", "argmax", "argmin", "cumsum",
     "cumprod", "round", "conj", "conjugate", "nonzero", "sort", "argsort", "dot", "trace",
     "diagonal", "set", "add", "multiply", "divide", "power", "apply", "get", "view",
     "block_until_ready", "astype",
-}) | _PRESERVING_METHODS
+}) | DTYPE_PRESERVING_METHODS
 
 # builtins whose result is a Python value whatever they are given
 STATIC_BUILTINS: FrozenSet[str] = frozenset({
@@ -57,7 +61,8 @@ STATIC_BUILTINS: FrozenSet[str] = frozenset({
 COMBINE_BUILTINS: FrozenSet[str] = frozenset({"abs", "max", "min", "sum", "round", "pow", "divmod", "list",
                                               "tuple", "sorted", "reversed", "set", "frozenset"})
 
-_PRESERVING_FUNCS = frozenset(
+# functions whose result has the dtype of their first array argument (when no ``dtype=`` is given)
+DTYPE_PRESERVING_FUNCS: FrozenSet[str] = frozenset(
     ["jax.numpy." + n for n in ("reshape", "transpose", "swapaxes", "moveaxis", "expand_dims",
                                 "squeeze", "broadcast_to", "ravel", "clip", "flip", "roll", "tile",
                                 "repeat", "negative", "abs", "atleast_1d", "atleast_2d", "take",
@@ -125,7 +130,7 @@ def api_call_kind(q: str, call: cst.Call, arg_kinds: List[int], imports: ImportT
         dt = kwarg(call, "dtype")
         if dt is not None and is_int8_dtype(dt, imports):
             return INT8
-        if q in _PRESERVING_FUNCS and arg_kinds and arg_kinds[0] == INT8 and dt is None:
+        if q in DTYPE_PRESERVING_FUNCS and arg_kinds and arg_kinds[0] == INT8 and dt is None:
             return INT8
         return TRACED
     if any_traced and q.startswith(_JAX_WORLD) and not q.startswith(_NOT_ARRAY_RESULT):
@@ -154,7 +159,7 @@ def method_call_kind(recv: int, method: str, call: cst.Call, arg_kinds: List[int
         if method in ("item", "tolist"):
             return STATIC
         if method in _ARRAY_METHODS:
-            return INT8 if recv == INT8 and method in _PRESERVING_METHODS else TRACED
+            return INT8 if recv == INT8 and method in DTYPE_PRESERVING_METHODS else TRACED
         return UNKNOWN
     if recv == STATIC:
         return STATIC if all(k == STATIC for k in arg_kinds) else UNKNOWN

@@ -7,7 +7,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ..array_api import ARRAY_ATTRS_SAME
+from ..array_api import ARRAY_ATTRS_SAME, DTYPE_PRESERVING_FUNCS, DTYPE_PRESERVING_METHODS
 from ..call_args import kwarg
 from ..dtypes import dtype_name
 from ..kinds import INT8
@@ -21,13 +21,6 @@ _BOOL_FUNCS = frozenset("jax.numpy." + n for n in (
     "not_equal", "greater", "greater_equal", "less", "less_equal", "isclose", "signbit",
 ))
 _INDEX_FUNCS = frozenset("jax.numpy." + n for n in ("argmax", "argmin", "argsort", "searchsorted", "bincount"))
-# functions and methods whose result has the dtype of their first array argument
-_SAME_DTYPE_FUNCS = frozenset("jax.numpy." + n for n in (
-    "reshape", "transpose", "swapaxes", "moveaxis", "expand_dims", "squeeze", "broadcast_to", "ravel",
-    "flip", "roll", "tile", "repeat", "take", "atleast_1d", "atleast_2d",
-))
-_SAME_DTYPE_METHODS = frozenset({"reshape", "transpose", "swapaxes", "squeeze", "ravel", "flatten", "copy",
-                                 "repeat", "take"})
 _ORDERING = (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual, cst.Equal, cst.NotEqual)
 
 
@@ -65,7 +58,7 @@ def _call_dtype(call: cst.Call, walk: FunctionWalk, depth: int) -> Optional[str]
         if isinstance(func, cst.Attribute):
             if func.attr.value == "astype" and call.args:
                 return dtype_name(call.args[0].value, imports)
-            if func.attr.value in _SAME_DTYPE_METHODS:
+            if func.attr.value in DTYPE_PRESERVING_METHODS:
                 return operand_dtype(func.value, walk, depth)
         return None
     dtype = kwarg(call, "dtype")
@@ -77,7 +70,7 @@ def _call_dtype(call: cst.Call, walk: FunctionWalk, depth: int) -> Optional[str]
         return "bool"
     if q in _INDEX_FUNCS:
         return "int32"
-    if q in _SAME_DTYPE_FUNCS and call.args:
+    if q in DTYPE_PRESERVING_FUNCS and call.args:
         return operand_dtype(call.args[0].value, walk, depth)
     # a dtype used as a function: ``jnp.int32(x)``
     return dtype_name(func, imports) if q.startswith(("jax.numpy.", "numpy.")) and _is_dtype_word(q) else None

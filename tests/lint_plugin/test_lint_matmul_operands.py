@@ -113,7 +113,9 @@ def f(x, mask, w):
     d = jnp.matmul(jnp.argmax(x, axis=1), jnp.int32(w))  # JX101:8
     e = counts @ w  # JX101:8
     f = x.astype(jnp.float32) @ counts  # JX101:8
-    return a, b, c, d, e, f
+    g = jnp.abs(counts) @ jnp.clip(counts, 0, 9).T  # JX101:8
+    h = jnp.asarray(counts) @ jax.lax.stop_gradient(counts).clip(0, 9)  # JX101:8
+    return a, b, c, d, e, f, g, h
 '''
 
 
@@ -121,4 +123,6 @@ def test_int_and_bool_matmuls_are_named_by_their_dtype():
     check_annotated(INT_MATMULS)
     what = [v.message.split(" `")[0] for v in violations(INT_MATMULS)]
     assert what == ["JX101 int32 matmul", "JX101 bool matmul", "JX101 non-int8 matmul", "JX101 int32 matmul",
-                    "JX101 float matmul", "JX101 float matmul"]
+                    "JX101 float matmul", "JX101 float matmul",
+                    # dtype-preserving functions and methods (one table with the int8 tracking)
+                    "JX101 int32 matmul", "JX101 int32 matmul"]
