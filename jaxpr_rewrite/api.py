@@ -113,6 +113,19 @@ class Int8ified:
                 run = self._compiled[signature] = jax.jit(run_program)
         return run
 
+    def float_jaxpr(self, *args, **kwargs) -> ClosedJaxpr:
+        """The program as written, traced for these arguments: what the rewrite starts from (the same cached
+        trace that :meth:`rewritten_jaxpr` and calls use).
+
+        Arguments:
+            *args, **kwargs: the call's arguments (arrays or ``jax.ShapeDtypeStruct``).
+
+        Returns:
+            The ``ClosedJaxpr`` over the traced leaves of the arguments.
+        """
+        signature, dynamic = self.signature(args, kwargs)
+        return self._program(signature, dynamic).float_jaxpr
+
     def rewritten_jaxpr(self, *args, **kwargs) -> ClosedJaxpr:
         """The rewritten program for these arguments, without running it.
 

@@ -38,7 +38,6 @@ from .errors import Int8ifyError
 from .jaxprs import sub_jaxprs
 from .report import report
 from .source import short_path
-from .tracing import trace
 from .verify import verify
 
 __all__ = ["main", "parse_args_spec", "resolve_target", "side_by_side"]
@@ -269,8 +268,7 @@ def _cmd_show(ns, fn, specs) -> int:
     wrapped = _wrapped(fn, _options(ns))
     rewritten = wrapped.rewritten_jaxpr(*specs)
     if ns.diff:
-        before, _ = trace(wrapped.fn, *wrapped.signature(tuple(specs), {}))
-        print(side_by_side(before, rewritten, width=ns.width))
+        print(side_by_side(wrapped.float_jaxpr(*specs), rewritten, width=ns.width))
     else:
         print(rewritten)
     return 0

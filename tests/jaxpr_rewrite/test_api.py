@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import assert_all_dots_int8, away_from_ties, reference_dot
+from helpers import assert_all_dots_int8, away_from_ties, dot_eqns, reference_dot
 from jaxpr_rewrite import Int8ifyError, TracedValueError, int8ify
 
 MATMUL = (((1,), (0,)), ((), ()))
@@ -272,3 +272,21 @@ def test_with_options_keeps_the_rest():
     assert g.static_argnames == ("w",) and g.static_argnums == (1,)
     with pytest.raises(Int8ifyError, match="unknown int8ify option"):
         g.with_options(granularty="per-tensor")
+
+
+def test_float_and_rewritten_jaxprs_come_from_one_trace():
+    traces = []
+
+    def f(x, w):
+        traces.append(1)  # runs once per trace of f
+        return jnp.tanh(x @ w)
+
+    wrapped = int8ify(f)
+    x, w = jax.ShapeDtypeStruct((8, 64), jnp.float32), jax.ShapeDtypeStruct((64, 32), jnp.float32)
+    before = wrapped.float_jaxpr(x, w)
+    after = wrapped.rewritten_jaxpr(x, w)
+    assert len(traces) == 1
+    (dot,) = dot_eqns(before)
+    assert [v.aval.dtype for v in dot.invars] == [jnp.float32, jnp.float32]
+    assert_all_dots_int8(after, 1)
+    assert [v.aval for v in before.jaxpr.invars] == [v.aval for v in after.jaxpr.invars]
