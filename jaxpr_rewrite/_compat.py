@@ -1,6 +1,6 @@
 """The one module that touches JAX internals (``jax._src``).
 
-Tested against JAX 0.10.2 (see ``JAX_RANGE`` in setup.py). Everything else in the package uses public API;
+Tested against JAX 0.8.3 to 0.12.0.1 (the range is pinned in pyproject.toml). Everything else in the package uses public API;
 when a JAX upgrade breaks the rewrite, this file is where to look first.
 
 What needs internals, and why:
@@ -55,6 +55,15 @@ def bind(primitive, invals, params: dict):
         subfuns, bind_params = bind_params
         return primitive.bind(*subfuns, *invals, **bind_params)
     return primitive.bind(*invals, **bind_params)
+
+
+def scan_counts(params: dict) -> tuple[int, int]:
+    """``(num_consts, num_carry)`` of a ``scan`` equation. JAX <= 0.10 has them as params; JAX 0.11 replaced both
+    with ``ft_in``, a tree of the operands as ``(consts, carry, xs)`` whose parts count their leaves."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(consts), len(carry)
 
 
 def trace_to_jaxpr(fn: Callable, in_avals: Sequence[Any], debug_info) -> tuple[Any, list[Any]]:

@@ -13,6 +13,8 @@ import jax.extend  # noqa: F401  (makes jax.extend.core importable)
 import jax.numpy as jnp
 from jax.extend.core import ClosedJaxpr, Jaxpr
 
+from ._compat import scan_counts
+
 __all__ = [
     "CALL_PRIMITIVES",
     "DERIVATIVE_ONLY_PARAMS",
@@ -27,6 +29,7 @@ __all__ = [
     "jaxpr_and_consts",
     "matmul_dimension_numbers",
     "open_jaxpr",
+    "scan_counts",
     "scan_operands",
     "sub_jaxprs",
     "while_operands",
@@ -76,7 +79,7 @@ def jaxpr_and_consts(jaxpr) -> tuple[Jaxpr, list]:
 
 def scan_operands(params, values) -> tuple[list, list, list]:
     """A ``scan`` equation's operand values split as its body reads them: ``(consts, init, xs)``."""
-    n_consts, n_carry = params["num_consts"], params["num_carry"]
+    n_consts, n_carry = scan_counts(params)
     return list(values[:n_consts]), list(values[n_consts:n_consts + n_carry]), list(values[n_consts + n_carry:])
 
 

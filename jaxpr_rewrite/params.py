@@ -34,7 +34,8 @@ from jax import lax
 from .config import RewriteConfig, join_scope, skip_reason
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
-from .jaxprs import CALL_PRIMITIVES, SUBJAXPR_PARAMS, is_float_dot, matmul_dimension_numbers, open_jaxpr
+from .jaxprs import (CALL_PRIMITIVES, SUBJAXPR_PARAMS, is_float_dot, matmul_dimension_numbers, open_jaxpr,
+                     scan_counts)
 from .quantized import QuantizedArray, is_quantized, quantize
 from .source import describe_source
 from .tracing import target_of, trace
@@ -102,14 +103,14 @@ def _uses(jaxpr, var, config: RewriteConfig, scope: str, cast, top: bool, refuse
             for k in positions:
                 found += _uses(sub, sub.invars[k], config, here, cast, False, refused, axes)
         elif name == "scan":
-            p = eqn.params
-            sub = open_jaxpr(p["jaxpr"])
+            sub = open_jaxpr(eqn.params["jaxpr"])
+            n_consts, n_carry = scan_counts(eqn.params)
             for k in positions:
-                if p["num_consts"] <= k < p["num_consts"] + p["num_carry"]:
+                if n_consts <= k < n_consts + n_carry:
                     refused.append(f"it is carried through the scan at {where}")
                     continue
-                sliced = axes if k < p["num_consts"] else axes[1:]  # xs lose their leading (stacked) axis
-                if k >= p["num_consts"] and axes[0] != min(axes):
+                sliced = axes if k < n_consts else axes[1:]  # xs lose their leading (stacked) axis
+                if k >= n_consts and axes[0] != min(axes):
                     refused.append(f"the scan at {where} slices it along a transposed axis")
                     continue
                 found += _uses(sub, sub.invars[k], config, here, cast, False, refused, sliced)

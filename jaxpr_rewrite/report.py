@@ -328,8 +328,8 @@ class _Measurer:
 
     def _scan(self, eqn, invals, here):
         p = eqn.params
-        n_carry = p["num_carry"]
         consts, init, xs = scan_operands(p, invals)
+        n_carry = len(init)
         body = p["jaxpr"]
         sub = here + (_sub_index(eqn, body),)
 

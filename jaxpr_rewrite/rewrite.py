@@ -436,8 +436,8 @@ def _inline_call(rewriter, eqn, invals, scope, where):
 def _scan_quantized(rewriter, eqn, invals, scope, where):
     """``lax.scan`` again, with pre-quantized consts closed over and pre-quantized ``xs`` sliced per step."""
     p = eqn.params
-    n_carry = p["num_carry"]
     consts, init, xs = scan_operands(p, invals)
+    n_carry = len(init)
     init = _materialised(init)
     body = _sub_interpreter(rewriter, p["jaxpr"], scope, where)
 

@@ -42,7 +42,7 @@ def test_entry_points_and_extras(wheel):
     assert "[flake8.extension]\nJX = lint_plugin.plugin:Int8Checker" in entry_points
     assert "[console_scripts]\nint8ify = jaxpr_rewrite.cli:main" in entry_points
     metadata = _read(wheel, ".dist-info/METADATA")
-    assert "Requires-Dist: jax<0.11,>=0.8" in metadata or "Requires-Dist: jax>=0.8,<0.11" in metadata
+    assert "Requires-Dist: jax<0.13,>=0.8" in metadata or "Requires-Dist: jax>=0.8,<0.13" in metadata
     for extra in ("test", "plot", "examples"):
         assert f"Provides-Extra: {extra}" in metadata
     assert 'Requires-Dist: matplotlib; extra == "plot"' in metadata
