@@ -1,7 +1,7 @@
 """The one module that touches JAX internals (``jax._src``).
 
-Tested against JAX 0.8.3 to 0.12.0.1 (the range is pinned in pyproject.toml). Everything else in the package uses public API;
-when a JAX upgrade breaks the rewrite, this file is where to look first.
+Tested against JAX 0.8.3 to 0.12.0.1 (the range is pinned in pyproject.toml). Everything else in the package
+uses public API; when a JAX upgrade breaks the rewrite, this file is where to look first.
 
 What needs internals, and why:
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Sequence
 
+import jax
 from jax.interpreters import batching, mlir
 from jax._src import config as _config
 from jax._src import linear_util as _lu
@@ -64,6 +65,13 @@ def scan_counts(params: dict) -> tuple[int, int]:
         return params["num_consts"], params["num_carry"]
     consts, carry, _ = params["ft_in"].unpack()
     return len(consts), len(carry)
+
+
+def jit_inlined_late(fn: Callable, **jit_kwargs) -> Callable | None:
+    """``jax.jit(fn)`` whose calls XLA inlines late instead of first (``jax.Inline.XLA_LATE``, JAX 0.11+);
+    ``None`` where JAX cannot say so."""
+    inline = getattr(jax, "Inline", None)
+    return None if inline is None else jax.jit(fn, inline=inline.XLA_LATE, **jit_kwargs)
 
 
 def trace_to_jaxpr(fn: Callable, in_avals: Sequence[Any], debug_info) -> tuple[Any, list[Any]]:

@@ -37,6 +37,7 @@ __all__ = [
     "int8_ragged_dot_general",
     "scale_to_output",
     "scaled_int8_dot",
+    "shared_jit",
     "straight_through",
     "supports_ragged",
 ]
@@ -369,8 +370,9 @@ def straight_through(impl, float_matmul=_dot_general_float, n_extra: int = 0):
 
     Returns:
         ``fn(lhs, rhs, *extra, float_params, out_dtype, option)``: a ``jax.custom_jvp`` function under
-        ``jax.jit``. Its JVP is the float matmul's, evaluated at the float operands (pre-quantized operands: at
-        their value inside the dot), so ``grad`` sees the float matmul while the forward pass stays quantized. The
+        ``jax.jit`` (on CPU, one that XLA compiles once and inlines late, where JAX 0.11+ can say so). Its JVP
+        is the float matmul's, evaluated at the float operands (pre-quantized operands: at their value inside
+        the dot), so ``grad`` sees the float matmul while the forward pass stays quantized. The
         ``jit`` makes each rewritten matmul one ``pjit`` equation (at the user's source line) whose body is traced
         once per operand types and shared by every matmul of those types, so rewriting a deep model costs about
         one trace per distinct layer shape, not one per layer.
@@ -408,7 +410,28 @@ def straight_through(impl, float_matmul=_dot_general_float, n_extra: int = 0):
             return matmul(*args)
 
     shared.__name__ = shared.__qualname__ = matmul.__name__
-    return jax.jit(shared, static_argnums=static)
+    return shared_jit(shared, static_argnums=static)
+
+
+def shared_jit(fn, **jit_kwargs):
+    """``jax.jit(fn)`` for a program that many call sites share (one per layer of a model).
+
+    On CPU, where JAX 0.11+ can say so (``jax.Inline.XLA_LATE``), XLA inlines its calls late instead of first,
+    optimizing each call's body as a small computation of its own: about half the compile time of a deep model's
+    first call, and as fast or faster to run (``benchmarks/overhead.py``, ``benchmarks/speed.py``). Other backends
+    keep XLA's default early inlining, which lets the epilogue fuse with what follows; the late form has not been
+    measured on a GPU.
+    """
+    early = jax.jit(fn, **jit_kwargs)
+    late = _compat.jit_inlined_late(fn, **jit_kwargs)
+    if late is None:
+        return early
+
+    def call(*args):
+        return (late if jax.default_backend() == "cpu" else early)(*args)
+
+    call.__name__ = call.__qualname__ = fn.__name__
+    return call
 
 
 def _dot_impl(lhs, rhs, float_params, out_dtype, scheme):

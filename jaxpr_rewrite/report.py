@@ -18,7 +18,7 @@ carry); one in a branch that was not taken, a loop that ran zero times, or insid
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.extend  # noqa: F401
@@ -30,7 +30,7 @@ from jax.extend.core import ClosedJaxpr, Jaxpr
 from .config import RewriteConfig, join_scope, skip_reason
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
-from .int8_dot import supports_ragged
+from .int8_dot import shared_jit, supports_ragged
 from .plotting import COLORS, bar_chart, new_figure, save
 from .jaxprs import (CALL_PRIMITIVES, SUBJAXPR_PARAMS, derivative_jaxprs, is_float_dot, is_matmul, jaxpr_and_consts,
                      matmul_dimension_numbers, open_jaxpr, scan_operands, sub_jaxprs, while_operands)
@@ -276,6 +276,28 @@ class _Measurer:
     def __init__(self, rewriter: Rewriter, measured: set):
         self.rewriter = rewriter
         self.measured = measured  # paths of the float matmuls to measure
+        self.measurements: dict = {}
+
+    def measurement(self, eqn) -> Callable:
+        """``fn(*invals) -> (float result, sums)`` for one matmul, shared by every matmul with the same primitive
+        and params: its program is traced once however many layers call it (see
+        :func:`~jaxpr_rewrite.int8_dot.shared_jit` for how XLA compiles it)."""
+        key = (eqn.primitive, tuple(sorted(eqn.params.items())))
+        try:
+            hash(key)
+        except TypeError:  # a param JAX keeps unhashable: this matmul gets a program of its own
+            key = id(eqn)
+        fn = self.measurements.get(key)
+        if fn is None:
+            def measure(*invals):
+                float_out = bind(eqn, invals)[0]
+                f32 = float_out.astype(jnp.float32)
+                q32 = self.rewriter.rewrite_matmul(eqn, invals).astype(jnp.float32)
+                return float_out, jnp.stack([jnp.sum(jnp.square(q32 - f32)), jnp.sum(jnp.square(f32)),
+                                             jnp.float32(1)])
+
+            fn = self.measurements[key] = shared_jit(measure)
+        return fn
 
     def paths_under(self, prefix: tuple) -> list:
         return [p for p in self.measured if p[:len(prefix)] == prefix]
@@ -296,11 +318,8 @@ class _Measurer:
     def eqn(self, eqn, invals, here) -> tuple[list, dict]:
         name = eqn.primitive.name
         if here in self.measured:
-            float_out = bind(eqn, invals)
-            q = self.rewriter.rewrite_matmul(eqn, invals)
-            f32, q32 = float_out[0].astype(jnp.float32), q.astype(jnp.float32)
-            sums = jnp.stack([jnp.sum(jnp.square(q32 - f32)), jnp.sum(jnp.square(f32)), jnp.float32(1)])
-            return float_out, {here: sums}
+            float_out, sums = self.measurement(eqn)(*invals)
+            return [float_out], {here: sums}
         if name in _INLINED and self.paths_under(here):
             sub = eqn.params[SUBJAXPR_PARAMS[name][0]]
             return self.run(sub, invals, here + (_sub_index(eqn, sub),))

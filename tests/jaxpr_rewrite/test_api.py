@@ -290,3 +290,18 @@ def test_float_and_rewritten_jaxprs_come_from_one_trace():
     assert [v.aval.dtype for v in dot.invars] == [jnp.float32, jnp.float32]
     assert_all_dots_int8(after, 1)
     assert [v.aval for v in before.jaxpr.invars] == [v.aval for v in after.jaxpr.invars]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_rewritten_dots_are_inlined_late_on_cpu_where_jax_can_say_so(backend, monkeypatch):
+    """JAX 0.11+ can ask XLA to inline a call late (about half the compile time of a deep model on CPU); other
+    backends, and older JAX, keep the default."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    x = jax.ShapeDtypeStruct((8, 64), jnp.float32)
+    jaxpr = jax.make_jaxpr(int8ify(lambda a, b: a @ b))(x, jax.ShapeDtypeStruct((64, 32), jnp.float32))
+    (call,) = [e for e in jaxpr.eqns if e.params.get("name") == "int8_dot_general"]
+    inline = getattr(jax, "Inline", None)
+    if inline is None:  # before JAX 0.11 the param is a bool: inline into the caller's jaxpr or not
+        assert call.params["inline"] is False
+    else:
+        assert call.params["inline"] == (inline.XLA_LATE if backend == "cpu" else inline.AUTO)
