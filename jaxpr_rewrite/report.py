@@ -279,10 +279,10 @@ class _Measurer:
         self.measurements: dict = {}
 
     def measurement(self, eqn) -> Callable:
-        """``fn(*invals) -> (float result, sums)`` for one matmul, shared by every matmul with the same primitive
-        and params: its program is traced once however many layers call it (see
+        """``fn(*invals) -> (float result, sums)`` for one matmul, shared by every matmul with the same primitive,
+        params and operand types: its program is traced once however many layers call it (see
         :func:`~jaxpr_rewrite.int8_dot.shared_jit` for how XLA compiles it)."""
-        key = (eqn.primitive, tuple(sorted(eqn.params.items())))
+        key = (eqn.primitive, tuple(sorted(eqn.params.items())), tuple(v.aval for v in (*eqn.invars, *eqn.outvars)))
         try:
             hash(key)
         except TypeError:  # a param JAX keeps unhashable: this matmul gets a program of its own

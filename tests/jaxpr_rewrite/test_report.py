@@ -65,6 +65,23 @@ def test_measured_error_is_the_int8_dot_against_the_float_dot():
     assert rep.worst() in (rep[0], rep[1])
 
 
+def test_matmuls_that_share_params_but_not_types_are_measured_each_as_itself():
+    """The measuring pass shares one program between matmuls of equal params; a bfloat16 and a float32 dot with
+    the same dimension numbers (and no preferred type) must still each be measured in its own dtype."""
+    dims = (((1,), (0,)), ((), ()))
+
+    def f(x, w, xb, wb):
+        return jax.lax.dot_general(x, w, dims), jax.lax.dot_general(xb, wb, dims)
+
+    x, w = away_from_ties(X, (1,)), away_from_ties(W1, (0,))
+    xb, wb = jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16)
+    both = report(f, x, w, xb, wb)
+    assert both[0].eqn.params == both[1].eqn.params and both[0].lhs != both[1].lhs
+    alone = [report(lambda a, b: jax.lax.dot_general(a, b, dims), *pair)[0].error for pair in ((x, w), (xb, wb))]
+    assert [row.error for row in both] == pytest.approx(alone, rel=1e-6)
+    assert alone[0] != pytest.approx(alone[1], rel=1e-2)
+
+
 def test_options_of_an_int8ified_function_decide():
     rep = report(int8ify(model, skip=["head*"]), X, W1, W2)
     assert [r.rewritten for r in rep] == [True, False]
