@@ -146,6 +146,13 @@ def scales_from_absmax(amax):
     The mantissa is ``amax * 2**-exponents``, a multiply by a power of two and so exact, with ``2**-exponents``
     built from the absmax's exponent field.
     """
+    scales, exponents, _ = _scale_parts(amax)
+    return scales, exponents
+
+
+def _scale_parts(amax):
+    """:func:`scales_from_absmax`, and ``2**-exponents`` (the codes' exact prescale; any value for an all-zero
+    slice, whose elements are all zero)."""
     fmt = _format(amax)
     field = lax.shift_right_logical(lax.bitcast_convert_type(amax, fmt.bits), fmt.bits(fmt.mantissa_bits))
     # 2**-e must be a normal float for the prescale: the top binade (and Inf) keeps e = bias - 1; a subnormal
@@ -159,7 +166,7 @@ def scales_from_absmax(amax):
     zero = lax.eq(amax, fmt.dtype(0))
     scales = lax.select(zero, lax.full_like(scales, 1), scales)
     exponents = lax.select(zero, lax.full_like(exponents, 0), exponents)
-    return scales, exponents
+    return scales, exponents, inverse
 
 
 def quantize_parts(x, reduce_axes: Sequence[int]):
@@ -171,11 +178,10 @@ def quantize_parts(x, reduce_axes: Sequence[int]):
     """
     reduce_axes = tuple(reduce_axes)
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
-    scales, exponents = scales_from_absmax(absmax(x, reduce_axes))
+    scales, exponents, prescale = _scale_parts(absmax(x, reduce_axes))
     values = to_compute(x)
     # x * 2**-e is exact (a non-finite slice's exponent is meaningless, but its scale is Inf and so is every output
     # it feeds)
-    prescale = pow2(lax.neg(exponents), values.dtype)
     values = lax.mul(values, lax.broadcast_in_dim(prescale, x.shape, kept_axes))
     quotient = true_divide(values, lax.broadcast_in_dim(scales, x.shape, kept_axes))
     rounded = lax.round(quotient, lax.RoundingMethod.TO_NEAREST_EVEN)
