@@ -2,6 +2,7 @@
 
 import sys
 
+import jax
 from conftest import ROOT
 
 
@@ -18,6 +19,7 @@ def test_device_check_dry_run(tmp_path, monkeypatch):
     assert "FAILED" not in text
     assert "3 passed, 0 failed of 3 run" in text
     assert "| MiniLM 2x16 | 2 | int8ify+qparams |" in text
+    assert ("| MiniLM 2x16 | 2 | int8ify+qparams, late inlining |" in text) == hasattr(jax, "Inline")
     assert "4 GEMM(s), 4 with s8 x s8 operands" in text
     assert "`auto` resolves to `int8`" in text and "`nvfp4`: ran" in text
 
