@@ -370,7 +370,7 @@ def straight_through(impl, float_matmul=_dot_general_float, n_extra: int = 0):
 
     Returns:
         ``fn(lhs, rhs, *extra, float_params, out_dtype, option)``: a ``jax.custom_jvp`` function under
-        ``jax.jit`` (on CPU, one that XLA compiles once and inlines late, where JAX 0.11+ can say so). Its JVP
+        ``jax.jit`` (see :func:`shared_jit`: on CPU, XLA inlines its calls late where JAX 0.11+ can say so). Its JVP
         is the float matmul's, evaluated at the float operands (pre-quantized operands: at their value inside
         the dot), so ``grad`` sees the float matmul while the forward pass stays quantized. The
         ``jit`` makes each rewritten matmul one ``pjit`` equation (at the user's source line) whose body is traced
