@@ -30,7 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jaxpr_rewrite import int8ify, report  # noqa: E402
+from speed import quantize_plain  # noqa: E402  (benchmarks/speed.py: the hand-written quantization)
 
 
 def mlp_params(layers: int, width: int, seed: int = 0):
@@ -76,16 +78,10 @@ def flax_mlp(layers: int, width: int):
 def hand_w8a8_flax_mlp(layers: int):
     """The Flax MLP's forward pass written by hand in W8A8: per-row activation and per-column weight scales,
     ``absmax / 127``, quantized on every call (as ``int8ify`` does without ``quantize_params``)."""
-
-    def quantize(a, axis):
-        s = jnp.max(jnp.abs(a), axis=axis, keepdims=True) / 127
-        s = jnp.where(s == 0, 1.0, s)
-        return jnp.clip(jnp.round(a / s), -127, 127).astype(jnp.int8), s
-
     def apply(variables, x):
         for i in range(layers):
             dense = variables["params"][f"Dense_{i}"]
-            (xq, sx), (wq, sw) = quantize(x, 1), quantize(dense["kernel"], 0)
+            (xq, sx), (wq, sw) = quantize_plain(x, 1), quantize_plain(dense["kernel"], 0)
             acc = jax.lax.dot_general(xq, wq, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
             x = jax.nn.gelu(acc.astype(jnp.float32) * sx * sw + dense["bias"])
         return x

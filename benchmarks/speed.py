@@ -69,15 +69,16 @@ def block(params, x, heads=4):
 
 
 # -- hand-written W8A8 and bare int8 dots -------------------------------------------------------------------
-def quantize_rows(x):
-    """Per-row (last axis contracted) activation quantization, written out by hand."""
-    s = jnp.max(jnp.abs(x), axis=-1, keepdims=True) / 127
+def quantize_plain(x, axis):
+    """The plain per-channel quantization over ``axis``, written out by hand: ``(codes, scales)``, the scales
+    keeping ``axis`` with size 1."""
+    s = jnp.max(jnp.abs(x), axis=axis, keepdims=True) / 127
     s = jnp.where(s == 0, 1.0, s)
     return jnp.clip(jnp.round(x / s), -127, 127).astype(jnp.int8), s
 
 
 def hand_dense(x, qw):
-    xq, sx = quantize_rows(x)
+    xq, sx = quantize_plain(x, -1)
     acc = lax.dot_general(xq, qw["codes"], (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
     return acc.astype(jnp.float32) * sx * qw["scales"]
 
@@ -100,13 +101,8 @@ def hand_mlp(qparams, x):
 
 def hand_int8_einsum(spec, a, b, a_axis, b_axis):
     """An einsum of two activations, each quantized over its contracted axis."""
-    def q(x, axis):
-        s = jnp.max(jnp.abs(x), axis=axis, keepdims=True) / 127
-        s = jnp.where(s == 0, 1.0, s)
-        return jnp.clip(jnp.round(x / s), -127, 127).astype(jnp.int8), s
-
-    aq, sa = q(a, a_axis)
-    bq, sb = q(b, b_axis)
+    aq, sa = quantize_plain(a, a_axis)
+    bq, sb = quantize_plain(b, b_axis)
     acc = jnp.einsum(spec, aq, bq, preferred_element_type=jnp.int32).astype(jnp.float32)
     return acc * jnp.einsum(spec, sa, sb)  # scales have size 1 along the contraction: an outer product
 
