@@ -27,7 +27,7 @@ from . import _compat
 from .config import RewriteConfig, contraction_size, register_backend
 from .errors import Int8ifyError
 from .quantize import MAX_INT32_SAFE_CONTRACTION, epilogue_factors, scale_product, to_compute
-from .quantized import is_quantized, quantize
+from .quantized import is_quantized, quantize, quantize_operand
 
 __all__ = [
     "PER_CHANNEL",
@@ -223,8 +223,8 @@ def scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce: Sequence[int], rhs_
     Returns:
         ``(lhs_q, rhs_q, out)``: both operands quantized, and the float32 result.
     """
-    lhs_q = lhs if is_quantized(lhs) else quantize(lhs, lhs_reduce)
-    rhs_q = rhs if is_quantized(rhs) else quantize(rhs, rhs_reduce)
+    lhs_q = quantize_operand(lhs, lhs_reduce, rhs)
+    rhs_q = quantize_operand(rhs, rhs_reduce, lhs)
     acc = _int32_dot(lhs_q.codes, rhs_q.codes, dimension_numbers, _common_dtype(lhs_q, rhs_q))
 
     def placement(q, side):

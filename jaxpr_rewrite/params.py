@@ -36,11 +36,13 @@ from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .jaxprs import (CALL_PRIMITIVES, SUBJAXPR_PARAMS, is_float_dot, matmul_dimension_numbers, open_jaxpr,
                      scan_counts)
-from .quantized import QuantizedArray, is_quantized, quantize
+from .quantized import QuantizedArray, is_quantized, quantize, smoothed_activation
 from .source import describe_source
 from .tracing import target_of, trace
 
-__all__ = ["QuantizationWarning", "quantize_params", "smoothing_factors", "weight_absmax"]
+__all__ = ["ACTIVATION_MODES", "QuantizationWarning", "quantize_params", "smoothing_factors", "weight_absmax"]
+
+ACTIVATION_MODES = ("dynamic", "static")
 
 
 class QuantizationWarning(UserWarning):
@@ -206,7 +208,8 @@ def _activation_absmax(closed, targets: dict) -> Callable:
 
 # -- entry point ------------------------------------------------------------------------------------------------
 def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | None = None, calibration=None,
-                    smooth_skip=(), explain: bool = False, **example_kwargs):
+                    smooth_skip=(), activations: str = "dynamic", activation_percentile: float | None = None,
+                    explain: bool = False, **example_kwargs):
     """Quantize, once, the leaves of ``params`` that ``int8ify(fn)`` would quantize on every call.
 
     A leaf is quantized when every use of it in ``fn(params, *example_args)`` is as an operand of a matmul that
@@ -228,6 +231,15 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
             measure activations on; defaults to ``[example_args]``.
         smooth_skip: name-scope patterns (``fnmatch``, as ``int8ify(skip=...)``); weights of dots whose scope
             matches one are quantized without smoothing.
+        activations: ``"dynamic"`` (the contract: each call measures its activations' per-row scales) or
+            ``"static"``: weights whose every matmul is a top-level ``dot_general`` of ``fn``'s program also store
+            one per-tensor scale for the activations those dots meet, calibrated on ``calibration`` (after
+            smoothing); the rewritten dot then quantizes the activation with it (one multiply, round, clip; no
+            absmax, no scale computation). Activations beyond the calibrated range saturate at +-127; NaN and Inf
+            still make the outputs they feed non-finite.
+        activation_percentile: with ``activations="static"``, calibrate on this percentile of ``|x|`` (e.g.
+            ``99.99``, the largest over the calibration batches) instead of its maximum: the rare outliers then
+            saturate, and every other value gets a finer scale.
         explain: also return, per leaf (by its ``jax.tree_util.keystr`` path), what was done and why.
 
     Returns:
@@ -246,6 +258,14 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
         raise Int8ifyError("quantize_params got params that are already quantized")
     if smooth_alpha is not None and not (isinstance(smooth_alpha, (int, float)) and 0 <= smooth_alpha <= 1):
         raise Int8ifyError(f"smooth_alpha must be in [0, 1], got {smooth_alpha!r}")
+    if activations not in ACTIVATION_MODES:
+        raise Int8ifyError(f"activations must be one of {ACTIVATION_MODES}, got {activations!r}")
+    if activation_percentile is not None:
+        if activations != "static":
+            raise Int8ifyError("activation_percentile calibrates static activation scales: pass activations='static'")
+        if isinstance(activation_percentile, bool) or not (isinstance(activation_percentile, (int, float, np.number))
+                                                           and 0 < activation_percentile <= 100):
+            raise Int8ifyError(f"activation_percentile must be a number in (0, 100], got {activation_percentile!r}")
 
     programs: dict = {}  # Signature -> (program, input positions): calibration batches of one shape trace once
 
@@ -279,10 +299,13 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
         else:
             explanation[path] = reason
 
+    calibration = [tuple(example_args)] if calibration is None else [tuple(args) for args in calibration]
     smooth = {}
     if smooth_alpha is not None:
-        calibration = [tuple(example_args)] if calibration is None else [tuple(args) for args in calibration]
         smooth = _smoothing(plans, leaves, smooth_alpha, smooth_skip, calibration, traced)
+    static: dict = {}
+    if activations == "static":
+        static = _static_scales(plans, smooth, calibration, traced, config, activation_percentile, paths, explanation)
 
     new_leaves = []
     for i, leaf in enumerate(leaves):
@@ -298,11 +321,14 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
             scaled = quantized_value.astype(jnp.float32) * lax.broadcast_in_dim(factors, value.shape, (axis,))
             quantized_value = scaled.astype(quantized_value.dtype)
         q = quantize(quantized_value, tuple(a + value.ndim for a in use.from_end))
-        new_leaves.append(QuantizedArray(q.codes, q.scales, q.exponents, q.contracting, value.dtype, factors, group))
+        absmax, activation_group = static.get(i, (None, None))
+        new_leaves.append(QuantizedArray(q.codes, q.scales, q.exponents, q.contracting, value.dtype, factors, group,
+                                         absmax, activation_group))
         cast = f" after a cast to {np.dtype(use.cast).name}" if use.cast is not None else ""
         smoothing = " with SmoothQuant factors" if factors is not None else ""
+        scaled = " and a static activation scale" if i in static else ""
         explanation.setdefault(paths[i], f"quantized: {len(plans[i])} matmul use(s), contracting axes "
-                                         f"{q.contracting}{cast}{smoothing}")
+                                         f"{q.contracting}{cast}{smoothing}{scaled}")
 
     if not explain:
         surprising = {p: r for p, r in explanation.items() if r.startswith("kept float") and "feeds no matmul" not in r}
@@ -359,3 +385,90 @@ def _smoothing(plans, leaves, alpha, smooth_skip, calibration, traced) -> dict:
         factors = smoothing_factors(absmax[group[0]], w_absmax, alpha)
         smooth.update({i: (factors, f"{token}-{number}") for i in group})
     return smooth
+
+
+# -- static activation scales ------------------------------------------------------------------------------------
+def _static_scales(plans, smooth, calibration, traced, config, percentile, paths, explanation) -> dict:
+    """Calibrated per-tensor activation absmaxes for the planned leaves whose every matmul is a top-level
+    ``dot_general``: ``leaf index -> (float32 scalar, group token)``, the largest over the calibration batches and
+    the leaf's dots of ``max|x|`` (or its ``percentile``) of the activation each dot quantizes (divided by the
+    leaf's smoothing factors, as the rewritten dot divides it). Leaves reading the same activation (with the same
+    smoothing) share one value and token, so the program quantizes it once for all of them. Leaves with another
+    use keep dynamic scales, said in ``explanation``."""
+    reads: dict = {}  # leaf index -> the activations its dots read, in the example program
+    measured: dict = {}
+    dynamic_leaves: set = set()
+    measurers: dict = {}  # id(program) -> (its jitted measuring function, the leaves it measures)
+    for args in calibration:
+        closed, call_inputs, dynamic = traced(args)
+        if id(closed) not in measurers:
+            targets, measurable = {}, set()
+            for i in plans:
+                uses, _ = _plan(closed.jaxpr, closed.jaxpr.invars[call_inputs[i]], config)
+                top = [u for u in uses if u.jaxpr is closed.jaxpr and u.eqn.primitive.name == "dot_general"]
+                if uses and len(top) == len(uses):
+                    measurable.add(i)
+                    targets.update({id(u.eqn): (i, u.side) for u in top})
+                    reads.setdefault(i, frozenset(
+                        (u.eqn.invars[1 - u.side], u.eqn.params["dimension_numbers"][0][1 - u.side]) for u in top))
+            measurers[id(closed)] = (_activation_statistic(closed, targets, smooth, percentile), measurable)
+        measure, measurable = measurers[id(closed)]
+        for i in set(plans) - measurable - dynamic_leaves:
+            dynamic_leaves.add(i)
+            explanation[paths[i]] = f"quantized with dynamic activation scales: {_not_top_level(plans[i])}"
+        for i, value in measure(closed.consts, jax.tree_util.tree_leaves(dynamic)).items():
+            measured[i] = value if i not in measured else jnp.maximum(measured[i], value)
+    for i, value in measured.items():
+        if not np.isfinite(float(value)):
+            raise Int8ifyError(f"quantize_params(activations='static'): the activations met by {paths[i]}'s matmuls "
+                               f"hold NaN or Inf on the calibration inputs, so no static scale can be calibrated")
+    groups: dict = {}
+    for i in measured:
+        if i not in dynamic_leaves:
+            groups.setdefault((reads[i], smooth.get(i, (None, None))[1]), []).append(i)
+    token = uuid.uuid4().hex[:12]
+    static = {}
+    for number, group in enumerate(groups.values()):
+        shared = functools.reduce(jnp.maximum, [measured[i] for i in group])
+        static.update({i: (shared, f"{token}-static-{number}") for i in group})
+    return static
+
+
+def _not_top_level(uses) -> str:
+    return f"its matmul at {describe_source(uses[0].eqn)} is not a top-level dot_general of the program"
+
+
+def _activation_statistic(closed, targets: dict, smooth: dict, percentile: float | None) -> Callable:
+    """A jitted function of ``(closed.consts, flat_args)`` giving, per parameter, the largest ``max|x|`` (or
+    ``percentile`` of ``|x|``) over the activations its dots quantize.
+
+    Arguments:
+        closed: the float program, traced for one calibration input signature.
+        targets: ``id(dot equation) -> (parameter index, side of the parameter)``.
+        smooth: ``parameter index -> (SmoothQuant factors, group)``: those activations are measured smoothed.
+    """
+
+    def run(consts, args):
+        stats: dict = {}
+
+        def step(eqn, invals):
+            target = targets.get(id(eqn))
+            if target is not None:
+                index, side = target
+                activation = invals[1 - side]
+                if index in smooth:
+                    (axis,) = eqn.params["dimension_numbers"][0][1 - side]
+                    activation = smoothed_activation(activation, smooth[index][0], axis)
+                magnitude = jnp.abs(activation.astype(jnp.float32))
+                magnitude = jnp.where(jnp.isnan(magnitude), jnp.inf, magnitude)  # XLA's CPU max drops NaN
+                if magnitude.size == 0:
+                    value = jnp.float32(0)
+                else:
+                    value = jnp.max(magnitude) if percentile is None else jnp.percentile(magnitude, percentile)
+                stats[index] = value if index not in stats else jnp.maximum(stats[index], value)
+            return bind(eqn, invals)
+
+        evaluate(closed.jaxpr, consts, args, step)
+        return stats
+
+    return jax.jit(run)

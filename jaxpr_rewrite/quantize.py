@@ -55,6 +55,7 @@ __all__ = [
     "ldexp_exact",
     "pow2",
     "quantize_parts",
+    "quantize_static_parts",
     "scale_values",
     "scale_product",
     "scales_from_absmax",
@@ -187,6 +188,42 @@ def quantize_parts(x, reduce_axes: Sequence[int]):
     rounded = lax.round(quotient, lax.RoundingMethod.TO_NEAREST_EVEN)
     limit = scales.dtype.type(INT8_MAX)
     codes = lax.convert_element_type(lax.clamp(-limit, rounded, limit), np.int8)
+    return codes, scales, exponents
+
+
+def quantize_static_parts(x, amax, reduce_axes: Sequence[int]):
+    """Quantization of ``x`` with one calibrated (static) scale ``amax / 127`` for the whole array.
+
+    The hot path of static activation scales: no absmax and no scale computation per call, and the codes are one
+    multiply by the scale's reciprocal (taken once, on the scalar), a round to nearest even and a clip; values
+    beyond the calibrated range saturate at +-127. One pass is kept per slice over ``reduce_axes``: the sum of
+    ``x * 0``, which is 0 for a finite slice and NaN for one holding NaN or Inf, added to that slice's scale, so
+    NaN and Inf still make every output they feed non-finite (XLA fuses the multiply into the reduction, so it
+    writes no temporary).
+
+    Arguments:
+        x: a floating array.
+        amax: the calibrated absmax, a finite non-negative scalar in the compute dtype (0: the scale is 1).
+        reduce_axes: the axes one slice covers (the dot's contracting dims).
+
+    Returns:
+        ``(codes, scales, exponents)`` as :func:`quantize_parts` lays them out: int8 codes, and per slice over the
+        other axes the static scale as ``scales * 2**exponents`` (NaN ``scales`` for a non-finite slice).
+    """
+    reduce_axes = tuple(reduce_axes)
+    kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
+    kept_shape = tuple(x.shape[a] for a in kept_axes)
+    values = to_compute(x)
+    amax = to_compute(amax, values.dtype)
+    scale, exponent, prescale = _scale_parts(amax)
+    zero = lax.eq(amax, amax.dtype.type(0))
+    reciprocal = lax.select(zero, lax.full_like(scale, 1), lax.div(prescale, scale))
+    rounded = lax.round(lax.mul(values, reciprocal), lax.RoundingMethod.TO_NEAREST_EVEN)
+    limit = scale.dtype.type(INT8_MAX)
+    codes = lax.convert_element_type(lax.clamp(-limit, rounded, limit), np.int8)
+    nonfinite = lax.reduce_sum(lax.sub(values, values), reduce_axes)  # 0, or NaN
+    scales = lax.add(lax.broadcast(scale, kept_shape), nonfinite)
+    exponents = lax.broadcast(exponent, kept_shape)
     return codes, scales, exponents
 
 

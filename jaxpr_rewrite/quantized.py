@@ -24,9 +24,10 @@ import numpy as np
 from jax import lax
 
 from .errors import Int8ifyError
-from .quantize import dequantize_codes, quantize_parts, scale_values, to_compute
+from .quantize import dequantize_codes, quantize_parts, quantize_static_parts, scale_values, to_compute
 
-__all__ = ["QuantizedArray", "is_quantized", "materialise", "quantize", "resolve_dot_operands"]
+__all__ = ["QuantizedArray", "is_quantized", "materialise", "quantize", "quantize_operand", "resolve_dot_operands",
+           "smoothed_activation"]
 
 
 @jax.tree_util.register_pytree_node_class
@@ -46,9 +47,17 @@ class QuantizedArray:
             for ``smooth * w`` and a dot divides its other operand by ``smooth``.
         smooth_group: a token shared by weights holding the same ``smooth`` factors (one per activation, unique
             per :func:`~jaxpr_rewrite.quantize_params` call), so the activation is divided once for all of them.
+        activation_absmax: ``None`` (dynamic activation scales), or the calibrated absmax of the activations this
+            weight's dots meet (a float32 scalar, from ``quantize_params(activations="static")``): a dot taking
+            this weight quantizes its other operand with the one static scale ``activation_absmax / 127`` (see
+            :func:`jaxpr_rewrite.quantize.quantize_static_parts`) instead of measuring it per call.
+        activation_group: a token shared by weights whose static scale was calibrated on the same activation (one
+            per activation, unique per :func:`~jaxpr_rewrite.quantize_params` call): the program quantizes that
+            activation once for all of them (``x @ wq``, ``x @ wk``, ``x @ wv``).
     """
 
-    def __init__(self, codes, scales, exponents, contracting: Sequence[int], dtype, smooth=None, smooth_group=None):
+    def __init__(self, codes, scales, exponents, contracting: Sequence[int], dtype, smooth=None, smooth_group=None,
+                 activation_absmax=None, activation_group=None):
         self.codes = codes
         self.scales = scales
         self.exponents = exponents
@@ -56,6 +65,8 @@ class QuantizedArray:
         self.dtype = np.dtype(dtype)
         self.smooth = smooth
         self.smooth_group = smooth_group
+        self.activation_absmax = activation_absmax
+        self.activation_group = activation_group
 
     # -- array-like ------------------------------------------------------------------------------------------
     @property
@@ -124,7 +135,7 @@ class QuantizedArray:
     def astype(self, dtype) -> "QuantizedArray":
         """The same codes standing for the array cast to the float ``dtype``."""
         return QuantizedArray(self.codes, self.scales, self.exponents, self.from_end, dtype, self.smooth,
-                              self.smooth_group)
+                              self.smooth_group, self.activation_absmax, self.activation_group)
 
     def transpose(self, permutation: Sequence[int]) -> "QuantizedArray":
         """The same codes and scales, laid out as ``lax.transpose(array, permutation)``."""
@@ -138,19 +149,20 @@ class QuantizedArray:
         if order != tuple(range(len(order))):
             scales, exponents = lax.transpose(scales, order), lax.transpose(exponents, order)
         return QuantizedArray(lax.transpose(self.codes, permutation), scales, exponents, new_contracting, self.dtype,
-                              self.smooth, self.smooth_group)
+                              self.smooth, self.smooth_group, self.activation_absmax, self.activation_group)
 
     # -- pytree ----------------------------------------------------------------------------------------------
     def tree_flatten(self):
-        children = (self.codes, self.scales, self.exponents, self.smooth)
-        return children, (self.from_end, self.dtype, self.smooth_group)
+        children = (self.codes, self.scales, self.exponents, self.smooth, self.activation_absmax)
+        return children, (self.from_end, self.dtype, self.smooth_group, self.activation_group)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        codes, scales, exponents, smooth = children
-        from_end, dtype, smooth_group = aux
+        codes, scales, exponents, smooth, activation_absmax = children
+        from_end, dtype, smooth_group, activation_group = aux
         array = object.__new__(cls)  # no validation: the leaves may be anything a tree_map made of them
         array.codes, array.scales, array.exponents, array.smooth = codes, scales, exponents, smooth
+        array.activation_absmax, array.activation_group = activation_absmax, activation_group
         array.from_end, array.dtype, array.smooth_group = from_end, dtype, smooth_group
         return array
 
@@ -159,7 +171,9 @@ class QuantizedArray:
         if shape is None:  # a tree_map made the leaves into something else (their shapes, say)
             return f"QuantizedArray(codes={self.codes!r}, contracting={self.from_end} (from the end))"
         smooth = ", smoothed" if self.smooth is not None else ""
-        return f"QuantizedArray(i8{list(shape)}, contracting={self.contracting}, dtype={self.dtype.name}{smooth})"
+        static = ", static activation scale" if self.activation_absmax is not None else ""
+        return (f"QuantizedArray(i8{list(shape)}, contracting={self.contracting}, dtype={self.dtype.name}"
+                f"{smooth}{static})")
 
 
 def _from_end(axes: Sequence[int], ndim: int) -> tuple[int, ...]:
@@ -192,19 +206,43 @@ def quantize(x, reduce_axes: Sequence[int]) -> QuantizedArray:
     return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype)
 
 
-def resolve_dot_operands(invals: Sequence, contractions, direct: bool, smoothed: dict | None) -> list:
+def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
+    """One operand of an int8 dot, quantized: as it is when it already is a :class:`QuantizedArray`; with the
+    static scale its ``partner`` (the dot's other operand) was calibrated with, when that is a pre-quantized weight
+    holding one; else with the contract's dynamic per-slice scales (:func:`quantize`)."""
+    if is_quantized(x):
+        return x
+    static = partner.activation_absmax if is_quantized(partner) else None
+    if static is None:
+        return quantize(x, reduce_axes)
+    x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
+    reduce_axes = tuple(sorted(a % max(x.ndim, 1) for a in reduce_axes))
+    codes, scales, exponents = quantize_static_parts(x, static, reduce_axes)
+    return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype)
+
+
+def smoothed_activation(activation, smooth, axis: int):
+    """``activation / smooth`` along ``axis``, as a smoothed weight's dot computes it: the reciprocal is taken once on
+    the small factor vector (in float32, then cast to the activation's dtype), and each element costs one multiply."""
+    inverse = lax.div(np.float32(1), to_compute(smooth, np.float32))
+    inverse = lax.convert_element_type(inverse, activation.dtype)
+    return lax.mul(activation, lax.broadcast_in_dim(inverse, activation.shape, (axis,)))
+
+
+def resolve_dot_operands(invals: Sequence, contractions, direct: bool, shared: dict | None) -> list:
     """The operands a dot's program gets, from its operand values (the quantized-array rule of ``dot_general``).
 
     A :class:`QuantizedArray` whose scales fit the dot (per-channel int8, ``direct``, same contraction) goes on
     as itself: its codes feed the int8 dot. Any other is materialised. A usable smoothed weight stands for
-    ``smooth * w``, so the other operand is multiplied by ``1 / smooth`` first.
+    ``smooth * w``, so the other operand is multiplied by ``1 / smooth`` first. The activation of a usable weight
+    with a static scale and an ``activation_group`` is quantized here, once for every weight of the group.
 
     Arguments:
         invals: the dot's two operand values.
         contractions: the dot's ``(lhs_contracting, rhs_contracting)``.
         direct: whether the rewrite uses the per-channel int8 contract (pre-quantized codes fit only that).
-        smoothed: a per-program cache ``(id(activation), axis, group) -> (activation, rescaled)`` shared by the
-            weights of one smoothing group, or ``None``.
+        shared: a per-program cache ``(id(activation), axes, group) -> (activation, rescaled or quantized)``
+            shared by the weights of one smoothing or static-scale group, or ``None``.
     """
     usable = [
         is_quantized(x) and direct and x.dot_operand(contract) is not None
@@ -224,14 +262,19 @@ def resolve_dot_operands(invals: Sequence, contractions, direct: bool, smoothed:
         (other_axis,) = contractions[1 - side]
         other = operands[1 - side]
         key = (id(other), other_axis, weight.smooth_group)
-        shareable = weight.smooth_group is not None and smoothed is not None
-        if shareable and key in smoothed:
-            operands[1 - side] = smoothed[key][1]
+        shareable = weight.smooth_group is not None and shared is not None
+        if shareable and key in shared:
+            operands[1 - side] = shared[key][1]
             continue
-        # the reciprocal is taken once on the small factor vector; each element then costs one multiply
-        inverse = lax.div(np.float32(1), to_compute(weight.smooth, np.float32))
-        inverse = lax.convert_element_type(inverse, other.dtype)
-        operands[1 - side] = lax.mul(other, lax.broadcast_in_dim(inverse, other.shape, (other_axis,)))
+        operands[1 - side] = smoothed_activation(other, weight.smooth, other_axis)
         if shareable:
-            smoothed[key] = (other, operands[1 - side])  # holds `other`, so no other value reuses its id
+            shared[key] = (other, operands[1 - side])  # holds `other`, so no other value reuses its id
+    for side in (0, 1):
+        weight, other = invals[side], operands[1 - side]
+        if not usable[side] or weight.activation_group is None or shared is None or is_quantized(other):
+            continue
+        key = (id(other), tuple(contractions[1 - side]), weight.activation_group)
+        if key not in shared:
+            shared[key] = (other, quantize_operand(other, contractions[1 - side], weight))
+        operands[1 - side] = shared[key][1]
     return operands

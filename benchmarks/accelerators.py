@@ -1,0 +1,129 @@
+"""Kernels launched on an H200 and XLA's estimated TPU cycles, compiled without the device.
+
+    gpu-aot/bin/python benchmarks/accelerators.py --gpu [--out benchmarks/results/accelerators-gpu.md]
+    tpu-aot/bin/python benchmarks/accelerators.py --tpu [--out benchmarks/results/accelerators-tpu.md]
+
+Each runs under the virtual environment of the matching deviceless compiler (``../shared/tools/gpu_compile`` or
+``../shared/tools/tpu_compile``; their READMEs say how to install them). Models: the 4 x Dense(1024) + gelu MLP at
+batch 1024 and one pre-LN transformer block (d 384, 6 heads, MLP 1536) at batch 32 x 128. Variants:
+
+* ``bf16``             the model in bfloat16 (params and input cast);
+* ``hand W8A8``        the int8 program written by hand with the plain formulas, weights pre-quantized;
+* ``int8ify+qparams``  ``int8ify`` with weights quantized once (dynamic per-row activation scales);
+* ``int8ify static``   the same with static activation scales (``quantize_params(activations="static")``);
+* ``bare int8 dots``   only the model's int8 x int8 -> int32 dots.
+
+GPU: the kernels the program launches (fusions, library calls) from XLA's real H200 compiler. TPU: the kernels,
+the sum of XLA:TPU's ``estimated_cycles`` over them (its cost model, not a measured time) and whether every
+rewritten dot runs on the int8 MXU (``vmatmul.s8`` in the final machine code). Compile-only: no timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOOLS = os.path.join(HERE, "..", "..", "shared", "tools")
+
+
+def _tool(flag: str):
+    """The deviceless compiler's ``compile`` function (imported before JAX, which it configures)."""
+    if flag == "gpu":
+        sys.path.insert(0, os.path.join(TOOLS, "gpu_compile"))
+        from compile_sm90 import compile_for_gpu
+
+        return lambda fn, *args: compile_for_gpu(fn, *args, spec="h200")
+    sys.path.insert(0, os.path.join(TOOLS, "tpu_compile"))
+    from compile_tpu import compile_for_tpu
+
+    return lambda fn, *args, target="v5e": compile_for_tpu(fn, *args, target=target, llo=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--gpu", action="store_const", const="gpu", dest="which")
+    which.add_argument("--tpu", action="store_const", const="tpu", dest="which")
+    parser.add_argument("--out", help="also write the table (Markdown) here")
+    parser.add_argument("--quick", action="store_true", help="small shapes (a smoke test of the script)")
+    args = parser.parse_args(argv)
+    compile_fn = _tool(args.which)
+
+    import jax
+    import jax.numpy as jnp
+
+    sys.path.insert(0, HERE)
+    sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+    import speed
+    from mlp import init_mlp, mlp
+
+    from jaxpr_rewrite import int8ify, quantize_params
+
+    width, batch, d, seq, block_batch = (1024, 1024, 384, 128, 32) if not args.quick else (128, 64, 64, 16, 2)
+    mlp_params = init_mlp(jax.random.PRNGKey(0), width, 4)
+    mlp_x = jax.random.normal(jax.random.PRNGKey(1), (batch, width))
+    block_params = speed.init_block(jax.random.PRNGKey(2), d=d, mlp_dim=4 * d)
+    block_x = jax.random.normal(jax.random.PRNGKey(3), (block_batch, seq, d))
+
+    def block(params, x):
+        return speed.block(params, x, heads=d // 64)
+
+    def hand_block(params, x):
+        return speed.hand_block(params, x, heads=d // 64)
+
+    to_bf16 = lambda tree: jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), tree)  # noqa: E731
+    models = {
+        f"MLP 4x{width}, batch {batch}": (
+            mlp, mlp_params, mlp_x, speed.hand_mlp,
+            [{"w": speed.hand_weights(layer, ["w"])["w"], "b": layer["b"]} for layer in mlp_params]),
+        f"transformer block d {d}, batch {block_batch}x{seq}": (
+            block, block_params, block_x, hand_block,
+            speed.hand_weights(block_params, ["wq", "wk", "wv", "wo", "w1", "w2"])),
+    }
+    targets = ["h200"] if args.which == "gpu" else ["v5e", "v6e"]
+    lines = [f"JAX {jax.__version__}, deviceless {args.which.upper()} compile on {platform.machine()}", ""]
+    if args.which == "gpu":
+        lines += ["| model | variant | kernels on H200 | GEMM fusions | other kernels |", "|---|---|---|---|---|"]
+    else:
+        lines += ["| model | target | variant | kernels | estimated cycles | MXU dtypes of the dots |",
+                  "|---|---|---|---|---|---|"]
+    for name, (model, params, x, hand_fn, hand_params) in models.items():
+        qparams = quantize_params(model, params, x)
+        static = quantize_params(model, params, x, activations="static")
+        bare, bare_args = speed.bare_dots(model, params, x)
+        variants = {
+            "bf16": (model, (to_bf16(params), x.astype(jnp.bfloat16))),
+            "hand W8A8": (hand_fn, (hand_params, x)),
+            "int8ify+qparams": (int8ify(model), (qparams, x)),
+            "int8ify static": (int8ify(model), (static, x)),
+            "bare int8 dots": (bare, (bare_args,)),
+        }
+        for target in targets:
+            for variant, (fn, fn_args) in variants.items():
+                if args.which == "gpu":
+                    rows = compile_fn(fn, *fn_args).fusions()
+                    gemms = sum(1 for r in rows if r.get("backend_kind") in ("__triton_gemm", "__cublas")
+                                or r.get("what") == "custom-call")
+                    lines.append(f"| {name} | {variant} | {len(rows)} | {gemms} | {len(rows) - gemms} |")
+                else:
+                    result = compile_fn(fn, *fn_args, target=target)
+                    rows = result.fusions()
+                    cycles = sum(int(r.get("cycles") or 0) for r in rows)
+                    from compile_tpu import llo_mxu_dtypes, llo_op_counts
+
+                    mxu = sorted({llo_mxu_dtypes(llo_op_counts(text)) for text in result.llo.values()} - {""})
+                    lines.append(f"| {name} | {target} | {variant} | {len(rows)} | {cycles:,} | {', '.join(mxu)} |")
+                print(lines[-1], flush=True)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Static activation scales: ``quantize_params(activations="static")`` against a numpy reference."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from jaxpr_rewrite import Int8ifyError, int8ify, iter_eqns, quantize_params
+
+RNG = np.random.default_rng(7)
+
+
+def dense(params, x):
+    return x @ params["w"]
+
+
+def mlp(params, x):
+    return jax.nn.relu(x @ params["w1"]) @ params["w2"]
+
+
+def attention_inputs(params, x):
+    return (x @ params["wq"]) + (x @ params["wk"]) * (x @ params["wv"])
+
+
+def static_reference(x, w, amax):
+    """The static-scale int8 dot in numpy: one activation scale ``amax / 127`` (held as mantissa / 127 times
+    ``2**e``), codes by one multiply with its reciprocal, per-column weight scales, exact integer sums."""
+    amax = np.float32(amax)
+    e = np.floor(np.log2(amax)).astype(np.int32)
+    scales = np.float32(amax * np.float32(2.0 ** -e)) / np.float32(127)
+    reciprocal = np.float32(np.float32(2.0 ** -e) / scales)
+    x_codes = np.clip(np.rint(x.astype(np.float32) * reciprocal), -127, 127).astype(np.int64)
+    s_x = np.float64(scales) * 2.0 ** e
+    w_amax = np.abs(w).max(axis=0)
+    s_w = np.where(w_amax == 0, 1.0, w_amax.astype(np.float64) / 127)
+    w_codes = np.clip(np.rint(w / s_w.astype(np.float32)), -127, 127).astype(np.int64)
+    return (x_codes @ w_codes) * s_x * s_w
+
+
+def make_dense(d_in=384, d_out=256, batch=64):
+    params = {"w": (RNG.standard_normal((d_in, d_out)) / np.sqrt(d_in)).astype(np.float32)}
+    calibration = [(RNG.standard_normal((batch, d_in)).astype(np.float32),) for _ in range(3)]
+    return params, calibration
+
+
+def test_static_scale_is_the_calibration_absmax_and_matches_the_reference():
+    params, calibration = make_dense()
+    qparams = quantize_params(dense, params, *calibration[0], activations="static", calibration=calibration)
+    expected = max(np.abs(c[0]).max() for c in calibration)
+    assert float(qparams["w"].activation_absmax) == expected
+    x = RNG.standard_normal((64, 384)).astype(np.float32)
+    y = np.asarray(jax.jit(int8ify(dense))(qparams, x), np.float64)
+    np.testing.assert_allclose(y, static_reference(x, params["w"], expected), rtol=2e-6, atol=1e-6)
+
+
+def test_values_beyond_the_calibrated_range_saturate():
+    params, calibration = make_dense()
+    qparams = quantize_params(dense, params, *calibration[0], activations="static", calibration=calibration)
+    amax = float(qparams["w"].activation_absmax)
+    x = RNG.standard_normal((64, 384)).astype(np.float32)
+    x[:8] *= 10  # well outside the calibrated range: their codes clip at +-127
+    y = np.asarray(jax.jit(int8ify(dense))(qparams, x), np.float64)
+    np.testing.assert_allclose(y, static_reference(x, params["w"], amax), rtol=2e-6, atol=1e-6)
+    assert not np.allclose(y[:8], (x[:8].astype(np.float64) @ params["w"]), rtol=0.2)
+
+
+def test_nan_and_inf_still_propagate_only_to_the_outputs_they_feed():
+    params, calibration = make_dense()
+    qparams = quantize_params(dense, params, *calibration[0], activations="static", calibration=calibration)
+    x = RNG.standard_normal((64, 384)).astype(np.float32)
+    x[3, 10], x[5, 0], x[9, 383] = np.nan, np.inf, -np.inf
+    y = np.asarray(jax.jit(int8ify(dense))(qparams, x))
+    bad = {3, 5, 9}
+    for row in range(64):
+        assert (not np.isfinite(y[row]).any()) if row in bad else np.isfinite(y[row]).all()
+    finite = [r for r in range(64) if r not in bad]
+    amax = float(qparams["w"].activation_absmax)
+    np.testing.assert_allclose(y[finite], static_reference(x[finite], params["w"], amax), rtol=2e-6, atol=1e-6)
+
+
+def test_the_hot_path_has_no_absmax_reduction():
+    params, calibration = make_dense()
+    dynamic = quantize_params(dense, params, *calibration[0])
+    static = quantize_params(dense, params, *calibration[0], activations="static", calibration=calibration)
+
+    def primitives(qparams):
+        jaxpr = int8ify(dense).rewritten_jaxpr(qparams, calibration[0][0])
+        return [e.primitive.name for e in iter_eqns(jaxpr)]
+
+    assert "reduce_max" in primitives(dynamic)
+    assert "reduce_max" not in primitives(static)
+    assert primitives(static).count("dot_general") == 1
+
+
+def test_percentile_calibration():
+    params, calibration = make_dense()
+    qparams = quantize_params(dense, params, *calibration[0], activations="static", calibration=calibration,
+                              activation_percentile=99.0)
+    expected = max(np.percentile(np.abs(c[0]), 99.0) for c in calibration)
+    np.testing.assert_allclose(float(qparams["w"].activation_absmax), expected, rtol=1e-6)
+    assert float(qparams["w"].activation_absmax) < max(np.abs(c[0]).max() for c in calibration)
+
+
+def test_weights_reading_one_activation_share_its_quantization():
+    d = 256
+    params = {n: (RNG.standard_normal((d, d)) / 16).astype(np.float32) for n in ("wq", "wk", "wv")}
+    x = RNG.standard_normal((32, d)).astype(np.float32)
+    qparams = quantize_params(attention_inputs, params, x, activations="static")
+    assert len({qparams[n].activation_group for n in params}) == 1
+    assert len({float(qparams[n].activation_absmax) for n in params}) == 1
+    jaxpr = int8ify(attention_inputs).rewritten_jaxpr(qparams, x)
+    assert [e.primitive.name for e in iter_eqns(jaxpr)].count("round") == 1
+    y = np.asarray(jax.jit(int8ify(attention_inputs))(qparams, x), np.float64)
+    amax = float(np.abs(x).max())
+    ref = static_reference(x, params["wq"], amax) + (static_reference(x, params["wk"], amax)
+                                                     * static_reference(x, params["wv"], amax))
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_static_scales_compose_with_smoothquant():
+    d = 256
+    params = {"w1": (RNG.standard_normal((d, 512)) / 16).astype(np.float32),
+              "w2": (RNG.standard_normal((512, 64)) / 16).astype(np.float32)}
+    x = RNG.standard_normal((64, d)).astype(np.float32)
+    x[:, 5] *= 40  # an outlier channel
+    qparams = quantize_params(mlp, params, x, smooth_alpha=0.5, activations="static")
+    w1 = qparams["w1"]
+    assert w1.smooth is not None
+    inverse = (np.float32(1) / np.asarray(w1.smooth, np.float32)).astype(np.float32)
+    np.testing.assert_allclose(float(w1.activation_absmax), np.abs(x * inverse).max(), rtol=1e-6)
+    y = np.asarray(jax.jit(int8ify(mlp))(qparams, x))
+    ref = np.asarray(mlp(params, x))
+    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 0.05
+
+
+def test_weights_outside_top_level_dots_keep_dynamic_scales():
+    d = 128
+    stacked = {"w": (RNG.standard_normal((4, d, d)) / 12).astype(np.float32)}
+
+    def scanned(params, x):
+        return lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, params["w"])[0]
+
+    x = RNG.standard_normal((16, d)).astype(np.float32)
+    qparams, why = quantize_params(scanned, stacked, x, activations="static", explain=True)
+    assert qparams["w"].activation_absmax is None
+    assert "dynamic activation scales" in why["['w']"] and "top-level" in why["['w']"]
+    np.testing.assert_array_equal(jax.jit(int8ify(scanned))(qparams, x),
+                                  jax.jit(int8ify(scanned))(quantize_params(scanned, stacked, x), x))
+
+
+def test_static_scales_survive_tree_maps_and_casts():
+    params, calibration = make_dense()
+    qparams = quantize_params(dense, params, *calibration[0], activations="static", calibration=calibration)
+    copied = jax.tree_util.tree_map(lambda a: a, qparams)
+    x = calibration[1][0]
+    np.testing.assert_array_equal(jax.jit(int8ify(dense))(copied, x), jax.jit(int8ify(dense))(qparams, x))
+    assert copied["w"].astype(jnp.bfloat16).activation_absmax is copied["w"].activation_absmax
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"activations": "calibrated"}, "activations must be one of"),
+    ({"activation_percentile": 99.0}, "pass activations='static'"),
+    ({"activations": "static", "activation_percentile": 0}, "activation_percentile must be a number"),
+    ({"activations": "static", "activation_percentile": True}, "activation_percentile must be a number"),
+])
+def test_bad_options_are_named(options, message):
+    params, calibration = make_dense()
+    with pytest.raises(Int8ifyError, match=message):
+        quantize_params(dense, params, *calibration[0], **options)
+
+
+def test_nan_in_the_calibration_data_is_an_error_naming_the_leaf():
+    params, calibration = make_dense()
+    bad = calibration[0][0].copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(Int8ifyError, match=r"\['w'\].*NaN or Inf"):
+        quantize_params(dense, params, bad, activations="static")
