@@ -26,7 +26,7 @@ from jax.extend import source_info_util
 from . import _compat
 from .config import RewriteConfig, contraction_size, register_backend
 from .errors import Int8ifyError
-from .quantize import MAX_INT32_SAFE_CONTRACTION, epilogue_factors, scale_product, to_compute
+from .quantize import MAX_INT32_SAFE_CONTRACTION, scale_product
 from .quantized import is_quantized, quantize, quantize_operand
 
 __all__ = [
@@ -101,10 +101,7 @@ def scale_to_output(scales, kept_axes: Sequence[int], ndim: int, dimension_numbe
 def _scaled(acc, operands, placements):
     """``acc * scale_lhs * scale_rhs`` (see :func:`~jaxpr_rewrite.quantize.scale_product`), each operand's
     epilogue factors placed into ``acc``'s layout by ``placements[side](values)``."""
-    lhs, rhs = (
-        [place(factor) for factor in epilogue_factors(to_compute(q.scales, acc.dtype), q.exponents)]
-        for q, place in zip(operands, placements)
-    )
+    lhs, rhs = ([place(factor) for factor in q.epilogue_factors(acc.dtype)] for q, place in zip(operands, placements))
     return scale_product(acc, lhs, rhs)
 
 

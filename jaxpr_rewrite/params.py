@@ -36,6 +36,7 @@ from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .jaxprs import (CALL_PRIMITIVES, SUBJAXPR_PARAMS, is_float_dot, matmul_dimension_numbers, open_jaxpr,
                      scan_counts)
+from .quantize import epilogue_factors, static_scale
 from .quantized import QuantizedArray, is_quantized, quantize, smoothed_activation
 from .source import describe_source
 from .tracing import target_of, trace
@@ -322,8 +323,9 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
             quantized_value = scaled.astype(quantized_value.dtype)
         q = quantize(quantized_value, tuple(a + value.ndim for a in use.from_end))
         absmax, activation_group = static.get(i, (None, None))
+        activation_scale = None if absmax is None else static_scale(absmax)
         new_leaves.append(QuantizedArray(q.codes, q.scales, q.exponents, q.contracting, value.dtype, factors, group,
-                                         absmax, activation_group))
+                                         activation_scale, activation_group, epilogue_factors(q.scales, q.exponents)))
         cast = f" after a cast to {np.dtype(use.cast).name}" if use.cast is not None else ""
         smoothing = " with SmoothQuant factors" if factors is not None else ""
         scaled = " and a static activation scale" if i in static else ""

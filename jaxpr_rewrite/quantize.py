@@ -30,9 +30,10 @@ this representation plus two small devices handle all four:
   use the full +-127 range like any other.
 * **Epilogue range.** ``(acc * s_lhs) * s_rhs`` overflows (or underflows) in its intermediate product when one
   scale is huge and the other tiny, although the result is an ordinary float. :func:`scale_product` multiplies
-  the sums by the two ``scales`` (an intermediate below ``2**21`` in magnitude) and applies the exponents as two
-  power-of-two factors of about half the total each; wherever the plain product's intermediates are normal floats
-  this is the same number, bit for bit, and it is finite and correct whenever the result is.
+  the sums by each scale with its exponent clipped to a safe window (the scale itself for every ordinary slice),
+  then by the power of two the clip took off; wherever the plain product's intermediates are normal floats this
+  is the same number, bit for bit, it is finite and correct whenever the result is, and it is four multiplies by
+  per-row and per-column values, which XLA fuses into its GPU GEMM kernel.
 
 Inputs below float32's normal range (subnormals) are read as zero by XLA on CPU and GPU.
 """
@@ -56,6 +57,8 @@ __all__ = [
     "pow2",
     "quantize_parts",
     "quantize_static_parts",
+    "StaticScale",
+    "static_scale",
     "scale_values",
     "scale_product",
     "scales_from_absmax",
@@ -191,62 +194,100 @@ def quantize_parts(x, reduce_axes: Sequence[int]):
     return codes, scales, exponents
 
 
-def quantize_static_parts(x, amax, reduce_axes: Sequence[int]):
-    """Quantization of ``x`` with one calibrated (static) scale ``amax / 127`` for the whole array.
+class StaticScale(NamedTuple):
+    """A calibrated per-tensor activation scale ``absmax / 127``, with what the hot path needs precomputed (0-d
+    arrays in the compute dtype; a pytree, so it travels with the weight it is stored on).
 
-    The hot path of static activation scales: no absmax and no scale computation per call, and the codes are one
-    multiply by the scale's reciprocal (taken once, on the scalar), a round to nearest even and a clip; values
-    beyond the calibrated range saturate at +-127. One pass is kept per slice over ``reduce_axes``: the sum of
-    ``x * 0``, which is 0 for a finite slice and NaN for one holding NaN or Inf, added to that slice's scale, so
-    NaN and Inf still make every output they feed non-finite (XLA fuses the multiply into the reduction, so it
-    writes no temporary).
+    Attributes:
+        absmax: the calibrated absmax.
+        scales, exponents: the scale as ``scales * 2**exponents`` (see :func:`scales_from_absmax`).
+        reciprocal: what the codes multiply by, ``2**-exponents / scales`` (1 for an all-zero calibration).
+        factor, power: the scale's :func:`epilogue_factors`.
+    """
+
+    absmax: object
+    scales: object
+    exponents: object
+    reciprocal: object
+    factor: object
+    power: object
+
+
+def static_scale(amax) -> StaticScale:
+    """The :class:`StaticScale` of a calibrated absmax (a finite non-negative scalar)."""
+    amax = to_compute(amax)
+    scales, exponents, prescale = _scale_parts(amax)
+    zero = lax.eq(amax, amax.dtype.type(0))
+    reciprocal = lax.select(zero, lax.full_like(scales, 1), lax.div(prescale, scales))
+    return StaticScale(amax, scales, exponents, reciprocal, *epilogue_factors(scales, exponents))
+
+
+def quantize_static_parts(x, static: StaticScale, reduce_axes: Sequence[int]):
+    """Quantization of ``x`` with one calibrated (static) scale for the whole array.
+
+    The hot path of static activation scales: no absmax and no scale computation per call; the codes are one
+    multiply by the precomputed reciprocal of the scale, a round to nearest even and a clip, so values beyond the
+    calibrated range saturate at +-127. NaN and Inf still make every output they feed non-finite: they get the code
+    -128, which no finite value gets, and the minimum code of each slice over ``reduce_axes`` (a reduction over the
+    int8 codes, which XLA's GPU compiler fuses into the quantization kernel together with whatever produced ``x``)
+    makes that slice's scale NaN.
 
     Arguments:
         x: a floating array.
-        amax: the calibrated absmax, a finite non-negative scalar in the compute dtype (0: the scale is 1).
+        static: the calibrated scale (:func:`static_scale`).
         reduce_axes: the axes one slice covers (the dot's contracting dims).
 
     Returns:
-        ``(codes, scales, exponents)`` as :func:`quantize_parts` lays them out: int8 codes, and per slice over the
-        other axes the static scale as ``scales * 2**exponents`` (NaN ``scales`` for a non-finite slice).
+        ``(codes, scales, exponents, factors)``: int8 codes and, per slice over the other axes, the scale as
+        :func:`quantize_parts` lays it out (``scales * 2**exponents``, NaN ``scales`` for a non-finite slice) and
+        its :func:`epilogue_factors`.
     """
     reduce_axes = tuple(reduce_axes)
-    kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
-    kept_shape = tuple(x.shape[a] for a in kept_axes)
+    kept_shape = tuple(x.shape[a] for a in range(x.ndim) if a not in reduce_axes)
     values = to_compute(x)
-    amax = to_compute(amax, values.dtype)
-    scale, exponent, prescale = _scale_parts(amax)
-    zero = lax.eq(amax, amax.dtype.type(0))
-    reciprocal = lax.select(zero, lax.full_like(scale, 1), lax.div(prescale, scale))
-    rounded = lax.round(lax.mul(values, reciprocal), lax.RoundingMethod.TO_NEAREST_EVEN)
-    limit = scale.dtype.type(INT8_MAX)
-    codes = lax.convert_element_type(lax.clamp(-limit, rounded, limit), np.int8)
-    nonfinite = lax.reduce_sum(lax.sub(values, values), reduce_axes)  # 0, or NaN
-    scales = lax.add(lax.broadcast(scale, kept_shape), nonfinite)
-    exponents = lax.broadcast(exponent, kept_shape)
-    return codes, scales, exponents
+    rounded = lax.round(lax.mul(values, to_compute(static.reciprocal, values.dtype)),
+                        lax.RoundingMethod.TO_NEAREST_EVEN)
+    limit = values.dtype.type(INT8_MAX)
+    marked = lax.select(lax.is_finite(values), lax.clamp(-limit, rounded, limit), lax.full_like(rounded, -limit - 1))
+    codes = lax.convert_element_type(marked, np.int8)
+    lowest = lax.reduce_min(codes, reduce_axes) if reduce_axes else codes
+    poisoned = lax.eq(lowest, np.int8(-INT8_MAX - 1))
+    nonfinite = lax.select(poisoned, lax.full(kept_shape, np.nan, values.dtype), lax.full(kept_shape, 0, values.dtype))
+
+    def per_slice(value):
+        return lax.broadcast(to_compute(value, values.dtype), kept_shape)
+
+    scales, factor = (lax.add(per_slice(v), nonfinite) for v in (static.scales, static.factor))
+    return codes, scales, lax.broadcast(static.exponents, kept_shape), (factor, per_slice(static.power))
 
 
 def dequantize_codes(codes, scales, exponents, kept_axes: Sequence[int]):
     """``codes * scales * 2**exponents`` in the scales' dtype, the per-slice values broadcast from ``kept_axes``."""
     kept_axes = tuple(kept_axes)
-    scales, low, high = (lax.broadcast_in_dim(f, codes.shape, kept_axes) for f in epilogue_factors(scales, exponents))
-    return lax.mul(lax.mul(lax.mul(lax.convert_element_type(codes, scales.dtype), scales), low), high)
+    scale, power = (lax.broadcast_in_dim(f, codes.shape, kept_axes) for f in epilogue_factors(scales, exponents))
+    return lax.mul(lax.mul(lax.convert_element_type(codes, scale.dtype), scale), power)
 
 
 def scale_values(scales, exponents):
     """The scales as plain values, ``scales * 2**exponents`` (float64, or float32 where XLA flushes a subnormal
     result to zero; see :func:`ldexp_exact` for exact float32 values)."""
-    scales, low, high = epilogue_factors(scales, exponents)
-    return lax.mul(lax.mul(scales, low), high)
+    scale, power = epilogue_factors(scales, exponents)
+    return lax.mul(scale, power)
 
 
 def epilogue_factors(scales, exponents) -> tuple:
-    """One operand's per-slice factors for :func:`scale_product`: ``(scales, 2**h, 2**(exponents - h))`` with
-    ``h = exponents // 2``, each half a normal float (computed on the small per-slice arrays)."""
+    """One operand's per-slice factors for :func:`scale_product`: ``(scales * 2**c, 2**(exponents - c))`` with
+    ``c = clip(exponents, -W, W)`` (``W = (bias - 7) // 2``: 60 for float32, 508 for float64), both computed on the
+    small per-slice arrays.
+
+    The first factor is the slice's scale itself wherever its exponent is within ``+-W`` (every ordinary array),
+    and a normal float always; the second is 1 there, and carries what the clip took off for a huge or tiny
+    slice. Both are exact: a multiply by a power of two.
+    """
     fmt = _format(scales)
-    half = lax.shift_right_arithmetic(exponents, np.int32(1))
-    return scales, pow2(half, fmt.dtype), pow2(lax.sub(exponents, half), fmt.dtype)
+    window = (fmt.bias - 7) // 2
+    clipped = lax.clamp(np.int32(-window), exponents, np.int32(window))
+    return lax.mul(scales, pow2(clipped, fmt.dtype)), pow2(lax.sub(exponents, clipped), fmt.dtype)
 
 
 def scale_product(acc, lhs: Sequence, rhs: Sequence):
@@ -254,17 +295,20 @@ def scale_product(acc, lhs: Sequence, rhs: Sequence):
 
     Arguments:
         acc: the sums, in the compute dtype.
-        lhs, rhs: each operand's :func:`epilogue_factors`, already broadcast to ``acc.shape``.
+        lhs, rhs: each operand's :func:`epilogue_factors` ``(f, g)``, already broadcast to ``acc.shape``.
 
-    ``acc * scales_lhs * scales_rhs`` stays within ``2**21`` in magnitude (``|acc| < 2**31``, ``scales < 2**-5``)
-    and rounds exactly like ``(acc * s_lhs) * s_rhs``. The exponents are then applied as
-    ``(2**h_lhs * 2**h_rhs) * (2**h'_lhs * 2**h'_rhs)``: each bracket is a power of two within the normal range and
-    about half the total, so no intermediate overflows or underflows unless the result does. All multiplies,
-    fused by XLA into the epilogue's one pass.
+    Computed as ``(((acc * f_rhs) * f_lhs) * g_rhs) * g_lhs``: four multiplies by per-row and per-column values and
+    no outer product of scales, the form XLA fuses into the epilogue of its GPU GEMM kernel, the rhs (the weight
+    of ``x @ w``) first, so a pre-quantized weight's stored factors join that kernel. Where both exponents are
+    within ``+-W`` that is ``(acc * s_rhs) * s_lhs`` times 1 and 1, bit for bit. Elsewhere the clipped ``f`` keeps
+    ``acc * f_rhs`` (at most ``2**31 * 2**-5 * 2**W``) and ``acc * f_rhs * f_lhs`` within range unless the result
+    itself overflows or underflows, and the powers of two ``g`` then move it to the result exactly: ``g > 1`` only
+    for a huge slice, where the intermediate is below the result, and ``g < 1`` only for a tiny one, where it is
+    above. So no intermediate overflows or underflows unless the result does, and wherever the plain product's
+    intermediates are normal floats this is the same number.
     """
-    (s_l, a_l, b_l), (s_r, a_r, b_r) = lhs, rhs
-    out = lax.mul(lax.mul(acc, s_l), s_r)
-    return lax.mul(lax.mul(out, lax.mul(a_l, a_r)), lax.mul(b_l, b_r))
+    (f_l, g_l), (f_r, g_r) = lhs, rhs
+    return lax.mul(lax.mul(lax.mul(lax.mul(acc, f_r), f_l), g_r), g_l)
 
 
 def ldexp_exact(scales, exponents):

@@ -24,7 +24,8 @@ import numpy as np
 from jax import lax
 
 from .errors import Int8ifyError
-from .quantize import dequantize_codes, quantize_parts, quantize_static_parts, scale_values, to_compute
+from .quantize import (dequantize_codes, epilogue_factors, quantize_parts, quantize_static_parts, scale_values,
+                       to_compute)
 
 __all__ = ["QuantizedArray", "is_quantized", "materialise", "quantize", "quantize_operand", "resolve_dot_operands",
            "smoothed_activation"]
@@ -47,17 +48,21 @@ class QuantizedArray:
             for ``smooth * w`` and a dot divides its other operand by ``smooth``.
         smooth_group: a token shared by weights holding the same ``smooth`` factors (one per activation, unique
             per :func:`~jaxpr_rewrite.quantize_params` call), so the activation is divided once for all of them.
-        activation_absmax: ``None`` (dynamic activation scales), or the calibrated absmax of the activations this
-            weight's dots meet (a float32 scalar, from ``quantize_params(activations="static")``): a dot taking
-            this weight quantizes its other operand with the one static scale ``activation_absmax / 127`` (see
-            :func:`jaxpr_rewrite.quantize.quantize_static_parts`) instead of measuring it per call.
+        activation_scale: ``None`` (dynamic activation scales), or the static scale calibrated on the activations
+            this weight's dots meet (a :class:`~jaxpr_rewrite.quantize.StaticScale`, from
+            ``quantize_params(activations="static")``): a dot taking this weight quantizes its other operand with
+            that one scale (see :func:`jaxpr_rewrite.quantize.quantize_static_parts`) instead of measuring it.
         activation_group: a token shared by weights whose static scale was calibrated on the same activation (one
             per activation, unique per :func:`~jaxpr_rewrite.quantize_params` call): the program quantizes that
             activation once for all of them (``x @ wq``, ``x @ wk``, ``x @ wv``).
+        factors: ``None``, or the scales' epilogue factors ``(f, g)`` (see
+            :func:`jaxpr_rewrite.quantize.epilogue_factors`), shaped like ``scales``, computed once by
+            :func:`~jaxpr_rewrite.quantize_params`: the program then multiplies the int32 sums by them as they are,
+            which XLA fuses into its GPU GEMM kernel (a factor computed in the program is not).
     """
 
     def __init__(self, codes, scales, exponents, contracting: Sequence[int], dtype, smooth=None, smooth_group=None,
-                 activation_absmax=None, activation_group=None):
+                 activation_scale=None, activation_group=None, factors=None):
         self.codes = codes
         self.scales = scales
         self.exponents = exponents
@@ -65,8 +70,9 @@ class QuantizedArray:
         self.dtype = np.dtype(dtype)
         self.smooth = smooth
         self.smooth_group = smooth_group
-        self.activation_absmax = activation_absmax
+        self.activation_scale = activation_scale
         self.activation_group = activation_group
+        self.factors = factors
 
     # -- array-like ------------------------------------------------------------------------------------------
     @property
@@ -105,8 +111,19 @@ class QuantizedArray:
         if tuple(getattr(self.exponents, "shape", ())) != tuple(self.scales.shape):
             problems.append(f"exponents have shape {tuple(getattr(self.exponents, 'shape', ()))}, expected "
                             f"{tuple(self.scales.shape)}")
+        for factor in self.factors or ():
+            if tuple(getattr(factor, "shape", ())) != tuple(self.scales.shape):
+                problems.append(f"epilogue factors have shape {tuple(getattr(factor, 'shape', ()))}, expected "
+                                f"{tuple(self.scales.shape)}")
         if problems:
             raise Int8ifyError(f"{where} is malformed: {'; '.join(problems)}")
+
+    def epilogue_factors(self, dtype):
+        """The scales' factors for the dot's epilogue in ``dtype`` (see
+        :func:`jaxpr_rewrite.quantize.epilogue_factors`): the stored ones when :attr:`factors` is set."""
+        if self.factors is None:
+            return epilogue_factors(to_compute(self.scales, dtype), self.exponents)
+        return tuple(to_compute(f, dtype) for f in self.factors)
 
     # -- the protocol ----------------------------------------------------------------------------------------
     def materialise(self):
@@ -135,7 +152,7 @@ class QuantizedArray:
     def astype(self, dtype) -> "QuantizedArray":
         """The same codes standing for the array cast to the float ``dtype``."""
         return QuantizedArray(self.codes, self.scales, self.exponents, self.from_end, dtype, self.smooth,
-                              self.smooth_group, self.activation_absmax, self.activation_group)
+                              self.smooth_group, self.activation_scale, self.activation_group, self.factors)
 
     def transpose(self, permutation: Sequence[int]) -> "QuantizedArray":
         """The same codes and scales, laid out as ``lax.transpose(array, permutation)``."""
@@ -145,24 +162,26 @@ class QuantizedArray:
         old_kept = self.kept_axes
         new_kept_sources = [p for p in permutation if p not in contracting]  # old axes, in the new order
         order = tuple(old_kept.index(p) for p in new_kept_sources)
-        scales, exponents = self.scales, self.exponents
+        scales, exponents, factors = self.scales, self.exponents, self.factors
         if order != tuple(range(len(order))):
             scales, exponents = lax.transpose(scales, order), lax.transpose(exponents, order)
+            factors = None if factors is None else tuple(lax.transpose(f, order) for f in factors)
         return QuantizedArray(lax.transpose(self.codes, permutation), scales, exponents, new_contracting, self.dtype,
-                              self.smooth, self.smooth_group, self.activation_absmax, self.activation_group)
+                              self.smooth, self.smooth_group, self.activation_scale, self.activation_group, factors)
 
     # -- pytree ----------------------------------------------------------------------------------------------
     def tree_flatten(self):
-        children = (self.codes, self.scales, self.exponents, self.smooth, self.activation_absmax)
+        children = (self.codes, self.scales, self.exponents, self.smooth, self.activation_scale, self.factors)
         return children, (self.from_end, self.dtype, self.smooth_group, self.activation_group)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        codes, scales, exponents, smooth, activation_absmax = children
+        codes, scales, exponents, smooth, activation_scale, factors = children
         from_end, dtype, smooth_group, activation_group = aux
         array = object.__new__(cls)  # no validation: the leaves may be anything a tree_map made of them
         array.codes, array.scales, array.exponents, array.smooth = codes, scales, exponents, smooth
-        array.activation_absmax, array.activation_group = activation_absmax, activation_group
+        array.activation_scale, array.activation_group = activation_scale, activation_group
+        array.factors = factors
         array.from_end, array.dtype, array.smooth_group = from_end, dtype, smooth_group
         return array
 
@@ -171,7 +190,7 @@ class QuantizedArray:
         if shape is None:  # a tree_map made the leaves into something else (their shapes, say)
             return f"QuantizedArray(codes={self.codes!r}, contracting={self.from_end} (from the end))"
         smooth = ", smoothed" if self.smooth is not None else ""
-        static = ", static activation scale" if self.activation_absmax is not None else ""
+        static = ", static activation scale" if self.activation_scale is not None else ""
         return (f"QuantizedArray(i8{list(shape)}, contracting={self.contracting}, dtype={self.dtype.name}"
                 f"{smooth}{static})")
 
@@ -212,13 +231,13 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     holding one; else with the contract's dynamic per-slice scales (:func:`quantize`)."""
     if is_quantized(x):
         return x
-    static = partner.activation_absmax if is_quantized(partner) else None
+    static = partner.activation_scale if is_quantized(partner) else None
     if static is None:
         return quantize(x, reduce_axes)
     x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
     reduce_axes = tuple(sorted(a % max(x.ndim, 1) for a in reduce_axes))
-    codes, scales, exponents = quantize_static_parts(x, static, reduce_axes)
-    return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype)
+    codes, scales, exponents, factors = quantize_static_parts(x, static, reduce_axes)
+    return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, factors=factors)
 
 
 def smoothed_activation(activation, smooth, axis: int):

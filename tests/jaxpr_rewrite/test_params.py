@@ -116,7 +116,8 @@ def test_gradient_wrt_activations_with_quantized_weights(mlp):
 def test_quantized_array_is_a_pytree():
     qa = quantize_params(lambda p, x: x @ p, PARAMS[0]["w"], X)
     leaves, tree = jax.tree_util.tree_flatten(qa)
-    assert [leaf.dtype for leaf in leaves] == [jnp.int8, jnp.float32, jnp.int32]  # codes, scales, exponents
+    # codes, scales, exponents, and the epilogue factors quantize_params computes once
+    assert [leaf.dtype for leaf in leaves] == [jnp.int8, jnp.float32, jnp.int32, jnp.float32, jnp.float32]
     back = jax.tree_util.tree_unflatten(tree, leaves)
     assert back.contracting == qa.contracting and back.dtype == qa.dtype
     assert "QuantizedArray(i8[32, 32]" in repr(qa)
