@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import collections
 import functools
+import struct
 import threading
-from typing import Any, Callable, NamedTuple
+import weakref
+from typing import Any, Callable, Iterable, NamedTuple
 
 import jax
 from jax.extend.core import ClosedJaxpr
@@ -56,14 +58,17 @@ class Int8ified:
             raise Int8ifyError(f"int8ify expects a callable, got {type(fn).__name__}")
         if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
             raise Int8ifyError(f"cache_size must be a positive int, got {cache_size!r}")
+        if not isinstance(static_argnames, (str, Iterable)):
+            raise Int8ifyError(f"static_argnames must be a parameter name or names (strings), got "
+                               f"{static_argnames!r}")
         self.fn = fn
         self.config = config
         self._static = resolve_static(fn, static_argnums, static_argnames)
         self.cache_size = cache_size
-        self._programs: collections.OrderedDict = collections.OrderedDict()
-        self._compiled: dict = {}
-        self._lock = threading.Lock()
-        functools.update_wrapper(self, fn)
+        self._cache = _shared_cache(fn, (config, self._static, cache_size))
+        # Only the identity attributes: copying fn's __dict__ (the default) would overwrite this wrapper's own
+        # fn/config/caches with a wrapped model's attributes, or with an inner wrapper's.
+        functools.update_wrapper(self, fn, updated=())
 
     @property
     def static_argnums(self) -> tuple[int, ...]:
@@ -80,37 +85,41 @@ class Int8ified:
 
     # -- programs -------------------------------------------------------------------------------------------
     def signature(self, args: tuple, kwargs: dict) -> tuple[Signature, list]:
-        """The call's :class:`~jaxpr_rewrite.tracing.Signature` and its traced leaves."""
-        return split_call(args, kwargs, self._static, getattr(self.fn, "__name__", repr(self.fn)))
+        """The call's :class:`~jaxpr_rewrite.tracing.Signature` and its traced leaves; static floats are told
+        apart by their bits, as ``jax.jit`` does (``0.0`` and ``-0.0`` are different programs, NaN is one)."""
+        signature, dynamic = split_call(args, kwargs, self._static, getattr(self.fn, "__name__", repr(self.fn)))
+        return signature._replace(key=_bitwise(signature.key)), dynamic
 
     def _program(self, signature: Signature, dynamic: list) -> _Program:
-        with self._lock:
-            program = self._programs.get(signature)
+        cache = self._cache
+        with cache.lock:
+            program = cache.programs.get(signature)
             if program is not None:
-                self._programs.move_to_end(signature)
+                cache.programs.move_to_end(signature)
                 return program
         float_jaxpr, out_tree = trace(self.fn, signature, dynamic)
         cacheable = not any(isinstance(c, jax.core.Tracer) for c in float_jaxpr.consts)
         program = _Program(float_jaxpr, out_tree, Rewriter(self.config), cacheable)
         # A program that closes over an outer tracer belongs to that trace alone: never reuse it.
         if cacheable:
-            with self._lock:
-                self._programs[signature] = program
-                while len(self._programs) > self.cache_size:
-                    evicted, _ = self._programs.popitem(last=False)
-                    self._compiled.pop(evicted, None)
+            with cache.lock:
+                cache.programs[signature] = program
+                while len(cache.programs) > self.cache_size:
+                    evicted, _ = cache.programs.popitem(last=False)
+                    cache.compiled.pop(evicted, None)
         return program
 
     def _compiled_run(self, signature: Signature, program: _Program):
-        with self._lock:
-            run = self._compiled.get(signature)
-            if run is None and signature in self._programs:
+        cache = self._cache
+        with cache.lock:
+            run = cache.compiled.get(signature)
+            if run is None and signature in cache.programs:
 
                 def run_program(*flat):
                     return program.run(list(flat))
 
                 run_program.__name__ = run_program.__qualname__ = getattr(self.fn, "__name__", "int8ified")
-                run = self._compiled[signature] = jax.jit(run_program)
+                run = cache.compiled[signature] = jax.jit(run_program)
         return run
 
     def float_jaxpr(self, *args, **kwargs) -> ClosedJaxpr:
@@ -173,6 +182,68 @@ class Int8ified:
 
     def __repr__(self):
         return f"int8ify({getattr(self.fn, '__qualname__', self.fn)!r})"
+
+    # Wrappers of one function with the same options share one cache, so they are the same function to JAX too:
+    # ``jax.jit(int8ify(f))`` rebuilt per call then hits jax.jit's own cache as ``jax.jit(f)`` does.
+    def __eq__(self, other):
+        return isinstance(other, Int8ified) and other._cache is self._cache
+
+    def __hash__(self):
+        return hash(id(self._cache))
+
+
+class _Cache:
+    """The traced programs (per call signature, least recently used last) and their compiled runs."""
+
+    def __init__(self):
+        self.programs: collections.OrderedDict = collections.OrderedDict()
+        self.compiled: dict = {}
+        self.lock = threading.Lock()
+
+
+MAX_SHARED_FUNCTIONS = 256
+# id(fn) -> (weak reference to fn, {(config, static arguments, cache_size): _Cache}), least recently used first:
+# what makes ``int8ify(f)`` built again for the same function and options reuse its programs, as ``jax.jit(f)``
+# does. The entry goes when fn is collected, or when more than MAX_SHARED_FUNCTIONS functions are wrapped.
+_shared_caches: collections.OrderedDict = collections.OrderedDict()
+_shared_lock = threading.Lock()
+
+
+def _shared_cache(fn: Callable, options: tuple) -> _Cache:
+    """The cache of ``fn`` under ``options``; a fresh one when fn cannot be weakly referenced or the options
+    cannot be hashed (an unhashable ``skip_if``), which then belongs to one wrapper alone."""
+    try:
+        hash(options)
+        reference = weakref.ref(fn, functools.partial(_forget, id(fn)))
+    except TypeError:
+        return _Cache()
+    with _shared_lock:
+        entry = _shared_caches.get(id(fn))
+        if entry is None or entry[0]() is not fn:
+            entry = _shared_caches[id(fn)] = (reference, {})
+            while len(_shared_caches) > MAX_SHARED_FUNCTIONS:
+                _shared_caches.popitem(last=False)
+        _shared_caches.move_to_end(id(fn))
+        return entry[1].setdefault(options, _Cache())
+
+
+def _forget(fn_id: int, reference) -> None:
+    with _shared_lock:
+        entry = _shared_caches.get(fn_id)
+        if entry is not None and entry[0] is reference:
+            del _shared_caches[fn_id]
+
+
+def _bitwise(key):
+    """A cache key with every Python float (and complex) replaced by its bits: ``0.0 == -0.0`` and
+    ``nan != nan`` would otherwise share, or never find, a program."""
+    if type(key) is tuple:
+        return tuple(_bitwise(k) for k in key)
+    if type(key) is float:
+        return (float, struct.pack("<d", key))
+    if type(key) is complex:
+        return (complex, struct.pack("<dd", key.real, key.imag))
+    return key
 
 
 def _check_devices(fn, args, kwargs) -> None:

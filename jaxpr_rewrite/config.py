@@ -91,6 +91,8 @@ class RewriteConfig:
     backend: str = "int8"
 
     def __post_init__(self):
+        if not isinstance(self.skip, (str, tuple, list, set, frozenset)):
+            raise Int8ifyError(f"skip must be a name-scope pattern or a list of them (strings), got {self.skip!r}")
         skip = (self.skip,) if isinstance(self.skip, str) else tuple(self.skip)
         if not all(isinstance(p, str) for p in skip):
             raise Int8ifyError(f"skip must be name-scope patterns (strings), got {self.skip!r}")
