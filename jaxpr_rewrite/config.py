@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import numbers
+import re
 from typing import Callable
 
 from .errors import Int8ifyError
@@ -20,11 +21,13 @@ __all__ = [
     "contraction_size",
     "dot_backends",
     "join_scope",
+    "matching_pattern",
     "prequantized_backends",
     "register_backend",
     "register_backend_alias",
     "registering",
     "skip_reason",
+    "user_scope",
 ]
 
 GRANULARITIES = ("per-channel", "per-tensor")
@@ -151,6 +154,31 @@ def join_scope(outer: str, inner) -> str:
     return f"{outer}/{inner}" if outer and inner else outer or inner
 
 
+# JAX names the scopes of a transformed function after the transform: ``jvp(attn)`` under grad, ``vmap(block)``
+# under vmap, ``transpose(jvp(attn))`` in a backward pass (``jax._src.source_info_util.Transform``).
+_TRANSFORM_WRAPPER = re.compile(r"^(?:jvp|transpose|vmap|pmap)\((.*)\)$")
+
+
+def user_scope(scope: str) -> str:
+    """``scope`` with JAX's transform wrappers taken off each name: ``vmap(jvp(block))/attn`` -> ``block/attn``."""
+    names = []
+    for name in scope.split("/"):
+        while (wrapped := _TRANSFORM_WRAPPER.match(name)) is not None:
+            name = wrapped.group(1)
+        names.append(name)
+    return "/".join(names)
+
+
+def matching_pattern(scope: str, patterns) -> str | None:
+    """The first of ``patterns`` (``fnmatch`` syntax) that matches ``scope``, as JAX wrote it or with the
+    transform wrappers off (so ``skip=["attn"]`` still matches under ``grad`` and ``vmap``), or ``None``."""
+    unwrapped = user_scope(scope)
+    for pattern in patterns:
+        if fnmatch.fnmatchcase(scope, pattern) or fnmatch.fnmatchcase(unwrapped, pattern):
+            return pattern
+    return None
+
+
 def contraction_size(shape, contracting) -> int:
     """The number of products each output sums: the product of the contracting dims' sizes."""
     size = 1
@@ -167,9 +195,9 @@ def skip_reason(eqn, config: RewriteConfig, scope: str) -> str | None:
         config: the rewrite options.
         scope: the dot's full name scope (enclosing scopes included).
     """
-    for pattern in config.skip:
-        if fnmatch.fnmatchcase(scope, pattern):
-            return f"name scope {scope!r} matches skip pattern {pattern!r}"
+    pattern = matching_pattern(scope, config.skip)
+    if pattern is not None:
+        return f"name scope {scope!r} matches skip pattern {pattern!r}"
     if config.skip_if is not None and config.skip_if(eqn):
         return "skip_if returned True"
     (lc, _), _ = matmul_dimension_numbers(eqn)

@@ -20,8 +20,8 @@ large in every token no longer dictates every token's scale.
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import functools
+import numbers
 import uuid
 import warnings
 from typing import Callable
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .config import RewriteConfig, join_scope, skip_reason
+from .config import RewriteConfig, join_scope, matching_pattern, skip_reason
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .jaxprs import (CALL_PRIMITIVES, SUBJAXPR_PARAMS, is_float_dot, matmul_dimension_numbers, open_jaxpr,
@@ -244,8 +244,12 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
     leaves = [leaf for _, leaf in paths_and_leaves]
     if any(is_quantized(x) for x in leaves):
         raise Int8ifyError("quantize_params got params that are already quantized")
-    if smooth_alpha is not None and not (isinstance(smooth_alpha, (int, float)) and 0 <= smooth_alpha <= 1):
-        raise Int8ifyError(f"smooth_alpha must be in [0, 1], got {smooth_alpha!r}")
+    if smooth_alpha is not None:
+        # any real number (numpy scalars too), but not a bool: smooth_alpha=True is a mistake, not 1.0
+        if not isinstance(smooth_alpha, numbers.Real) or isinstance(smooth_alpha, (bool, np.bool_)) or not (
+                0 <= smooth_alpha <= 1):
+            raise Int8ifyError(f"smooth_alpha must be a number in [0, 1], got {smooth_alpha!r}")
+        smooth_alpha = float(smooth_alpha)
 
     programs: dict = {}  # Signature -> (program, input positions): calibration batches of one shape trace once
 
@@ -322,7 +326,7 @@ def _smoothing(plans, leaves, alpha, smooth_skip, calibration, traced) -> dict:
     single = {}
     for i, uses in plans.items():
         scopes = [str(u.eqn.source_info.name_stack) for u in uses]
-        if any(fnmatch.fnmatchcase(scope, p) for scope in scopes for p in patterns):
+        if any(matching_pattern(scope, patterns) is not None for scope in scopes):
             continue
         if len(uses[0].from_end) == 1 and all(u.direct and u.cast is None for u in uses):
             single[i] = uses
