@@ -396,7 +396,7 @@ def straight_through(impl, float_matmul=_dot_general_float, n_extra: int = 0):
         if _has_tangent(rhs, rhs_dot):
             terms.append(float_matmul(_float_value(lhs, rhs_dot), rhs_dot, *extra, **params))
         if not terms:
-            return out, lax.zeros_like_array(out)
+            return out, lax.full_like(out, 0)  # (lax.zeros_like_array is gone in JAX 0.10)
         tangent = terms[0] if len(terms) == 1 else lax.add(*terms)
         return out, tangent.astype(out.dtype)
 

@@ -262,7 +262,7 @@ class Rewriter:
         if out_sharding is not None:
             # Under explicit sharding every intermediate would need its sharding spelled out; the int8 program
             # runs with the mesh axes automatic inside and delivers the float dot's output sharding.
-            program = jax.sharding.auto_axes(program, out_sharding=out_sharding)
+            program = jax.sharding.auto_axes(program, axes=out_sharding.mesh.explicit_axes, out_sharding=out_sharding)
         return program(lhs, rhs)
 
     def _check_ragged(self, eqn, where):
