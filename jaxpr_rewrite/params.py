@@ -52,14 +52,14 @@ class _Use:
     """One use of a parameter as a matmul operand."""
 
     from_end: tuple[int, ...]  # the contracting axes, counted from the end
-    cast: object  # the float dtype it is cast to before the matmul, or None
+    casts: tuple  # the float dtypes it is cast to before the matmul, in order (a chain keeps every rounding)
     direct: bool  # an operand of a top-level dot_general (SmoothQuant needs that)
     eqn: object  # the matmul
     side: int  # 0: lhs, 1: rhs
     jaxpr: object  # the jaxpr holding the matmul
 
 
-def _uses(jaxpr, var, config: RewriteConfig, scope: str, cast, top: bool, refused: list,
+def _uses(jaxpr, var, config: RewriteConfig, scope: str, casts: tuple, top: bool, refused: list,
           axes: tuple) -> list[_Use]:
     """Every matmul use of ``var`` in ``jaxpr``, followed through casts, transposes and the higher-order
     primitives the rewrite carries pre-quantized weights through; every other use is described in ``refused``.
@@ -91,17 +91,18 @@ def _uses(jaxpr, var, config: RewriteConfig, scope: str, cast, top: bool, refuse
             leaf_ndim = max(axes) + 1 if axes else 0  # axes are the leaf's trailing axes, permuted
             from_end = tuple(sorted(axes[a] - leaf_ndim for a in dims[0][side]))
             direct = top and name == "dot_general" and axes == tuple(range(len(axes)))
-            found.append(_Use(from_end, cast, direct, eqn, side, jaxpr))
+            found.append(_Use(from_end, casts, direct, eqn, side, jaxpr))
         elif name == "convert_element_type" and jnp.issubdtype(eqn.params["new_dtype"], jnp.floating):
-            found += _uses(jaxpr, eqn.outvars[0], config, here, eqn.params["new_dtype"], top, refused, axes)
+            chain = casts + (np.dtype(eqn.params["new_dtype"]),)
+            found += _uses(jaxpr, eqn.outvars[0], config, here, chain, top, refused, axes)
         elif name == "transpose":
             permuted = tuple(axes[p] for p in eqn.params["permutation"])
-            found += _uses(jaxpr, eqn.outvars[0], config, here, cast, top, refused, permuted)
+            found += _uses(jaxpr, eqn.outvars[0], config, here, casts, top, refused, permuted)
         elif name in CALL_PRIMITIVES:
             (param,) = SUBJAXPR_PARAMS[name]
             sub = open_jaxpr(eqn.params[param])
             for k in positions:
-                found += _uses(sub, sub.invars[k], config, here, cast, False, refused, axes)
+                found += _uses(sub, sub.invars[k], config, here, casts, False, refused, axes)
         elif name == "scan":
             sub = open_jaxpr(eqn.params["jaxpr"])
             n_consts, n_carry = scan_counts(eqn.params)
@@ -113,7 +114,7 @@ def _uses(jaxpr, var, config: RewriteConfig, scope: str, cast, top: bool, refuse
                 if k >= n_consts and axes[0] != min(axes):
                     refused.append(f"the scan at {where} slices it along a transposed axis")
                     continue
-                found += _uses(sub, sub.invars[k], config, here, cast, False, refused, sliced)
+                found += _uses(sub, sub.invars[k], config, here, casts, False, refused, sliced)
         elif name == "while":
             p = eqn.params
             for k in positions:
@@ -124,12 +125,12 @@ def _uses(jaxpr, var, config: RewriteConfig, scope: str, cast, top: bool, refuse
                 else:
                     refused.append(f"it is carried through the while_loop at {where}")
                     continue
-                found += _uses(sub, sub.invars[index], config, here, cast, False, refused, axes)
+                found += _uses(sub, sub.invars[index], config, here, casts, False, refused, axes)
         elif name == "cond" and 0 not in positions:
             for branch in eqn.params["branches"]:
                 sub = open_jaxpr(branch)
                 for k in positions:
-                    found += _uses(sub, sub.invars[k - 1], config, here, cast, False, refused, axes)
+                    found += _uses(sub, sub.invars[k - 1], config, here, casts, False, refused, axes)
         else:
             refused.append(f"it is used by {name} at {where}")
     return found
@@ -140,14 +141,14 @@ def _plan(jaxpr, var, config: RewriteConfig) -> tuple[list[_Use], str]:
     if not jnp.issubdtype(var.aval.dtype, jnp.floating):
         return [], f"not a float array ({var.aval.str_short()})"
     refused: list[str] = []
-    uses = _uses(jaxpr, var, config, "", None, True, refused, tuple(range(len(var.aval.shape))))
+    uses = _uses(jaxpr, var, config, "", (), True, refused, tuple(range(len(var.aval.shape))))
     if not uses:
         return [], "kept float: it feeds no matmul" + (f" ({refused[0]})" if refused else "")
     if refused:
         return [], f"kept float: {refused[0]}"
     if len({u.from_end for u in uses}) > 1:
         return [], "kept float: its matmuls contract different axes"
-    if len({np.dtype(u.cast) if u.cast is not None else None for u in uses}) > 1:
+    if len({u.casts for u in uses}) > 1:
         return [], "kept float: it is cast to different dtypes before its matmuls"
     return uses, ""
 
@@ -248,7 +249,7 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
         # any real number (numpy scalars too), but not a bool: smooth_alpha=True is a mistake, not 1.0
         if not isinstance(smooth_alpha, numbers.Real) or isinstance(smooth_alpha, (bool, np.bool_)) or not (
                 0 <= smooth_alpha <= 1):
-            raise Int8ifyError(f"smooth_alpha must be a number in [0, 1], got {smooth_alpha!r}")
+            raise Int8ifyError(f"smooth_alpha must be in [0, 1] (a real number), got {smooth_alpha!r}")
         smooth_alpha = float(smooth_alpha)
 
     programs: dict = {}  # Signature -> (program, input positions): calibration batches of one shape trace once
@@ -296,14 +297,15 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
         use = plans[i][0]
         value = jnp.asarray(leaf)
         factors, group = smooth.get(i, (None, None))
-        quantized_value = value.astype(use.cast) if use.cast is not None else value
+        quantized_value = functools.reduce(lambda v, dtype: v.astype(dtype), use.casts, value)
         if factors is not None:
             axis = use.from_end[0] + value.ndim
             scaled = quantized_value.astype(jnp.float32) * lax.broadcast_in_dim(factors, value.shape, (axis,))
             quantized_value = scaled.astype(quantized_value.dtype)
         q = quantize(quantized_value, tuple(a + value.ndim for a in use.from_end))
         new_leaves.append(QuantizedArray(q.codes, q.scales, q.exponents, q.contracting, value.dtype, factors, group))
-        cast = f" after a cast to {np.dtype(use.cast).name}" if use.cast is not None else ""
+        casts = ", ".join(d.name for d in use.casts)
+        cast = f" after {'a cast' if len(use.casts) == 1 else 'casts'} to {casts}" if use.casts else ""
         smoothing = " with SmoothQuant factors" if factors is not None else ""
         explanation.setdefault(paths[i], f"quantized: {len(plans[i])} matmul use(s), contracting axes "
                                          f"{q.contracting}{cast}{smoothing}")
@@ -328,7 +330,7 @@ def _smoothing(plans, leaves, alpha, smooth_skip, calibration, traced) -> dict:
         scopes = [str(u.eqn.source_info.name_stack) for u in uses]
         if any(matching_pattern(scope, patterns) is not None for scope in scopes):
             continue
-        if len(uses[0].from_end) == 1 and all(u.direct and u.cast is None for u in uses):
+        if len(uses[0].from_end) == 1 and all(u.direct and not u.casts for u in uses):
             single[i] = uses
     absmax: dict = {}
     measurers: dict = {}  # id(program) -> its jitted measuring function, compiled once per input signature

@@ -94,6 +94,16 @@ class QuantizedArray:
         if tuple(getattr(self.exponents, "shape", ())) != tuple(self.scales.shape):
             problems.append(f"exponents have shape {tuple(getattr(self.exponents, 'shape', ()))}, expected "
                             f"{tuple(self.scales.shape)}")
+        cast = [f"{name} are {np.dtype(value.dtype).name}, not {'/'.join(allowed)}"
+                for name, value, allowed in (("scales", self.scales, ("float32", "float64")),
+                                             ("smooth factors", self.smooth, ("float32",)))
+                if value is not None and np.dtype(value.dtype).name not in allowed]
+        if cast:
+            # the usual mixed-precision tree_map(lambda a: a.astype(bfloat16), params) reaches into the scales
+            problems.append(
+                f"{'; '.join(cast)} (a tree_map cast reached into it: cast whole QuantizedArrays instead, with "
+                "jax.tree_util.tree_map(fn, params, is_leaf=jaxpr_rewrite.quantized.is_quantized) and "
+                "QuantizedArray.astype, which keeps codes and scales)")
         if problems:
             raise Int8ifyError(f"{where} is malformed: {'; '.join(problems)}")
 
