@@ -66,8 +66,9 @@ def bar_chart(ax, labels: Sequence[str], values: Sequence[float], colors: Sequen
     finite = [h for h in heights if 0 < h < math.inf]
     # an infinite value (an error measured on inputs holding inf or NaN) is drawn up to the top, labelled "inf"
     top = max(finite, default=1.0)
-    if log:
-        top = 10.0 ** math.ceil(math.log10(top))
+    if log:  # whole decades (at least one), so bar lengths compare honestly
+        bottom = 10.0 ** math.floor(math.log10(min(finite, default=top)))
+        top = max(10.0 ** math.ceil(math.log10(top)), 10 * bottom)
     infinite = [i for i, h in enumerate(heights) if h == math.inf]
     heights = [top if i in infinite else h for i, h in enumerate(heights)]
     ax.bar(positions, heights, color=colors)
@@ -75,8 +76,7 @@ def bar_chart(ax, labels: Sequence[str], values: Sequence[float], colors: Sequen
     ax.set_xticklabels(labels, rotation=90 if len(labels) > 8 else 0, fontsize=7 if len(labels) > 8 else 9)
     if log and (finite or infinite):
         ax.set_yscale("log")
-        # whole decades, so bar lengths compare honestly
-        ax.set_ylim(10.0 ** math.floor(math.log10(min(finite, default=top / 10))), top)
+        ax.set_ylim(bottom, top)
     for i in infinite:
         ax.text(i, top, "inf", ha="center", va="top", fontsize=7, color="white", clip_on=True)
     if title:
