@@ -6,7 +6,6 @@ import collections
 import functools
 import struct
 import threading
-import weakref
 from typing import Any, Callable, Iterable, NamedTuple
 
 import jax
@@ -65,7 +64,9 @@ class Int8ified:
         self.config = config
         self._static = resolve_static(fn, static_argnums, static_argnames)
         self.cache_size = cache_size
-        self._cache = _shared_cache(fn, (config, self._static, cache_size))
+        self._programs: collections.OrderedDict = collections.OrderedDict()
+        self._compiled: dict = {}
+        self._lock = threading.Lock()
         # Only the identity attributes: copying fn's __dict__ (the default) would overwrite this wrapper's own
         # fn/config/caches with a wrapped model's attributes, or with an inner wrapper's.
         functools.update_wrapper(self, fn, updated=())
@@ -80,8 +81,8 @@ class Int8ified:
 
     def with_options(self, **options) -> "Int8ified":
         """The same function with some options changed (the others kept), e.g. ``f.with_options(skip="*attn*")``."""
-        return Int8ified(self.fn, config=self.config.replace(**options), static_argnums=self.static_argnums,
-                         static_argnames=self.static_argnames, cache_size=self.cache_size)
+        return _wrapper(self.fn, config=self.config.replace(**options), static_argnums=self.static_argnums,
+                        static_argnames=self.static_argnames, cache_size=self.cache_size)
 
     # -- programs -------------------------------------------------------------------------------------------
     def signature(self, args: tuple, kwargs: dict) -> tuple[Signature, list]:
@@ -91,35 +92,33 @@ class Int8ified:
         return signature._replace(key=_bitwise(signature.key)), dynamic
 
     def _program(self, signature: Signature, dynamic: list) -> _Program:
-        cache = self._cache
-        with cache.lock:
-            program = cache.programs.get(signature)
+        with self._lock:
+            program = self._programs.get(signature)
             if program is not None:
-                cache.programs.move_to_end(signature)
+                self._programs.move_to_end(signature)
                 return program
         float_jaxpr, out_tree = trace(self.fn, signature, dynamic)
         cacheable = not any(isinstance(c, jax.core.Tracer) for c in float_jaxpr.consts)
         program = _Program(float_jaxpr, out_tree, Rewriter(self.config), cacheable)
         # A program that closes over an outer tracer belongs to that trace alone: never reuse it.
         if cacheable:
-            with cache.lock:
-                cache.programs[signature] = program
-                while len(cache.programs) > self.cache_size:
-                    evicted, _ = cache.programs.popitem(last=False)
-                    cache.compiled.pop(evicted, None)
+            with self._lock:
+                self._programs[signature] = program
+                while len(self._programs) > self.cache_size:
+                    evicted, _ = self._programs.popitem(last=False)
+                    self._compiled.pop(evicted, None)
         return program
 
     def _compiled_run(self, signature: Signature, program: _Program):
-        cache = self._cache
-        with cache.lock:
-            run = cache.compiled.get(signature)
-            if run is None and signature in cache.programs:
+        with self._lock:
+            run = self._compiled.get(signature)
+            if run is None and signature in self._programs:
 
                 def run_program(*flat):
                     return program.run(list(flat))
 
                 run_program.__name__ = run_program.__qualname__ = getattr(self.fn, "__name__", "int8ified")
-                run = cache.compiled[signature] = jax.jit(run_program)
+                run = self._compiled[signature] = jax.jit(run_program)
         return run
 
     def float_jaxpr(self, *args, **kwargs) -> ClosedJaxpr:
@@ -183,56 +182,6 @@ class Int8ified:
     def __repr__(self):
         return f"int8ify({getattr(self.fn, '__qualname__', self.fn)!r})"
 
-    # Wrappers of one function with the same options share one cache, so they are the same function to JAX too:
-    # ``jax.jit(int8ify(f))`` rebuilt per call then hits jax.jit's own cache as ``jax.jit(f)`` does.
-    def __eq__(self, other):
-        return isinstance(other, Int8ified) and other._cache is self._cache
-
-    def __hash__(self):
-        return hash(id(self._cache))
-
-
-class _Cache:
-    """The traced programs (per call signature, least recently used last) and their compiled runs."""
-
-    def __init__(self):
-        self.programs: collections.OrderedDict = collections.OrderedDict()
-        self.compiled: dict = {}
-        self.lock = threading.Lock()
-
-
-MAX_SHARED_FUNCTIONS = 256
-# id(fn) -> (weak reference to fn, {(config, static arguments, cache_size): _Cache}), least recently used first:
-# what makes ``int8ify(f)`` built again for the same function and options reuse its programs, as ``jax.jit(f)``
-# does. The entry goes when fn is collected, or when more than MAX_SHARED_FUNCTIONS functions are wrapped.
-_shared_caches: collections.OrderedDict = collections.OrderedDict()
-_shared_lock = threading.Lock()
-
-
-def _shared_cache(fn: Callable, options: tuple) -> _Cache:
-    """The cache of ``fn`` under ``options``; a fresh one when fn cannot be weakly referenced or the options
-    cannot be hashed (an unhashable ``skip_if``), which then belongs to one wrapper alone."""
-    try:
-        hash(options)
-        reference = weakref.ref(fn, functools.partial(_forget, id(fn)))
-    except TypeError:
-        return _Cache()
-    with _shared_lock:
-        entry = _shared_caches.get(id(fn))
-        if entry is None or entry[0]() is not fn:
-            entry = _shared_caches[id(fn)] = (reference, {})
-            while len(_shared_caches) > MAX_SHARED_FUNCTIONS:
-                _shared_caches.popitem(last=False)
-        _shared_caches.move_to_end(id(fn))
-        return entry[1].setdefault(options, _Cache())
-
-
-def _forget(fn_id: int, reference) -> None:
-    with _shared_lock:
-        entry = _shared_caches.get(fn_id)
-        if entry is not None and entry[0] is reference:
-            del _shared_caches[fn_id]
-
 
 def _bitwise(key):
     """A cache key with every Python float (and complex) replaced by its bits: ``0.0 == -0.0`` and
@@ -281,7 +230,38 @@ def int8ify(fn: Callable = _NO_FUNCTION, /, *, static_argnums=(), static_argname
     """
     config = RewriteConfig.from_options(**options)
     if fn is _NO_FUNCTION:  # @int8ify(**options)
-        return functools.partial(Int8ified, config=config, static_argnums=static_argnums,
+        return functools.partial(_wrapper, config=config, static_argnums=static_argnums,
                                  static_argnames=static_argnames, cache_size=cache_size)
-    return Int8ified(fn, config=config, static_argnums=static_argnums, static_argnames=static_argnames,
-                     cache_size=cache_size)
+    return _wrapper(fn, config=config, static_argnums=static_argnums, static_argnames=static_argnames,
+                    cache_size=cache_size)
+
+
+MAX_RECENT_WRAPPERS = 64
+# (id(fn), options, static arguments, cache_size) -> the Int8ified built for them, least recently used first. It
+# makes int8ify(f) built again for the same function and options the same object, with its traced programs and
+# compiled runs, so jax.jit(int8ify(f)) built again hits jax.jit's cache too (as jax.jit(f) and
+# equinox.filter_jit(f) do). It holds them strongly, as jax.jit's cache holds static arguments: the least
+# recently used is dropped past MAX_RECENT_WRAPPERS.
+_recent_wrappers: collections.OrderedDict = collections.OrderedDict()
+_recent_lock = threading.Lock()
+
+
+def _wrapper(fn: Callable, *, config: RewriteConfig, static_argnums, static_argnames, cache_size) -> Int8ified:
+    """The :class:`Int8ified` of ``fn`` under these options: a recent one when there is one (a fresh one,
+    unshared, when the options cannot be hashed, e.g. an unhashable ``skip_if``)."""
+    wrapper = Int8ified(fn, config=config, static_argnums=static_argnums, static_argnames=static_argnames,
+                        cache_size=cache_size)
+    key = (id(fn), config, wrapper._static, cache_size)
+    try:
+        hash(key)
+    except TypeError:
+        return wrapper
+    with _recent_lock:
+        recent = _recent_wrappers.get(key)
+        if recent is not None and recent.fn is fn:  # (the entry holds fn, so its id is not reused meanwhile)
+            _recent_wrappers.move_to_end(key)
+            return recent
+        _recent_wrappers[key] = wrapper
+        while len(_recent_wrappers) > MAX_RECENT_WRAPPERS:
+            _recent_wrappers.popitem(last=False)
+    return wrapper

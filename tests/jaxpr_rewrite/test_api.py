@@ -256,14 +256,14 @@ def test_program_cache_is_bounded_and_releases_programs():
     for rows in range(1, 41):
         f(X[:1].repeat(rows, 0), W)
         if rows == 1:
-            (signature,) = f._cache.programs
-            first = weakref.ref(f._cache.programs[signature].float_jaxpr)
-    assert len(f._cache.programs) == 4 and len(f._cache.compiled) <= 4
+            (signature,) = f._programs
+            first = weakref.ref(f._programs[signature].float_jaxpr)
+    assert len(f._programs) == 4 and len(f._compiled) <= 4
     gc.collect()
     assert first() is None  # the evicted program (and its compiled executable) is gone
     # recently used signatures stay
     f(X[:1].repeat(40, 0), W)
-    assert len(f._cache.programs) == 4
+    assert len(f._programs) == 4
 
 
 def test_with_options_keeps_the_rest():

@@ -69,4 +69,4 @@ def test_concurrent_gradients_of_one_cached_program():
     assert not errors and len(results) == 20
     for got in results:
         np.testing.assert_array_equal(got, want)
-    assert not hasattr(next(iter(f._cache.programs.values())).rewriter, "scope")  # no shared "current scope"
+    assert not hasattr(next(iter(f._programs.values())).rewriter, "scope")  # no shared "current scope"

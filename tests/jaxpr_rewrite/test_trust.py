@@ -358,8 +358,7 @@ def test_rebuilding_the_wrapper_reuses_the_traced_program():
     np.testing.assert_array_equal(np.asarray(first), np.asarray(again))
     int8ify(mlp, skip=["*"])(x, w)  # other options: another program
     assert len(traces) == 2
-    assert int8ify(mlp) == int8ify(mlp) and hash(int8ify(mlp)) == hash(int8ify(mlp))
-    assert int8ify(mlp) != int8ify(mlp, skip=["*"])
+    assert int8ify(mlp) is int8ify(mlp) and int8ify(mlp) is not int8ify(mlp, skip=["*"])
 
 
 def test_rebuilt_wrapper_costs_a_cache_lookup():
@@ -374,3 +373,9 @@ def test_rebuilt_wrapper_costs_a_cache_lookup():
         int8ify(mlp)(x, w).block_until_ready()
     per_call = (time.perf_counter() - start) / 20
     assert per_call < 0.02, per_call  # a re-trace, rewrite and compile costs ~150 ms
+    jax.jit(int8ify(mlp))(x, w).block_until_ready()
+    start = time.perf_counter()
+    for _ in range(20):
+        jax.jit(int8ify(mlp))(x, w).block_until_ready()
+    per_call = (time.perf_counter() - start) / 20
+    assert per_call < 0.02, per_call
