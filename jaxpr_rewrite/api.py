@@ -226,7 +226,8 @@ def int8ify(fn: Callable = _NO_FUNCTION, /, *, static_argnums=(), static_argname
         **options: rewrite options (see :class:`~jaxpr_rewrite.config.RewriteConfig`).
 
     Returns:
-        A callable with ``fn``'s signature (an :class:`Int8ified`).
+        A callable with ``fn``'s signature (an :class:`Int8ified`): the same one, with its cached programs, when
+        ``fn`` was wrapped with the same options recently (so rebuilding it per call costs a lookup).
     """
     config = RewriteConfig.from_options(**options)
     if fn is _NO_FUNCTION:  # @int8ify(**options)

@@ -77,7 +77,8 @@ class RewriteConfig:
 
     Attributes:
         skip: name-scope patterns (``fnmatch`` syntax, e.g. ``"*attention*"``); a dot whose scope
-            (``jax.named_scope`` / module path, nested scopes joined by ``/``) matches one stays float.
+            (``jax.named_scope`` / module path, nested scopes joined by ``/``) matches one stays float; JAX's
+            transform wrappers (``jvp(attn)`` under ``grad``) are matched through (see :func:`matching_pattern`).
         skip_if: a predicate on the ``dot_general`` equation; the dots it returns true for stay float.
         min_contracting_size: dots that sum fewer products than this stay float (tiny dots cost more to
             quantize than they save).
