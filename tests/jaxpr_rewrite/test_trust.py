@@ -372,10 +372,10 @@ def test_rebuilt_wrapper_costs_a_cache_lookup():
     for _ in range(20):
         int8ify(mlp)(x, w).block_until_ready()
     per_call = (time.perf_counter() - start) / 20
-    assert per_call < 0.02, per_call  # a re-trace, rewrite and compile costs ~150 ms
+    assert per_call < 0.05, per_call  # a re-trace, rewrite and compile costs ~150-300 ms
     jax.jit(int8ify(mlp))(x, w).block_until_ready()
     start = time.perf_counter()
     for _ in range(20):
         jax.jit(int8ify(mlp))(x, w).block_until_ready()
     per_call = (time.perf_counter() - start) / 20
-    assert per_call < 0.02, per_call
+    assert per_call < 0.05, per_call
