@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import collections
 import functools
+import struct
 import threading
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 import jax
 from jax.extend.core import ClosedJaxpr
@@ -56,6 +57,9 @@ class Int8ified:
             raise Int8ifyError(f"int8ify expects a callable, got {type(fn).__name__}")
         if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
             raise Int8ifyError(f"cache_size must be a positive int, got {cache_size!r}")
+        if not isinstance(static_argnames, (str, Iterable)):
+            raise Int8ifyError(f"static_argnames must be a parameter name or names (strings), got "
+                               f"{static_argnames!r}")
         self.fn = fn
         self.config = config
         self._static = resolve_static(fn, static_argnums, static_argnames)
@@ -63,7 +67,9 @@ class Int8ified:
         self._programs: collections.OrderedDict = collections.OrderedDict()
         self._compiled: dict = {}
         self._lock = threading.Lock()
-        functools.update_wrapper(self, fn)
+        # Only the identity attributes: copying fn's __dict__ (the default) would overwrite this wrapper's own
+        # fn/config/caches with a wrapped model's attributes, or with an inner wrapper's.
+        functools.update_wrapper(self, fn, updated=())
 
     @property
     def static_argnums(self) -> tuple[int, ...]:
@@ -75,13 +81,15 @@ class Int8ified:
 
     def with_options(self, **options) -> "Int8ified":
         """The same function with some options changed (the others kept), e.g. ``f.with_options(skip="*attn*")``."""
-        return Int8ified(self.fn, config=self.config.replace(**options), static_argnums=self.static_argnums,
-                         static_argnames=self.static_argnames, cache_size=self.cache_size)
+        return _wrapper(self.fn, config=self.config.replace(**options), static_argnums=self.static_argnums,
+                        static_argnames=self.static_argnames, cache_size=self.cache_size)
 
     # -- programs -------------------------------------------------------------------------------------------
     def signature(self, args: tuple, kwargs: dict) -> tuple[Signature, list]:
-        """The call's :class:`~jaxpr_rewrite.tracing.Signature` and its traced leaves."""
-        return split_call(args, kwargs, self._static, getattr(self.fn, "__name__", repr(self.fn)))
+        """The call's :class:`~jaxpr_rewrite.tracing.Signature` and its traced leaves; static floats are told
+        apart by their bits, as ``jax.jit`` does (``0.0`` and ``-0.0`` are different programs, NaN is one)."""
+        signature, dynamic = split_call(args, kwargs, self._static, getattr(self.fn, "__name__", repr(self.fn)))
+        return signature._replace(key=_bitwise(signature.key)), dynamic
 
     def _program(self, signature: Signature, dynamic: list) -> _Program:
         with self._lock:
@@ -175,6 +183,18 @@ class Int8ified:
         return f"int8ify({getattr(self.fn, '__qualname__', self.fn)!r})"
 
 
+def _bitwise(key):
+    """A cache key with every Python float (and complex) replaced by its bits: ``0.0 == -0.0`` and
+    ``nan != nan`` would otherwise share, or never find, a program."""
+    if type(key) is tuple:
+        return tuple(_bitwise(k) for k in key)
+    if type(key) is float:
+        return (float, struct.pack("<d", key))
+    if type(key) is complex:
+        return (complex, struct.pack("<dd", key.real, key.imag))
+    return key
+
+
 def _check_devices(fn, args, kwargs) -> None:
     """Arrays committed to different devices cannot meet in one program: say which, by argument path."""
     placed = {}
@@ -206,11 +226,43 @@ def int8ify(fn: Callable = _NO_FUNCTION, /, *, static_argnums=(), static_argname
         **options: rewrite options (see :class:`~jaxpr_rewrite.config.RewriteConfig`).
 
     Returns:
-        A callable with ``fn``'s signature (an :class:`Int8ified`).
+        A callable with ``fn``'s signature (an :class:`Int8ified`): the same one, with its cached programs, when
+        ``fn`` was wrapped with the same options recently (so rebuilding it per call costs a lookup).
     """
     config = RewriteConfig.from_options(**options)
     if fn is _NO_FUNCTION:  # @int8ify(**options)
-        return functools.partial(Int8ified, config=config, static_argnums=static_argnums,
+        return functools.partial(_wrapper, config=config, static_argnums=static_argnums,
                                  static_argnames=static_argnames, cache_size=cache_size)
-    return Int8ified(fn, config=config, static_argnums=static_argnums, static_argnames=static_argnames,
-                     cache_size=cache_size)
+    return _wrapper(fn, config=config, static_argnums=static_argnums, static_argnames=static_argnames,
+                    cache_size=cache_size)
+
+
+MAX_RECENT_WRAPPERS = 64
+# (id(fn), options, static arguments, cache_size) -> the Int8ified built for them, least recently used first. It
+# makes int8ify(f) built again for the same function and options the same object, with its traced programs and
+# compiled runs, so jax.jit(int8ify(f)) built again hits jax.jit's cache too (as jax.jit(f) and
+# equinox.filter_jit(f) do). It holds them strongly, as jax.jit's cache holds static arguments: the least
+# recently used is dropped past MAX_RECENT_WRAPPERS.
+_recent_wrappers: collections.OrderedDict = collections.OrderedDict()
+_recent_lock = threading.Lock()
+
+
+def _wrapper(fn: Callable, *, config: RewriteConfig, static_argnums, static_argnames, cache_size) -> Int8ified:
+    """The :class:`Int8ified` of ``fn`` under these options: a recent one when there is one (a fresh one,
+    unshared, when the options cannot be hashed, e.g. an unhashable ``skip_if``)."""
+    wrapper = Int8ified(fn, config=config, static_argnums=static_argnums, static_argnames=static_argnames,
+                        cache_size=cache_size)
+    key = (id(fn), config, wrapper._static, cache_size)
+    try:
+        hash(key)
+    except TypeError:
+        return wrapper
+    with _recent_lock:
+        recent = _recent_wrappers.get(key)
+        if recent is not None and recent.fn is fn:  # (the entry holds fn, so its id is not reused meanwhile)
+            _recent_wrappers.move_to_end(key)
+            return recent
+        _recent_wrappers[key] = wrapper
+        while len(_recent_wrappers) > MAX_RECENT_WRAPPERS:
+            _recent_wrappers.popitem(last=False)
+    return wrapper

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import numbers
+import re
 from typing import Callable
 
 from .errors import Int8ifyError
@@ -20,11 +21,13 @@ __all__ = [
     "contraction_size",
     "dot_backends",
     "join_scope",
+    "matching_pattern",
     "prequantized_backends",
     "register_backend",
     "register_backend_alias",
     "registering",
     "skip_reason",
+    "user_scope",
 ]
 
 GRANULARITIES = ("per-channel", "per-tensor")
@@ -74,7 +77,8 @@ class RewriteConfig:
 
     Attributes:
         skip: name-scope patterns (``fnmatch`` syntax, e.g. ``"*attention*"``); a dot whose scope
-            (``jax.named_scope`` / module path, nested scopes joined by ``/``) matches one stays float.
+            (``jax.named_scope`` / module path, nested scopes joined by ``/``) matches one stays float; JAX's
+            transform wrappers (``jvp(attn)`` under ``grad``) are matched through (see :func:`matching_pattern`).
         skip_if: a predicate on the ``dot_general`` equation; the dots it returns true for stay float.
         min_contracting_size: dots that sum fewer products than this stay float (tiny dots cost more to
             quantize than they save).
@@ -91,6 +95,8 @@ class RewriteConfig:
     backend: str = "int8"
 
     def __post_init__(self):
+        if not isinstance(self.skip, (str, tuple, list, set, frozenset)):
+            raise Int8ifyError(f"skip must be a name-scope pattern or a list of them (strings), got {self.skip!r}")
         skip = (self.skip,) if isinstance(self.skip, str) else tuple(self.skip)
         if not all(isinstance(p, str) for p in skip):
             raise Int8ifyError(f"skip must be name-scope patterns (strings), got {self.skip!r}")
@@ -149,6 +155,31 @@ def join_scope(outer: str, inner) -> str:
     return f"{outer}/{inner}" if outer and inner else outer or inner
 
 
+# JAX names the scopes of a transformed function after the transform: ``jvp(attn)`` under grad, ``vmap(block)``
+# under vmap, ``transpose(jvp(attn))`` in a backward pass (``jax._src.source_info_util.Transform``).
+_TRANSFORM_WRAPPER = re.compile(r"^(?:jvp|transpose|vmap|pmap)\((.*)\)$")
+
+
+def user_scope(scope: str) -> str:
+    """``scope`` with JAX's transform wrappers taken off each name: ``vmap(jvp(block))/attn`` -> ``block/attn``."""
+    names = []
+    for name in scope.split("/"):
+        while (wrapped := _TRANSFORM_WRAPPER.match(name)) is not None:
+            name = wrapped.group(1)
+        names.append(name)
+    return "/".join(names)
+
+
+def matching_pattern(scope: str, patterns) -> str | None:
+    """The first of ``patterns`` (``fnmatch`` syntax) that matches ``scope``, as JAX wrote it or with the
+    transform wrappers off (so ``skip=["attn"]`` still matches under ``grad`` and ``vmap``), or ``None``."""
+    unwrapped = user_scope(scope)
+    for pattern in patterns:
+        if fnmatch.fnmatchcase(scope, pattern) or fnmatch.fnmatchcase(unwrapped, pattern):
+            return pattern
+    return None
+
+
 def contraction_size(shape, contracting) -> int:
     """The number of products each output sums: the product of the contracting dims' sizes."""
     size = 1
@@ -165,9 +196,9 @@ def skip_reason(eqn, config: RewriteConfig, scope: str) -> str | None:
         config: the rewrite options.
         scope: the dot's full name scope (enclosing scopes included).
     """
-    for pattern in config.skip:
-        if fnmatch.fnmatchcase(scope, pattern):
-            return f"name scope {scope!r} matches skip pattern {pattern!r}"
+    pattern = matching_pattern(scope, config.skip)
+    if pattern is not None:
+        return f"name scope {scope!r} matches skip pattern {pattern!r}"
     if config.skip_if is not None and config.skip_if(eqn):
         return "skip_if returned True"
     (lc, _), _ = matmul_dimension_numbers(eqn)

@@ -202,27 +202,30 @@ def _int32_dot(lhs_codes, rhs_codes, dimension_numbers, dtype):
     return lax.reduce_sum(lax.convert_element_type(acc, dtype), (len(lb),))
 
 
-def _common_dtype(lhs_q, rhs_q):
-    """The epilogue's dtype: float64 when either operand's scales are float64, float32 otherwise."""
-    return np.promote_types(lhs_q.scales.dtype, rhs_q.scales.dtype)
+def _common_dtype(lhs_q, rhs_q, out_dtype=np.float32):
+    """The epilogue's dtype: float64 when either operand's scales or the output are float64 (float32 operands
+    with ``preferred_element_type=float64`` would overflow or flush in a float32 epilogue), float32 otherwise."""
+    return np.promote_types(np.promote_types(lhs_q.scales.dtype, rhs_q.scales.dtype), out_dtype)
 
 
-def scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce: Sequence[int], rhs_reduce: Sequence[int]):
+def scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce: Sequence[int], rhs_reduce: Sequence[int],
+                    out_dtype=np.float32):
     """Quantize both operands (one scale per slice over ``*_reduce``), take their int8 dot into int32, and scale
-    it back: ``acc * lhs_scale * rhs_scale`` in float32 (float64 for float64 operands).
+    it back: ``acc * lhs_scale * rhs_scale`` in float32 (float64 for float64 operands or output).
 
     Arguments:
         lhs, rhs: floating operands, or :class:`QuantizedArray` ones whose scales run over the axes not in
             ``*_reduce``.
         dimension_numbers: the dot's dimension numbers.
         lhs_reduce, rhs_reduce: the axes each scale covers (the contracting dims, or every axis).
+        out_dtype: the dot's output dtype; a float64 one makes the epilogue float64.
 
     Returns:
-        ``(lhs_q, rhs_q, out)``: both operands quantized, and the float32 result.
+        ``(lhs_q, rhs_q, out)``: both operands quantized, and the result in the epilogue's dtype.
     """
     lhs_q = quantize_operand(lhs, lhs_reduce, rhs)
     rhs_q = quantize_operand(rhs, rhs_reduce, lhs)
-    acc = _int32_dot(lhs_q.codes, rhs_q.codes, dimension_numbers, _common_dtype(lhs_q, rhs_q))
+    acc = _int32_dot(lhs_q.codes, rhs_q.codes, dimension_numbers, _common_dtype(lhs_q, rhs_q, out_dtype))
 
     def placement(q, side):
         return lambda values: scale_to_output(values, q.kept_axes, q.ndim, dimension_numbers, side, acc.shape)
@@ -231,14 +234,14 @@ def scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce: Sequence[int], rhs_
     return lhs_q, rhs_q, out
 
 
-def _block_scaled_dot(lhs, rhs, dimension_numbers, block_size: int):
+def _block_scaled_dot(lhs, rhs, dimension_numbers, block_size: int, out_dtype):
     """Sub-channel scaling: one scale per operand channel and block of ``block_size`` along the contraction."""
     (lc, rc), (lb, rb) = dimension_numbers
     n_blocks = -(-contraction_size(lhs.shape, lc) // block_size)
     lhs3 = blocked(lhs, lc, lb, n_blocks, block_size)
     rhs3 = blocked(rhs, rc, rb, n_blocks, block_size)
     dims3 = blocked_dimension_numbers(dimension_numbers, lhs.ndim, rhs.ndim)
-    _, _, partial_sums = scaled_int8_dot(lhs3, rhs3, dims3, (lhs3.ndim - 1,), (rhs3.ndim - 1,))
+    _, _, partial_sums = scaled_int8_dot(lhs3, rhs3, dims3, (lhs3.ndim - 1,), (rhs3.ndim - 1,), out_dtype)
     # partial_sums is (batch..., block, lhs free..., rhs free...): add the scaled blocks.
     return lax.reduce_sum(partial_sums, (len(lb),))
 
@@ -251,12 +254,12 @@ def int8_dot_general_impl(lhs, rhs, dimension_numbers, out_dtype, scheme: Scheme
     """
     (lc, rc), _ = dimension_numbers
     if scheme.block_size is not None:
-        out = _block_scaled_dot(lhs, rhs, dimension_numbers, scheme.block_size)
+        out = _block_scaled_dot(lhs, rhs, dimension_numbers, scheme.block_size, out_dtype)
     else:
         per_tensor = scheme.granularity == "per-tensor"
         lhs_reduce = tuple(range(lhs.ndim)) if per_tensor else lc
         rhs_reduce = tuple(range(rhs.ndim)) if per_tensor else rc
-        _, _, out = scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce)
+        _, _, out = scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dtype)
     return out if out.dtype == out_dtype else lax.convert_element_type(out, out_dtype)
 
 
@@ -304,7 +307,7 @@ def int8_ragged_dot_general_impl(lhs, rhs, group_sizes, float_params, out_dtype,
     rhs_q = rhs if is_quantized(rhs) else quantize(rhs, rc)
     int_params = {**params, "preferred_element_type": np.int32, "precision": None}
     sums = _ragged_dot_float(lhs_q.codes, rhs_q.codes, group_sizes, **int_params)
-    acc = lax.convert_element_type(sums, _common_dtype(lhs_q, rhs_q))
+    acc = lax.convert_element_type(sums, _common_dtype(lhs_q, rhs_q, out_dtype))
     lhs_dims = ragged.dot_dimension_numbers
     out_shape = acc.shape
     # rhs (with the group dim) maps to the output as a dot without its group dim: batch, lhs free, rhs free.
@@ -393,7 +396,7 @@ def straight_through(impl, float_matmul=_dot_general_float, n_extra: int = 0):
         if _has_tangent(rhs, rhs_dot):
             terms.append(float_matmul(_float_value(lhs, rhs_dot), rhs_dot, *extra, **params))
         if not terms:
-            return out, lax.zeros_like_array(out)
+            return out, lax.full_like(out, 0)  # (lax.zeros_like_array is gone in JAX 0.10)
         tangent = terms[0] if len(terms) == 1 else lax.add(*terms)
         return out, tangent.astype(out.dtype)
 

@@ -20,8 +20,8 @@ large in every token no longer dictates every token's scale.
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import functools
+import numbers
 import uuid
 import warnings
 from typing import Callable
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .config import RewriteConfig, join_scope, skip_reason
+from .config import RewriteConfig, join_scope, matching_pattern, skip_reason
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .jaxprs import (CALL_PRIMITIVES, SUBJAXPR_PARAMS, is_float_dot, matmul_dimension_numbers, open_jaxpr,
@@ -55,14 +55,14 @@ class _Use:
     """One use of a parameter as a matmul operand."""
 
     from_end: tuple[int, ...]  # the contracting axes, counted from the end
-    cast: object  # the float dtype it is cast to before the matmul, or None
+    casts: tuple  # the float dtypes it is cast to before the matmul, in order (a chain keeps every rounding)
     direct: bool  # an operand of a top-level dot_general (SmoothQuant needs that)
     eqn: object  # the matmul
     side: int  # 0: lhs, 1: rhs
     jaxpr: object  # the jaxpr holding the matmul
 
 
-def _uses(jaxpr, var, config: RewriteConfig, scope: str, cast, top: bool, refused: list,
+def _uses(jaxpr, var, config: RewriteConfig, scope: str, casts: tuple, top: bool, refused: list,
           axes: tuple) -> list[_Use]:
     """Every matmul use of ``var`` in ``jaxpr``, followed through casts, transposes and the higher-order
     primitives the rewrite carries pre-quantized weights through; every other use is described in ``refused``.
@@ -94,17 +94,18 @@ def _uses(jaxpr, var, config: RewriteConfig, scope: str, cast, top: bool, refuse
             leaf_ndim = max(axes) + 1 if axes else 0  # axes are the leaf's trailing axes, permuted
             from_end = tuple(sorted(axes[a] - leaf_ndim for a in dims[0][side]))
             direct = top and name == "dot_general" and axes == tuple(range(len(axes)))
-            found.append(_Use(from_end, cast, direct, eqn, side, jaxpr))
+            found.append(_Use(from_end, casts, direct, eqn, side, jaxpr))
         elif name == "convert_element_type" and jnp.issubdtype(eqn.params["new_dtype"], jnp.floating):
-            found += _uses(jaxpr, eqn.outvars[0], config, here, eqn.params["new_dtype"], top, refused, axes)
+            chain = casts + (np.dtype(eqn.params["new_dtype"]),)
+            found += _uses(jaxpr, eqn.outvars[0], config, here, chain, top, refused, axes)
         elif name == "transpose":
             permuted = tuple(axes[p] for p in eqn.params["permutation"])
-            found += _uses(jaxpr, eqn.outvars[0], config, here, cast, top, refused, permuted)
+            found += _uses(jaxpr, eqn.outvars[0], config, here, casts, top, refused, permuted)
         elif name in CALL_PRIMITIVES:
             (param,) = SUBJAXPR_PARAMS[name]
             sub = open_jaxpr(eqn.params[param])
             for k in positions:
-                found += _uses(sub, sub.invars[k], config, here, cast, False, refused, axes)
+                found += _uses(sub, sub.invars[k], config, here, casts, False, refused, axes)
         elif name == "scan":
             sub = open_jaxpr(eqn.params["jaxpr"])
             n_consts, n_carry = scan_counts(eqn.params)
@@ -116,7 +117,7 @@ def _uses(jaxpr, var, config: RewriteConfig, scope: str, cast, top: bool, refuse
                 if k >= n_consts and axes[0] != min(axes):
                     refused.append(f"the scan at {where} slices it along a transposed axis")
                     continue
-                found += _uses(sub, sub.invars[k], config, here, cast, False, refused, sliced)
+                found += _uses(sub, sub.invars[k], config, here, casts, False, refused, sliced)
         elif name == "while":
             p = eqn.params
             for k in positions:
@@ -127,12 +128,12 @@ def _uses(jaxpr, var, config: RewriteConfig, scope: str, cast, top: bool, refuse
                 else:
                     refused.append(f"it is carried through the while_loop at {where}")
                     continue
-                found += _uses(sub, sub.invars[index], config, here, cast, False, refused, axes)
+                found += _uses(sub, sub.invars[index], config, here, casts, False, refused, axes)
         elif name == "cond" and 0 not in positions:
             for branch in eqn.params["branches"]:
                 sub = open_jaxpr(branch)
                 for k in positions:
-                    found += _uses(sub, sub.invars[k - 1], config, here, cast, False, refused, axes)
+                    found += _uses(sub, sub.invars[k - 1], config, here, casts, False, refused, axes)
         else:
             refused.append(f"it is used by {name} at {where}")
     return found
@@ -143,14 +144,14 @@ def _plan(jaxpr, var, config: RewriteConfig) -> tuple[list[_Use], str]:
     if not jnp.issubdtype(var.aval.dtype, jnp.floating):
         return [], f"not a float array ({var.aval.str_short()})"
     refused: list[str] = []
-    uses = _uses(jaxpr, var, config, "", None, True, refused, tuple(range(len(var.aval.shape))))
+    uses = _uses(jaxpr, var, config, "", (), True, refused, tuple(range(len(var.aval.shape))))
     if not uses:
         return [], "kept float: it feeds no matmul" + (f" ({refused[0]})" if refused else "")
     if refused:
         return [], f"kept float: {refused[0]}"
     if len({u.from_end for u in uses}) > 1:
         return [], "kept float: its matmuls contract different axes"
-    if len({np.dtype(u.cast) if u.cast is not None else None for u in uses}) > 1:
+    if len({u.casts for u in uses}) > 1:
         return [], "kept float: it is cast to different dtypes before its matmuls"
     return uses, ""
 
@@ -257,15 +258,19 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
     leaves = [leaf for _, leaf in paths_and_leaves]
     if any(is_quantized(x) for x in leaves):
         raise Int8ifyError("quantize_params got params that are already quantized")
-    if smooth_alpha is not None and not (isinstance(smooth_alpha, (int, float)) and 0 <= smooth_alpha <= 1):
-        raise Int8ifyError(f"smooth_alpha must be in [0, 1], got {smooth_alpha!r}")
+    if smooth_alpha is not None:
+        # any real number (numpy scalars too), but not a bool: smooth_alpha=True is a mistake, not 1.0
+        if not isinstance(smooth_alpha, numbers.Real) or isinstance(smooth_alpha, (bool, np.bool_)) or not (
+                0 <= smooth_alpha <= 1):
+            raise Int8ifyError(f"smooth_alpha must be in [0, 1] (a real number), got {smooth_alpha!r}")
+        smooth_alpha = float(smooth_alpha)
     if activations not in ACTIVATION_MODES:
         raise Int8ifyError(f"activations must be one of {ACTIVATION_MODES}, got {activations!r}")
     if activation_percentile is not None:
         if activations != "static":
             raise Int8ifyError("activation_percentile calibrates static activation scales: pass activations='static'")
-        if isinstance(activation_percentile, bool) or not (isinstance(activation_percentile, (int, float, np.number))
-                                                           and 0 < activation_percentile <= 100):
+        if isinstance(activation_percentile, (bool, np.bool_)) or not (
+                isinstance(activation_percentile, numbers.Real) and 0 < activation_percentile <= 100):
             raise Int8ifyError(f"activation_percentile must be a number in (0, 100], got {activation_percentile!r}")
 
     programs: dict = {}  # Signature -> (program, input positions): calibration batches of one shape trace once
@@ -316,7 +321,7 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
         use = plans[i][0]
         value = jnp.asarray(leaf)
         factors, group = smooth.get(i, (None, None))
-        quantized_value = value.astype(use.cast) if use.cast is not None else value
+        quantized_value = functools.reduce(lambda v, dtype: v.astype(dtype), use.casts, value)
         if factors is not None:
             axis = use.from_end[0] + value.ndim
             scaled = quantized_value.astype(jnp.float32) * lax.broadcast_in_dim(factors, value.shape, (axis,))
@@ -326,7 +331,8 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
         activation_scale = None if absmax is None else static_scale(absmax)
         new_leaves.append(QuantizedArray(q.codes, q.scales, q.exponents, q.contracting, value.dtype, factors, group,
                                          activation_scale, activation_group, epilogue_factors(q.scales, q.exponents)))
-        cast = f" after a cast to {np.dtype(use.cast).name}" if use.cast is not None else ""
+        casts = ", ".join(d.name for d in use.casts)
+        cast = f" after {'a cast' if len(use.casts) == 1 else 'casts'} to {casts}" if use.casts else ""
         smoothing = " with SmoothQuant factors" if factors is not None else ""
         scaled = " and a static activation scale" if i in static else ""
         explanation.setdefault(paths[i], f"quantized: {len(plans[i])} matmul use(s), contracting axes "
@@ -350,9 +356,9 @@ def _smoothing(plans, leaves, alpha, smooth_skip, calibration, traced) -> dict:
     single = {}
     for i, uses in plans.items():
         scopes = [str(u.eqn.source_info.name_stack) for u in uses]
-        if any(fnmatch.fnmatchcase(scope, p) for scope in scopes for p in patterns):
+        if any(matching_pattern(scope, patterns) is not None for scope in scopes):
             continue
-        if len(uses[0].from_end) == 1 and all(u.direct and u.cast is None for u in uses):
+        if len(uses[0].from_end) == 1 and all(u.direct and not u.casts for u in uses):
             single[i] = uses
     absmax: dict = {}
     measurers: dict = {}  # id(program) -> its jitted measuring function, compiled once per input signature

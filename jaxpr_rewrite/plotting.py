@@ -53,7 +53,8 @@ def bar_chart(ax, labels: Sequence[str], values: Sequence[float], colors: Sequen
 
     Arguments:
         ax: the matplotlib axes.
-        labels, values: one label and one height per bar (a ``None`` or NaN value draws an empty slot).
+        labels, values: one label and one height per bar (a ``None`` or NaN value draws an empty slot, an
+            infinite one a full-height bar labelled "inf").
         colors: one colour per bar (default: the "rewritten" colour).
         log: a logarithmic value axis (errors span decades).
         title, ylabel: texts.
@@ -62,14 +63,22 @@ def bar_chart(ax, labels: Sequence[str], values: Sequence[float], colors: Sequen
     heights = [0.0 if v is None or v != v else float(v) for v in values]
     colors = list(colors) if colors is not None else [COLORS["rewritten"]] * len(heights)
     positions = list(range(len(heights)))
+    finite = [h for h in heights if 0 < h < math.inf]
+    # an infinite value (an error measured on inputs holding inf or NaN) is drawn up to the top, labelled "inf"
+    top = max(finite, default=1.0)
+    if log:  # whole decades (at least one), so bar lengths compare honestly
+        bottom = 10.0 ** math.floor(math.log10(min(finite, default=top)))
+        top = max(10.0 ** math.ceil(math.log10(top)), 10 * bottom)
+    infinite = [i for i, h in enumerate(heights) if h == math.inf]
+    heights = [top if i in infinite else h for i, h in enumerate(heights)]
     ax.bar(positions, heights, color=colors)
     ax.set_xticks(positions)
     ax.set_xticklabels(labels, rotation=90 if len(labels) > 8 else 0, fontsize=7 if len(labels) > 8 else 9)
-    positive = [h for h in heights if h > 0]
-    if log and positive:
+    if log and (finite or infinite):
         ax.set_yscale("log")
-        # whole decades, so bar lengths compare honestly
-        ax.set_ylim(10.0 ** math.floor(math.log10(min(positive))), 10.0 ** math.ceil(math.log10(max(positive))))
+        ax.set_ylim(bottom, top)
+    for i in infinite:
+        ax.text(i, top, "inf", ha="center", va="top", fontsize=7, color="white", clip_on=True)
     if title:
         width = ax.figure.get_figwidth()
         ax.set_title("\n".join(textwrap.wrap(title, int(width * 12))), fontsize=9)

@@ -115,6 +115,17 @@ class QuantizedArray:
             if tuple(getattr(factor, "shape", ())) != tuple(self.scales.shape):
                 problems.append(f"epilogue factors have shape {tuple(getattr(factor, 'shape', ()))}, expected "
                                 f"{tuple(self.scales.shape)}")
+        floats = (("scales", self.scales), ("smooth factors", self.smooth),
+                  *(("epilogue factors", f) for f in self.factors or ()),
+                  *(("static activation scale", v) for v in (self.activation_scale or ())[:1]))
+        cast = [f"{name} are {np.dtype(value.dtype).name}, not float32/float64" for name, value in floats
+                if value is not None and np.dtype(value.dtype).name not in ("float32", "float64")]
+        if cast:
+            # the usual mixed-precision tree_map(lambda a: a.astype(bfloat16), params) reaches into the scales
+            problems.append(
+                f"{'; '.join(cast)} (a tree_map cast reached into it: cast whole QuantizedArrays instead, with "
+                "jax.tree_util.tree_map(fn, params, is_leaf=jaxpr_rewrite.quantized.is_quantized) and "
+                "QuantizedArray.astype, which keeps codes and scales)")
         if problems:
             raise Int8ifyError(f"{where} is malformed: {'; '.join(problems)}")
 

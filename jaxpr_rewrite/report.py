@@ -261,12 +261,38 @@ def _sub_index(eqn, sub) -> int:
     return next(j for j, s in enumerate(sub_jaxprs(eqn)) if s is sub)
 
 
+# A matmul's measured sums, accumulated over every time it runs (loop bodies run many times), as float32
+# ``[sum((q - f)**2) / s**2, sum(f**2) / s**2, runs, s]``: the squares are taken of values divided by the largest
+# magnitude ``s`` met, so outputs above ~1e19 (whose squares overflow float32) or below ~1e-19 (whose squares flush
+# to zero) keep their error, which is scale-invariant (LAPACK's nrm2 does the same).
+_ERR, _REF, _RUNS, _SCALE = range(4)
+
+
 def _zeros(paths) -> dict:
-    return {p: jnp.zeros((3,), jnp.float32) for p in paths}
+    return {p: jnp.zeros((4,), jnp.float32) for p in paths}
+
+
+def _measured_sums(quantized, reference):
+    """The sums of one run of a matmul: ``quantized`` its int8 result, ``reference`` its float one (float32)."""
+    diff = quantized - reference
+    magnitudes = jnp.concatenate([jnp.abs(reference).ravel(), jnp.abs(diff).ravel()])
+    scale = jnp.max(jnp.where(jnp.isfinite(magnitudes), magnitudes, 0), initial=0)
+    divisor = jnp.where(scale > 0, scale, 1)
+    return jnp.stack([jnp.sum(jnp.square(diff / divisor)), jnp.sum(jnp.square(reference / divisor)),
+                      jnp.float32(1), scale])
+
+
+def _combine(a, b):
+    """The sums of two sets of runs together, brought to the larger scale."""
+    scale = jnp.maximum(a[_SCALE], b[_SCALE])
+    divisor = jnp.where(scale > 0, scale, 1)
+    ratio_a, ratio_b = jnp.square(a[_SCALE] / divisor), jnp.square(b[_SCALE] / divisor)
+    return jnp.stack([a[_ERR] * ratio_a + b[_ERR] * ratio_b, a[_REF] * ratio_a + b[_REF] * ratio_b,
+                      a[_RUNS] + b[_RUNS], scale])
 
 
 def _add(a: dict, b: dict) -> dict:
-    return {p: a[p] + b[p] if p in b else a[p] for p in a}
+    return {p: _combine(a[p], b[p]) if p in b else a[p] for p in a}
 
 
 class _Measurer:
@@ -293,8 +319,7 @@ class _Measurer:
                 float_out = bind(eqn, invals)[0]
                 f32 = float_out.astype(jnp.float32)
                 q32 = self.rewriter.rewrite_matmul(eqn, invals).astype(jnp.float32)
-                return float_out, jnp.stack([jnp.sum(jnp.square(q32 - f32)), jnp.sum(jnp.square(f32)),
-                                             jnp.float32(1)])
+                return float_out, _measured_sums(q32, f32)
 
             fn = self.measurements[key] = shared_jit(measure)
         return fn
@@ -428,8 +453,8 @@ def report(fn, *args, **kwargs) -> Report:
         error = note = None
         if concrete and site.measurable:
             sums = stats.get(site.path)
-            if sums is not None and sums[2] > 0:
-                err2, ref2 = sums[0], sums[1]
+            if sums is not None and sums[_RUNS] > 0:
+                err2, ref2 = sums[_ERR], sums[_REF]  # both relative to the same scale, which cancels
                 error = float(np.sqrt(err2 / ref2)) if ref2 > 0 else (0.0 if err2 == 0 else float("inf"))
             else:
                 note = _missing_note(site, sums is not None)

@@ -191,7 +191,17 @@ class Rewriter:
 
         def step(eqn, invals):
             here = join_scope(scope, eqn.source_info.name_stack)
-            if tangent_vars and any(isinstance(v, Var) and v in tangent_vars for v in eqn.invars):
+            reads_tangents = [isinstance(v, Var) and v in tangent_vars for v in eqn.invars] if tangent_vars else ()
+            if any(reads_tangents):
+                if eqn.primitive.name in INLINED_CALLS and self.rewrites_at(eqn, scope):
+                    # a nested call computing primal and tangent together (jax.jvp of a jitted function, a
+                    # jitted helper in the rule) is inlined, so that only its tangent matmuls stay float
+                    sub, sub_consts = jaxpr_and_consts(eqn.params[SUBJAXPR_PARAMS[eqn.primitive.name][0]])
+                    inner = frozenset(v for v, read in zip(sub.invars, reads_tangents) if read)
+                    outs = self.interpret(sub, sub_consts, invals, here, inner, where)
+                    tangent_vars.update(v for v, dependent in zip(eqn.outvars, _tangent_outputs(sub, inner))
+                                        if dependent)
+                    return outs
                 tangent_vars.update(eqn.outvars)
                 return bind(eqn, _materialised(invals))
             if is_float_dot(eqn):
@@ -262,7 +272,7 @@ class Rewriter:
         if out_sharding is not None:
             # Under explicit sharding every intermediate would need its sharding spelled out; the int8 program
             # runs with the mesh axes automatic inside and delivers the float dot's output sharding.
-            program = jax.sharding.auto_axes(program, out_sharding=out_sharding)
+            program = jax.sharding.auto_axes(program, axes=out_sharding.mesh.explicit_axes, out_sharding=out_sharding)
         return program(lhs, rhs)
 
     def _check_ragged(self, eqn, where):
@@ -273,6 +283,26 @@ class Rewriter:
                 f"ragged_dot_general at {describe_source(eqn, where)} ({_operand_types(eqn)}) cannot be rewritten: "
                 f"{what}. Keep it float with skip/skip_if."
             )
+
+
+INLINED_CALLS = CALL_PRIMITIVES - {"remat2", "checkpoint"}
+"""Call primitives the rewrite may evaluate inline (XLA inlines them anyway); a remat keeps its boundary."""
+
+
+def _tangent_outputs(jaxpr: Jaxpr, tangents) -> list[bool]:
+    """Per outvar of ``jaxpr``, whether :meth:`Rewriter.interpret` computes it from the ``tangents`` invars."""
+    dependent = set(tangents)
+    for eqn in jaxpr.eqns:
+        reads = [isinstance(v, Var) and v in dependent for v in eqn.invars]
+        if not any(reads):
+            continue
+        if eqn.primitive.name in INLINED_CALLS:
+            sub = open_jaxpr(eqn.params[SUBJAXPR_PARAMS[eqn.primitive.name][0]])
+            flags = _tangent_outputs(sub, {v for v, read in zip(sub.invars, reads) if read})
+            dependent.update(v for v, flag in zip(eqn.outvars, flags) if flag)
+        else:
+            dependent.update(eqn.outvars)
+    return [isinstance(v, Var) and v in dependent for v in jaxpr.outvars]
 
 
 def _explicit_sharding(eqn):
@@ -425,7 +455,7 @@ def _transpose_quantized(rewriter, eqn, invals, scope, where):
     return [value.transpose(eqn.params["permutation"])]
 
 
-@register_quantized_rule(*(CALL_PRIMITIVES - {"remat2", "checkpoint"}))
+@register_quantized_rule(*INLINED_CALLS)
 def _inline_call(rewriter, eqn, invals, scope, where):
     """A nested call reading a pre-quantized weight is evaluated inline (XLA inlines it anyway)."""
     (param,) = SUBJAXPR_PARAMS[eqn.primitive.name]
@@ -434,11 +464,13 @@ def _inline_call(rewriter, eqn, invals, scope, where):
 
 @register_quantized_rule("scan")
 def _scan_quantized(rewriter, eqn, invals, scope, where):
-    """``lax.scan`` again, with pre-quantized consts closed over and pre-quantized ``xs`` sliced per step."""
+    """``lax.scan`` again, with pre-quantized consts closed over and pre-quantized ``xs`` sliced per step (an ``xs``
+    scanned along an axis its scales cover has no per-step scales, and is materialised)."""
     p = eqn.params
     consts, init, xs = scan_operands(p, invals)
     n_carry = len(init)
     init = _materialised(init)
+    xs = [materialise(x) if is_quantized(x) and 0 in x.contracting else x for x in xs]
     body = _sub_interpreter(rewriter, p["jaxpr"], scope, where)
 
     def step(carry, x):

@@ -219,7 +219,9 @@ def scaled_dot_general_impl(lhs, rhs, dimension_numbers, out_dtype, fmt: BlockFo
         out = jax.nn.scaled_matmul(lhs_q.codes, rhs_q.codes, lhs_q.scales, rhs_q.scales,
                                    preferred_element_type=jnp.float32)
     if fmt.tensor_scale:
-        out = lax.mul(out, lax.mul(lhs_q.tensor_scale, rhs_q.tensor_scale))
+        # one tensor scale at a time: their product underflows for small operands (x ~ 1e-18, w ~ 1e-15 give
+        # ~1e-40) where the result itself is an ordinary float32
+        out = lax.mul(lax.mul(out, lhs_q.tensor_scale), rhs_q.tensor_scale)
     out = lax.reshape(out, out_shape)
     return out if out.dtype == out_dtype else lax.convert_element_type(out, out_dtype)
 
