@@ -194,6 +194,16 @@ def quantize_parts(x, reduce_axes: Sequence[int]):
     return codes, scales, exponents
 
 
+def _codes(values, rounded, reduce_axes):
+    """int8 codes from rounded quotients, ``-128`` for a NaN or Inf value, and per slice over ``reduce_axes``
+    whether it holds one (its minimum code is -128: an int8 reduction, cheaper than one over the floats)."""
+    limit = rounded.dtype.type(INT8_MAX)
+    marked = lax.select(lax.is_finite(values), lax.clamp(-limit, rounded, limit), lax.full_like(rounded, -limit - 1))
+    codes = lax.convert_element_type(marked, np.int8)
+    lowest = lax.reduce_min(codes, tuple(reduce_axes))
+    return codes, lax.eq(lowest, np.int8(-INT8_MAX - 1))
+
+
 class StaticScale(NamedTuple):
     """A calibrated per-tensor activation scale ``absmax / 127``, with what the hot path needs precomputed (0-d
     arrays in the compute dtype; a pytree, so it travels with the weight it is stored on).
@@ -247,11 +257,7 @@ def quantize_static_parts(x, static: StaticScale, reduce_axes: Sequence[int]):
     values = to_compute(x)
     rounded = lax.round(lax.mul(values, to_compute(static.reciprocal, values.dtype)),
                         lax.RoundingMethod.TO_NEAREST_EVEN)
-    limit = values.dtype.type(INT8_MAX)
-    marked = lax.select(lax.is_finite(values), lax.clamp(-limit, rounded, limit), lax.full_like(rounded, -limit - 1))
-    codes = lax.convert_element_type(marked, np.int8)
-    lowest = lax.reduce_min(codes, reduce_axes) if reduce_axes else codes
-    poisoned = lax.eq(lowest, np.int8(-INT8_MAX - 1))
+    codes, poisoned = _codes(values, rounded, reduce_axes)
     nonfinite = lax.select(poisoned, lax.full(kept_shape, np.nan, values.dtype), lax.full(kept_shape, 0, values.dtype))
 
     def per_slice(value):
