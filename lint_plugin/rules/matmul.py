@@ -6,6 +6,8 @@ from typing import List, NamedTuple, Optional
 
 import libcst as cst
 
+from jx_codes import BROADCAST_MULTIPLY_SUM, CONVOLUTION, FLOAT_MATMUL, INT8_ACCUMULATOR
+
 from ..call_args import kwarg, positional
 from ..dtypes import is_int32_dtype, is_integer_or_bool
 from ..kinds import INT8, STATIC, is_traced
@@ -96,11 +98,8 @@ class FloatMatmul(_MatmulRule):
     under ``@int8ify``, which rewrites their matmuls.
     """
 
-    code = "JX101"
-    name = "float-matmul"
+    entry = FLOAT_MATMUL
     scope = PLAIN
-    instead = ("wrap the function with @int8ify or quantize both operands to int8 and pass "
-               "preferred_element_type=jnp.int32")
     message = "{what} `{name}` in traced code (operands not both known int8, or no int32 accumulator); {instead}"
     VALID = [
         """
@@ -202,11 +201,8 @@ class Int8MatmulInt8Accumulator(_MatmulRule):
     (traced or not), since the result is wrong either way.
     """
 
-    code = "JX102"
-    name = "int8-accumulator"
+    entry = INT8_ACCUMULATOR
     scope = ANYWHERE
-    instead = ("pass preferred_element_type=jnp.int32 (for `@`: use jnp.matmul(a, b, "
-               "preferred_element_type=jnp.int32))")
     message = ("int8 x int8 matmul `{name}` without preferred_element_type=jnp.int32 accumulates in "
                "int8 and wraps around; {fix}")
     VALID = [
@@ -285,11 +281,8 @@ class BroadcastMultiplySum(Rule):
     scales (``acc * sx[:, None] * sw[None, :]``), is not reported.
     """
 
-    code = "JX103"
-    name = "broadcast-multiply-sum"
+    entry = BROADCAST_MULTIPLY_SUM
     scope = TRACED
-    instead = ("use jnp.matmul/lax.dot_general on int8 operands with preferred_element_type=jnp.int32 "
-               "(or jnp.einsum under @int8ify)")
     message = ("broadcast multiply + sum emulates a matmul that the int8 rewrite cannot see, so it "
                "stays float; {instead}")
     VALID = [
@@ -353,10 +346,8 @@ class Convolution(Rule):
     ``jax.scipy.signal.convolve*/correlate*`` stay float: the int8 contract allows only int8 matmuls.
     """
 
-    code = "JX104"
-    name = "convolution"
+    entry = CONVOLUTION
     scope = TRACED
-    instead = "express it as an int8 matmul over patches with preferred_element_type=jnp.int32"
     message = ("convolution `{name}` in traced code stays float (the int8 contract allows only int8 "
                "matmuls); {instead}")
     VALID = [
