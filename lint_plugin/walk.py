@@ -565,11 +565,12 @@ class FunctionWalk:
                 return STATIC
             return TRACED if any_traced else UNKNOWN
         if self.graph is not None and self.traced:
-            # module-local functions passed as callbacks (``jax.tree.map(f, ...)``) run at trace time
+            # module-local functions passed as callbacks (``jax.tree.map(f, ...)``, ``emit_pipeline(f)``) run at
+            # trace time; passed again once this walk is known to be outside @int8ify, they are too
             for a in node.args:
                 if isinstance(a.value, cst.Name) and a.value is not host:
                     f = self.info.lookup(a.value.value, self.func)
-                    if f is not None and not f.traced:
+                    if f is not None and (not f.traced or (self.plain and not f.plain)):
                         self.graph.call_edge(f, None, [], self)
         if q is not None:
             return api_call_kind(q, node, arg_kinds, self.info.imports)
