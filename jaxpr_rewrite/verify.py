@@ -5,7 +5,8 @@ jaxprs included, so it sees through helpers, libraries and ``int8ify``. Findings
 advice, from the one table in :mod:`jx_codes`:
 
 ======  ==============================================================================================
-JX101   float ``dot_general`` / ``ragged_dot_general`` (a float matmul, einsum, or a matmul of scales)
+JX101   float ``dot_general`` / ``ragged_dot_general`` that sums over an index (a float matmul, einsum, or a
+        matmul of scales; not an einsum that sums nothing, such as ``"...k,k->...k"``)
 JX102   integer matmul without int32 accumulation (``preferred_element_type`` not int32)
 JX103   a broadcast product of two operands expanded along different axes, fed to ``reduce_sum`` over a
         shared axis: a matmul emulated over all B x D_in x D_out products
@@ -38,7 +39,7 @@ from jx_codes import (
 )
 
 from .errors import TracedValueError
-from .jaxprs import forward_jaxprs, is_float_dot, is_matmul, open_jaxpr
+from .jaxprs import forward_jaxprs, is_float_dot, is_matmul, matmul_dimension_numbers, open_jaxpr
 from .source import eqn_location
 from .tracing import target_of, trace
 
@@ -82,6 +83,14 @@ def _finding(code: Code, eqn, what: str) -> Finding:
     """The finding ``code`` for ``eqn``: ``what`` is wrong there, then the code's advice."""
     location = eqn_location(eqn)
     return Finding(code.code, f"{what}: {code.instead}", location.file, location.line, eqn.primitive.name)
+
+
+def _contracts(eqn) -> bool:
+    """Whether a matmul equation sums over an index (has contracting dims, of any size): what a matmul is, for
+    the lint rules too. A ``dot_general`` without one (``jnp.einsum("...k,k->...k")``, ``"i,j->ij"``) is an
+    elementwise or outer product: no sum to quantize."""
+    (lhs_contracting, _), _ = matmul_dimension_numbers(eqn)
+    return len(lhs_contracting) > 0
 
 
 # -- JX103: a matmul emulated by broadcasting --------------------------------------------------------------
@@ -146,7 +155,7 @@ def _check_jaxpr(jaxpr: Jaxpr, findings: list, seen: set) -> None:
                 consumers.setdefault(v, []).append(eqn)
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
-        if is_matmul(eqn):
+        if is_matmul(eqn) and _contracts(eqn):
             if is_float_dot(eqn):
                 findings.append(_finding(FLOAT_MATMUL, eqn, f"float {name} {_types(eqn)}"))
             elif np.dtype(eqn.outvars[0].aval.dtype) not in _INTEGER_ACCUMULATORS:

@@ -149,11 +149,13 @@ ENUM_BASES: FrozenSet[str] = frozenset(
 )
 
 _JNP = "jax.numpy."
+# Contractions. Not ``jnp.outer``: it sums nothing and traces to the broadcast multiply the int8 contract
+# asks for (``sx[:, None] * sw[None, :]``); an einsum or ``tensordot`` counts only when it sums a shared index.
 MATMUL_FUNCS: FrozenSet[str] = frozenset(
-    [_JNP + n for n in ("matmul", "dot", "einsum", "tensordot", "inner", "vdot", "outer")]
-    + ["jax.numpy.linalg.matmul", "jax.numpy.linalg.vecdot", "jax.numpy.linalg.tensordot"]
+    [_JNP + n for n in ("matmul", "dot", "einsum", "tensordot", "inner", "vdot")]
+    + ["jax.numpy.linalg." + n for n in ("matmul", "vecdot", "tensordot", "multi_dot")]
     + ["jax.lax." + n for n in ("dot", "dot_general", "batch_matmul")]
-    + ["jax.experimental.pallas.dot"]
+    + ["jax.experimental.pallas.dot", "operator.matmul"]
 )
 
 CONV_FUNCS: FrozenSet[str] = frozenset(

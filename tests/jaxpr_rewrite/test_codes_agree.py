@@ -99,14 +99,19 @@ X = np.random.default_rng(0).normal(size=(64, 128)).astype(np.float32)
 W = np.random.default_rng(1).normal(size=(128, 256)).astype(np.float32)
 
 
-@pytest.fixture(scope="module")
-def module(tmp_path_factory):
-    path = tmp_path_factory.mktemp("codes") / "traced_values.py"
-    path.write_text(SOURCE)
-    spec = importlib.util.spec_from_file_location("traced_values", path)
+def _import_as_file(tmp_path_factory, name: str, source: str):
+    """``source`` imported from a real file, so JAX's source locations and ``linecache`` point into it."""
+    path = tmp_path_factory.mktemp(name) / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
     loaded = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(loaded)
     return loaded
+
+
+@pytest.fixture(scope="module")
+def module(tmp_path_factory):
+    return _import_as_file(tmp_path_factory, "traced_values", SOURCE)
 
 
 def _lint_by_function():
@@ -152,3 +157,70 @@ def test_jax_errors_are_what_the_cases_raise(module):
         except Exception as exc:  # collecting which error each case raises
             raised.add(type(exc).__name__)
     assert raised == {"TracerBoolConversionError", "TracerArrayConversionError", "ConcretizationTypeError"}
+
+
+# What a matmul is, decided once: a contraction (a ``dot_general`` that sums over an index, of any size),
+# and a broadcast product only when two operands are expanded along different axes (the B x D_in x D_out
+# products of an emulated matmul). Each line says what both the lint plugin and ``verify`` report there.
+MATMULS = textwrap.dedent('''\
+    import jax
+    import jax.numpy as jnp
+
+
+    @jax.jit
+    def not_contractions(x, w):
+        scaled = jnp.einsum("...k,k->...k", x, w[0, :128])
+        outer = jnp.einsum("i,j->ij", x[0], w[0]) + jnp.outer(x[0], w[0]) + jnp.tensordot(x[0], w[0], axes=0)
+        return scaled, outer
+
+
+    @jax.jit
+    def one_operand_expanded(x, w):
+        a, b = x.reshape(4, 16, 128), w.reshape(4, 16, 128, 4)
+        return jnp.sum(a[:, :, :, None] * b, axis=2)
+
+
+    @jax.jit
+    def contractions(x, w):
+        y = jnp.einsum("bk,kn->bn", x, w) + jnp.einsum("bk,kn", x, w)  # JX101 JX101
+        scales = x[:, 0][:, None] @ w[0][None, :]  # JX101
+        return y * scales + x.__matmul__(w) + jnp.linalg.multi_dot([x, w, w.T @ w])  # JX101 JX101 JX101
+
+
+    @jax.jit
+    def two_operands_expanded(x, w):
+        return jnp.sum(x[:, :, None] * w[None], axis=1)  # JX103
+
+
+    project = lambda x, w: x @ w  # JX101
+    jitted_lambda = jax.jit(project)
+''')
+_MATMUL_CODES = {"JX101", "JX103"}
+
+
+def _expected_matmul_findings():
+    return {(i, code) for i, text in enumerate(MATMULS.splitlines(), 1) if "# JX" in text
+            for code in text.split("# ", 1)[1].split()}
+
+
+@pytest.fixture(scope="module")
+def matmuls(tmp_path_factory):
+    return _import_as_file(tmp_path_factory, "matmul_cases", MATMULS)
+
+
+def test_lint_and_verify_agree_on_what_a_matmul_is(matmuls):
+    expected = _expected_matmul_findings()
+    linted = {(v.line, v.code) for v in lint_source(MATMULS, raise_errors=True) if v.code in _MATMUL_CODES}
+    assert linted == expected
+    verified = set()
+    for name in ("not_contractions", "one_operand_expanded", "contractions", "two_operands_expanded",
+                 "jitted_lambda"):
+        verified |= {(f.line, f.code) for f in verify(getattr(matmuls, name), X, W)}
+    assert verified == expected
+
+
+def test_verify_counts_each_contraction(matmuls):
+    """Every dot_general that sums an index is one JX101 (two in ``multi_dot`` of three, one for the
+    ``w.T @ w`` inside it); the einsums that sum nothing are none."""
+    assert verify(matmuls.not_contractions, X, W) == []
+    assert [f.code for f in verify(matmuls.contractions, X, W)] == ["JX101"] * 7
