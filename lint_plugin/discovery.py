@@ -21,7 +21,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import libcst as cst
 
 from .aliases import dotted_name
-from .cstwalk import iter_children
+from .cstwalk import STRING_NODES, iter_children
 from .module_classes import resolve_classes
 from .module_info import ClassInfo, FuncInfo, ModuleInfo, RootSpec, named_params
 from .names import LINEN, LINEN_COMPACT, TRANSFORMS
@@ -145,6 +145,7 @@ def discover(module: cst.Module, extra: TracedDecorators = TracedDecorators()) -
     walker = _Walker(info)
     walker.walk(module)
     resolve_classes(info)
+    info.module_strings = {name for name, value in info.module_assigns.items() if isinstance(value, STRING_NODES)}
     finder = RootFinder(info, extra)
     for fi, decorators in walker.decorated:
         for d in decorators:

@@ -114,7 +114,7 @@ class ModuleInfo:
 
     __slots__ = ("imports", "functions", "module_funcs", "module_shadowed", "classes", "classes_by_name",
                  "module_calls", "by_node", "lambda_roots", "module_bound_functions", "module_assigns",
-                 "module_static")
+                 "module_static", "module_strings")
 
     def __init__(self) -> None:
         self.imports = ImportTable()
@@ -131,6 +131,8 @@ class ModuleInfo:
         self.module_assigns: Dict[str, cst.BaseExpression] = {}
         # module-level names bound only to Python values (``_EYE = np.eye(3)``), set by the analysis
         self.module_static: Set[str] = set()
+        # module-level names bound to a string literal (``MODEL_MODE_TRAIN = "train"``)
+        self.module_strings: Set[str] = set()
 
     def lookup(self, name: str, scope: Optional[FuncInfo]) -> Optional[FuncInfo]:
         """The function a bare name refers to, from inside ``scope``."""
