@@ -163,6 +163,8 @@ def test_jax_errors_are_what_the_cases_raise(module):
 # and a broadcast product only when two operands are expanded along different axes (the B x D_in x D_out
 # products of an emulated matmul). Each line says what both the lint plugin and ``verify`` report there.
 MATMULS = textwrap.dedent('''\
+    import operator
+
     import jax
     import jax.numpy as jnp
 
@@ -183,7 +185,7 @@ MATMULS = textwrap.dedent('''\
     @jax.jit
     def contractions(x, w):
         y = jnp.einsum("bk,kn->bn", x, w) + jnp.einsum("bk,kn", x, w)  # JX101 JX101
-        scales = x[:, 0][:, None] @ w[0][None, :]  # JX101
+        scales = x[:, 0][:, None] @ w[0][None, :] + operator.matmul(x, w)  # JX101 JX101
         return y * scales + x.__matmul__(w) + jnp.linalg.multi_dot([x, w, w.T @ w])  # JX101 JX101 JX101
 
 
@@ -223,4 +225,4 @@ def test_verify_counts_each_contraction(matmuls):
     """Every dot_general that sums an index is one JX101 (two in ``multi_dot`` of three, one for the
     ``w.T @ w`` inside it); the einsums that sum nothing are none."""
     assert verify(matmuls.not_contractions, X, W) == []
-    assert [f.code for f in verify(matmuls.contractions, X, W)] == ["JX101"] * 7
+    assert [f.code for f in verify(matmuls.contractions, X, W)] == ["JX101"] * 8
