@@ -24,6 +24,8 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr
 
+from jx_codes import CONCRETIZATION, TRACED_CONDITION, Code
+
 from .config import RewriteConfig
 from .errors import Int8ifyError, TracedValueError
 from .quantized import QuantizedArray, is_quantized
@@ -232,14 +234,8 @@ _LIBRARY_DIRS = tuple(
     os.path.dirname(os.path.abspath(m.__file__)) + os.sep
     for m in (jax, np, __import__("jaxlib"))
 ) + (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
-_BRANCH = re.compile(r"^\s*(if|elif|while|assert)\b|\bif\b.*\belse\b")
-_CONVERSION = re.compile(r"\b(bool|int|float|complex|operator\.index)\(|\.item\(|\.tolist\(")
-_ADVICE = {
-    "JX201": "Python control flow on a traced value: use jnp.where / lax.select for values, lax.cond / lax.switch / "
-             "lax.while_loop for control flow",
-    "JX202": "converting a traced value to a Python scalar (bool()/int()/float()/.item()): keep it an array and use "
-             "jnp.where / lax operations",
-}
+# an explicit ``bool(x)`` is a conversion (JX202), as the lint rules see it; ``if x:``, ``x and y`` are branches
+_EXPLICIT_BOOL = re.compile(r"\bbool\(")
 
 
 def _user_frame(exc: BaseException):
@@ -251,13 +247,23 @@ def _user_frame(exc: BaseException):
     return frames[-1] if frames else None
 
 
+def _code_of(exc: BaseException, text: str) -> Code:
+    """One code per cause, as the lint plugin reports the line: a traced value's truth value taken by Python
+    control flow is JX201; anything else that needs a concrete value (``bool()``, ``int()``, ``float()``,
+    ``.item()``, a numpy function given a tracer, a traced shape) is JX202."""
+    if isinstance(exc, jax.errors.TracerBoolConversionError) and not _EXPLICIT_BOOL.search(text):
+        return TRACED_CONDITION
+    return CONCRETIZATION
+
+
 def traced_value_error(exc: BaseException) -> TracedValueError:
     """The :class:`~jaxpr_rewrite.errors.TracedValueError` for one of JAX's tracer-conversion errors: the user's
-    line, and whether it is a branch (JX201) or a scalar conversion (JX202)."""
+    line, its code (JX201 or JX202, see :func:`_code_of`) and that code's advice from :mod:`jx_codes`."""
     frame = _user_frame(exc)
     file, line = (frame.filename, frame.lineno) if frame is not None else (None, None)
     text = (linecache.getline(file, line) if file else "") or (frame.line if frame is not None else "") or ""
     text = text.strip()
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    code = "JX201" if _BRANCH.search(text) or not _CONVERSION.search(text) else "JX202"
-    return TracedValueError(code, file, line, text, _ADVICE[code], f"{type(exc).__name__}: {first}".rstrip(": "))
+    code = _code_of(exc, text)
+    advice = f"{code.title.rstrip('.')}: {code.instead}"
+    return TracedValueError(code.code, file, line, text, advice, f"{type(exc).__name__}: {first}".rstrip(": "))

@@ -1,16 +1,19 @@
 """``verify``: check a traced program against the int8 contract -- the dynamic twin of the lint plugin.
 
 The linter reads source code; ``verify`` traces the function and inspects the jaxpr that would run, nested
-jaxprs included, so it sees through helpers, libraries and ``int8ify``. Findings use the lint plugin's codes:
+jaxprs included, so it sees through helpers, libraries and ``int8ify``. Findings use the lint plugin's codes and
+advice, from the one table in :mod:`jx_codes`:
 
 ======  ==============================================================================================
-JX101   float ``dot_general`` / ``ragged_dot_general`` (a float matmul, einsum, or a matmul of scales)
+JX101   float ``dot_general`` / ``ragged_dot_general`` that sums over an index (a float matmul, einsum, or a
+        matmul of scales; not an einsum that sums nothing, such as ``"...k,k->...k"``)
 JX102   integer matmul without int32 accumulation (``preferred_element_type`` not int32)
 JX103   a broadcast product of two operands expanded along different axes, fed to ``reduce_sum`` over a
         shared axis: a matmul emulated over all B x D_in x D_out products
 JX104   convolution (``conv_general_dilated``)
-JX201   Python branch on a traced value (tracing fails; reported at the user's line)
-JX202   ``bool()`` / ``int()`` / ``float()`` / ``.item()`` on a traced value
+JX201   Python control flow on a traced value (tracing fails; reported at the user's line)
+JX202   a traced value forced to a concrete value: ``bool()`` / ``int()`` / ``float()`` / ``.item()``, a numpy
+        function given a traced array
 JX301   host callback (``jax.pure_callback``, ``io_callback``)
 JX302   ``jax.debug.print`` / ``jax.debug.breakpoint`` / ``jax.debug.callback``
 ======  ==============================================================================================
@@ -25,8 +28,18 @@ import jax.extend  # noqa: F401
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Var
 
+from jx_codes import (
+    BROADCAST_MULTIPLY_SUM,
+    CONVOLUTION,
+    DEBUG_CALLBACK,
+    FLOAT_MATMUL,
+    HOST_CALLBACK,
+    INT8_ACCUMULATOR,
+    Code,
+)
+
 from .errors import TracedValueError
-from .jaxprs import forward_jaxprs, is_float_dot, is_matmul, open_jaxpr
+from .jaxprs import forward_jaxprs, is_float_dot, is_matmul, matmul_dimension_numbers, open_jaxpr
 from .source import eqn_location
 from .tracing import target_of, trace
 
@@ -66,9 +79,18 @@ def _types(eqn) -> str:
     return f"{ins} -> {eqn.outvars[0].aval.str_short(short_dtypes=True)}"
 
 
-def _finding(code: str, eqn, message: str) -> Finding:
+def _finding(code: Code, eqn, what: str) -> Finding:
+    """The finding ``code`` for ``eqn``: ``what`` is wrong there, then the code's advice."""
     location = eqn_location(eqn)
-    return Finding(code, message, location.file, location.line, eqn.primitive.name)
+    return Finding(code.code, f"{what}: {code.instead}", location.file, location.line, eqn.primitive.name)
+
+
+def _contracts(eqn) -> bool:
+    """Whether a matmul equation sums over an index (has contracting dims, of any size): what a matmul is, for
+    the lint rules too. A ``dot_general`` without one (``jnp.einsum("...k,k->...k")``, ``"i,j->ij"``) is an
+    elementwise or outer product: no sum to quantize."""
+    (lhs_contracting, _), _ = matmul_dimension_numbers(eqn)
+    return len(lhs_contracting) > 0
 
 
 # -- JX103: a matmul emulated by broadcasting --------------------------------------------------------------
@@ -133,39 +155,25 @@ def _check_jaxpr(jaxpr: Jaxpr, findings: list, seen: set) -> None:
                 consumers.setdefault(v, []).append(eqn)
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
-        if is_matmul(eqn):
+        if is_matmul(eqn) and _contracts(eqn):
             if is_float_dot(eqn):
-                findings.append(_finding("JX101", eqn, (
-                    f"float {name} {_types(eqn)}: quantize both operands to int8 (absmax/127 scales per "
-                    "row/column) and multiply the codes with preferred_element_type=jnp.int32, or wrap the "
-                    "function in int8ify"
-                )))
+                findings.append(_finding(FLOAT_MATMUL, eqn, f"float {name} {_types(eqn)}"))
             elif np.dtype(eqn.outvars[0].aval.dtype) not in _INTEGER_ACCUMULATORS:
-                findings.append(_finding("JX102", eqn, (
+                findings.append(_finding(INT8_ACCUMULATOR, eqn, (
                     f"integer {name} {_types(eqn)} does not accumulate in int32 (sums of int8 products "
-                    "overflow int8/int16): pass preferred_element_type=jnp.int32"
+                    "overflow int8/int16)"
                 )))
         elif name == "mul":
             what = _emulated_matmul(eqn, producers, consumers)
             if what is not None:
-                findings.append(_finding("JX103", eqn, (
-                    f"broadcast multiply and sum emulates a matmul ({what}): multiply the int8 codes with "
-                    "jnp.matmul(..., preferred_element_type=jnp.int32) instead"
-                )))
+                findings.append(_finding(BROADCAST_MULTIPLY_SUM, eqn,
+                                         f"broadcast multiply and sum emulates a matmul ({what})"))
         elif name == "conv_general_dilated":
-            findings.append(_finding("JX104", eqn, (
-                f"convolution {_types(eqn)} is outside the int8 contract: express it as an int8 matmul of "
-                "patches (int32 accumulation) or keep it out of the verified function"
-            )))
+            findings.append(_finding(CONVOLUTION, eqn, f"convolution {_types(eqn)} is outside the int8 contract"))
         elif name in _CALLBACKS:
-            findings.append(_finding("JX301", eqn, (
-                f"{_CALLBACKS[name]} calls back into Python on the host: compute it with jax.numpy / lax "
-                "operations inside the program"
-            )))
+            findings.append(_finding(HOST_CALLBACK, eqn, f"{_CALLBACKS[name]} calls back into Python on the host"))
         elif name in _DEBUG:
-            findings.append(_finding("JX302", eqn, (
-                f"{_DEBUG[name]} left in the traced program: remove it (or guard it out) from the verified path"
-            )))
+            findings.append(_finding(DEBUG_CALLBACK, eqn, f"{_DEBUG[name]} left in the traced program"))
         for sub in forward_jaxprs(eqn):
             _check_jaxpr(sub, findings, seen)
 
@@ -209,7 +217,7 @@ def verify(fn, *args, **kwargs) -> list[Finding]:
         closed = trace_program(fn, *args, **kwargs)
     except TracedValueError as exc:
         message = f"{exc.advice} ({exc.detail}" + (f"; at `{exc.text}`)" if exc.text else ")")
-        return [Finding(exc.code, message, exc.file, exc.line, exc.detail.split(":")[0])]
+        return [Finding(exc.code, message, exc.file, exc.line, type(exc.__cause__).__name__)]
     return verify_jaxpr(closed)
 
 

@@ -1,7 +1,8 @@
 """What a type annotation says about a value's kind.
 
 ``x: jax.Array`` (or ``Float[Array, "b d"]``) is an array; ``n: int``, ``mode: Mode`` (an ``Enum`` of
-this file), ``fn: Callable``, ``shape: tuple[int, ...]`` are Python values; ``cache: dict[str, jax.Array]``
+this file), ``fn: Callable``, ``shape: tuple[int, ...]``, ``spec: PartitionSpec`` (and the other sharding
+classes) are Python values; ``cache: dict[str, jax.Array]``
 (also through a module-level alias ``Cache = dict[str, jax.Array]``) is a Python container, whose
 truthiness and ``len()`` are static but whose items are not known. ``Optional[X]`` and ``X | None``
 say what ``X`` says.
@@ -16,8 +17,9 @@ import libcst as cst
 from .aliases import ImportTable, dotted_name
 from .kinds import STATIC, TRACED, UNKNOWN
 from .module_info import ModuleInfo
+from .names import SHARDING_TYPES
 
-__all__ = ["AnnotationReader"]
+__all__ = ["AnnotationReader", "annotated_class"]
 
 _ARRAY_TYPES = frozenset({
     "jax.Array", "jax.numpy.ndarray", "jax.typing.ArrayLike", "jaxtyping.Array", "jaxtyping.ArrayLike",
@@ -111,10 +113,25 @@ class AnnotationReader:
         return _named_kind(head)
 
 
+def annotated_class(annotation: Optional[cst.Annotation]) -> Optional[str]:
+    """The dotted name of the one class an annotation names: ``Mode``, ``types.Mode``,
+    ``Optional[Mode]``, ``Mode | None``; None for anything else."""
+    if annotation is None:
+        return None
+    node = annotation.annotation
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitOr):
+        sides = [side for side in (node.left, node.right) if dotted_name(side) != "None"]
+        node = sides[0] if len(sides) == 1 else node
+    elif isinstance(node, cst.Subscript) and (dotted_name(node.value) or "").endswith("Optional") \
+            and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+        node = node.slice[0].slice.value
+    return dotted_name(node)
+
+
 def _named_kind(q: str) -> Optional[int]:
     if q in _ARRAY_TYPES:
         return TRACED
-    if q in _STATIC_TYPES:
+    if q in _STATIC_TYPES or q in SHARDING_TYPES:
         return STATIC
     if q in _CONTAINERS or q in _TUPLES or q in _UNKNOWN_TYPES:
         return UNKNOWN

@@ -12,7 +12,7 @@ from typing import Dict, Iterator, Tuple, Type
 
 import libcst as cst
 
-__all__ = ["iter_children"]
+__all__ = ["STRING_NODES", "iter_children"]
 
 _SKIP_SUBSTRINGS = ("whitespace", "lpar", "rpar", "leading_lines", "lines_after", "newline")
 _SKIP_NAMES = frozenset({"comma", "semicolon", "colon", "header", "footer", "equal", "lbracket",
@@ -20,6 +20,9 @@ _SKIP_NAMES = frozenset({"comma", "semicolon", "colon", "header", "footer", "equ
                          "star", "dot", "keyword", "asname", "prefix", "quote", "start", "end"})
 
 _FIELDS: Dict[Type[cst.CSTNode], Tuple[str, ...]] = {}
+
+# the nodes of a string literal (plain, implicitly concatenated, f-string)
+STRING_NODES = (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)
 
 
 def _fields_of(cls: Type[cst.CSTNode]) -> Tuple[str, ...]:

@@ -21,7 +21,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import libcst as cst
 
 from .aliases import dotted_name
-from .cstwalk import iter_children
+from .cstwalk import STRING_NODES, iter_children
 from .module_classes import resolve_classes
 from .module_info import ClassInfo, FuncInfo, ModuleInfo, RootSpec, named_params
 from .names import LINEN, LINEN_COMPACT, TRANSFORMS
@@ -111,7 +111,8 @@ class _Walker:
         push((node.body, fi, None, cls or self_cls))
 
     def _assignment(self, node: cst.BaseSmallStatement, func: Optional[FuncInfo], cls: Optional[ClassInfo]) -> None:
-        """Record what later lookups need: class fields, module-level values, partial bindings."""
+        """Record what later lookups need: class fields, module-level values, names bound to a
+        ``functools.partial`` or a lambda."""
         if isinstance(node, cst.AnnAssign):
             if cls is not None and isinstance(node.target, cst.Name):
                 cls.fields.append(node)
@@ -127,9 +128,10 @@ class _Walker:
             name = target.value
             if func is None:
                 self.info.module_assigns[name] = value
-            if isinstance(value, cst.Call) and (dotted_name(value.func) or "").endswith("partial"):
-                partials = self.info.module_partials if func is None else func.partials
-                partials[name] = value
+            if isinstance(value, cst.Lambda) or (isinstance(value, cst.Call)
+                                                 and (dotted_name(value.func) or "").endswith("partial")):
+                bound = self.info.module_bound_functions if func is None else func.bound_functions
+                bound[name] = value
 
 
 def _module_method_spec() -> RootSpec:
@@ -143,6 +145,7 @@ def discover(module: cst.Module, extra: TracedDecorators = TracedDecorators()) -
     walker = _Walker(info)
     walker.walk(module)
     resolve_classes(info)
+    info.module_strings = {name for name, value in info.module_assigns.items() if isinstance(value, STRING_NODES)}
     finder = RootFinder(info, extra)
     for fi, decorators in walker.decorated:
         for d in decorators:

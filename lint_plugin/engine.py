@@ -71,6 +71,31 @@ def _internal_error(what: str) -> Violation:
                      "please report it")
 
 
+_MAX_DETAIL = 200
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: detail`` for an internal error, without calling ``str()`` on what it carries: libcst puts
+    nodes in its ``KeyError``s, and a deep node's ``repr`` recurses past the stack again."""
+    plain = all(isinstance(a, (str, int, float)) for a in exc.args)
+    detail = " ".join(str(a) for a in exc.args) if plain else ""
+    detail = detail.splitlines()[0][:_MAX_DETAIL] if detail else ""
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
+def _from_recursion(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was raised while handling, a ``RecursionError``: libcst's position
+    provider turns one into a ``KeyError`` as its context managers unwind."""
+    seen = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, RecursionError):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def lint_source(source: str, extra_decorators: Iterable[str] = (), *, raise_errors: bool = False,
                 honour_noqa: bool = True, tree: Optional[ast.AST] = None) -> List[Violation]:
     """All violations in ``source``, sorted by position.
@@ -86,18 +111,19 @@ def lint_source(source: str, extra_decorators: Iterable[str] = (), *, raise_erro
 
     try:
         return run()
-    except RecursionError:
-        pass  # deeply nested but valid code: analyse it again with room to recurse
     except Exception as exc:
-        if raise_errors:
-            raise
-        return [_internal_error(f"internal error {type(exc).__name__}: {exc}")]
+        if not _from_recursion(exc):
+            if raise_errors:
+                raise
+            return [_internal_error(f"internal error {_describe(exc)}")]
+    # deeply nested but valid code: analyse it again with room to recurse
     try:
         return call_with_deep_stack(run)
     except Exception as exc:  # RecursionError even there; RuntimeError: no thread could start
         if raise_errors:
             raise
-        return [_internal_error(f"nesting too deep even with a larger stack: {type(exc).__name__}")]
+        what = "nesting too deep even with a larger stack" if _from_recursion(exc) else "internal error"
+        return [_internal_error(f"{what}: {_describe(exc)}")]
 
 
 def _lint(source: str, extra: TracedDecorators, honour_noqa: bool, tree: Optional[ast.AST],
@@ -107,10 +133,8 @@ def _lint(source: str, extra: TracedDecorators, honour_noqa: bool, tree: Optiona
         return []
     try:
         module = cst.parse_module(source)
-    except RecursionError:
-        raise
     except Exception as exc:  # libcst raises ParserSyntaxError, occasionally others
-        if raise_errors and not isinstance(exc, cst.ParserSyntaxError):
+        if _from_recursion(exc) or (raise_errors and not isinstance(exc, cst.ParserSyntaxError)):
             raise
         return [_parse_error(exc)]
     info = discover(module, extra)

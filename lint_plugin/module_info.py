@@ -13,9 +13,11 @@ import libcst as cst
 from .aliases import ImportTable
 from .names import TransformSig
 
-__all__ = ["ClassInfo", "FuncInfo", "FuncNode", "ModuleInfo", "RootSpec"]
+__all__ = ["BoundFunction", "ClassInfo", "FuncInfo", "FuncNode", "ModuleInfo", "RootSpec"]
 
 FuncNode = Union[cst.FunctionDef, cst.Lambda]
+# what ``name = ...`` binds a function to: ``functools.partial(f, ...)`` or a lambda
+BoundFunction = Union[cst.Call, cst.Lambda]
 T = TypeVar("T")
 
 
@@ -70,7 +72,7 @@ class FuncInfo:
 
     __slots__ = ("node", "name", "parent", "cls", "method_of", "locals", "shadowed", "roots", "traced",
                  "plain", "seed", "closure_env", "params", "calls", "is_lambda", "ret", "ret_elts",
-                 "callers", "partials")
+                 "callers", "bound_functions")
 
     def __init__(self, node: FuncNode, name: str, parent: Optional["FuncInfo"],
                  method_of: Optional[ClassInfo], cls: Optional[ClassInfo]) -> None:
@@ -82,7 +84,8 @@ class FuncInfo:
         self.locals: Dict[str, FuncInfo] = {}
         # earlier ``def``s of a name ``locals`` holds a later one of (``if a: def f ... else: def f ...``)
         self.shadowed: Dict[str, List[FuncInfo]] = {}
-        self.partials: Dict[str, cst.Call] = {}  # ``name = functools.partial(...)`` in this body
+        # ``name = functools.partial(...)`` and ``name = lambda ...`` in this body
+        self.bound_functions: Dict[str, BoundFunction] = {}
         self.roots: List[RootSpec] = []
         self.traced = False
         self.plain = False  # traced through a path not under @int8ify
@@ -110,7 +113,8 @@ class ModuleInfo:
     """Everything the discovery found in one file."""
 
     __slots__ = ("imports", "functions", "module_funcs", "module_shadowed", "classes", "classes_by_name",
-                 "module_calls", "by_node", "lambda_roots", "module_partials", "module_assigns", "module_static")
+                 "module_calls", "by_node", "lambda_roots", "module_bound_functions", "module_assigns",
+                 "module_static", "module_strings")
 
     def __init__(self) -> None:
         self.imports = ImportTable()
@@ -122,11 +126,13 @@ class ModuleInfo:
         self.module_calls: List[cst.Call] = []
         self.by_node: Dict[int, FuncInfo] = {}
         self.lambda_roots: Dict[int, FuncInfo] = {}
-        self.module_partials: Dict[str, cst.Call] = {}
+        self.module_bound_functions: Dict[str, BoundFunction] = {}
         # ``Name = value`` at module level (type aliases such as ``Cache = dict[str, jax.Array]``)
         self.module_assigns: Dict[str, cst.BaseExpression] = {}
         # module-level names bound only to Python values (``_EYE = np.eye(3)``), set by the analysis
         self.module_static: Set[str] = set()
+        # module-level names bound to a string literal (``MODEL_MODE_TRAIN = "train"``)
+        self.module_strings: Set[str] = set()
 
     def lookup(self, name: str, scope: Optional[FuncInfo]) -> Optional[FuncInfo]:
         """The function a bare name refers to, from inside ``scope``."""
@@ -153,9 +159,9 @@ class ModuleInfo:
             return scope.cls.methods.get(expr.attr.value)
         return None
 
-    def lookup_partial(self, name: str, scope: Optional[FuncInfo]) -> Optional[cst.Call]:
-        """The ``functools.partial(...)`` call a bare name was bound to, from inside ``scope``."""
-        return _innermost(name, scope, "partials", self.module_partials)
+    def lookup_bound_function(self, name: str, scope: Optional[FuncInfo]) -> Optional[BoundFunction]:
+        """The ``functools.partial(...)`` call or the lambda a bare name was bound to, from inside ``scope``."""
+        return _innermost(name, scope, "bound_functions", self.module_bound_functions)
 
 
 def _innermost(name: str, scope: Optional[FuncInfo], table: str, module_table: Dict[str, T]) -> Optional[T]:

@@ -24,11 +24,14 @@ __all__ = [
     "LINEN",
     "LINEN_COMPACT",
     "MATMUL_FUNCS",
+    "METADATA_ARGS",
     "MODULE_BASES",
     "NNX",
     "NNX_VARIABLES",
     "PARTIAL",
+    "SHARDING_TYPES",
     "TRANSFORMS",
+    "MetadataArgs",
     "TransformSig",
     "host_callable_keyword",
     "is_int8ify",
@@ -149,11 +152,13 @@ ENUM_BASES: FrozenSet[str] = frozenset(
 )
 
 _JNP = "jax.numpy."
+# Contractions. Not ``jnp.outer``: it sums nothing and traces to the broadcast multiply the int8 contract
+# asks for (``sx[:, None] * sw[None, :]``); an einsum or ``tensordot`` counts only when it sums a shared index.
 MATMUL_FUNCS: FrozenSet[str] = frozenset(
-    [_JNP + n for n in ("matmul", "dot", "einsum", "tensordot", "inner", "vdot", "outer")]
-    + ["jax.numpy.linalg.matmul", "jax.numpy.linalg.vecdot", "jax.numpy.linalg.tensordot"]
+    [_JNP + n for n in ("matmul", "dot", "einsum", "tensordot", "inner", "vdot")]
+    + ["jax.numpy.linalg." + n for n in ("matmul", "vecdot", "tensordot", "multi_dot")]
     + ["jax.lax." + n for n in ("dot", "dot_general", "batch_matmul")]
-    + ["jax.experimental.pallas.dot"]
+    + ["jax.experimental.pallas.dot", "operator.matmul"]
 )
 
 CONV_FUNCS: FrozenSet[str] = frozenset(
@@ -188,6 +193,42 @@ def host_callable_keyword(qualname: Optional[str]) -> Optional[str]:
 
 
 DEBUG_FUNCS: FrozenSet[str] = frozenset({"jax.debug.print", "jax.debug.breakpoint"})
+
+
+class MetadataArgs(NamedTuple):
+    """The arguments of a JAX function that are Python metadata (mesh-axis names, shardings), never
+    tracers: positional indices (``all_positional``: every one) and keywords."""
+
+    positions: Tuple[int, ...] = ()
+    keywords: Tuple[str, ...] = ()
+    all_positional: bool = False
+
+
+_AXIS_NAME_SECOND = MetadataArgs((1,), ("axis_name",))
+_SHARDING_SECOND = MetadataArgs((1,), ("shardings", "out_shardings", "device"))
+
+# A parameter passed to one of these as such an argument is a Python value in the function.
+METADATA_ARGS: Dict[str, MetadataArgs] = {
+    **{"jax.lax." + n: _AXIS_NAME_SECOND for n in (
+        "psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute", "pshuffle", "all_to_all",
+        "pbroadcast", "pswapaxes",
+    )},
+    "jax.lax.axis_index": MetadataArgs((0,), ("axis_name",)),
+    "jax.lax.axis_size": MetadataArgs((0,), ("axis_name",)),
+    "jax.lax.with_sharding_constraint": _SHARDING_SECOND,
+    "jax.device_put": _SHARDING_SECOND,
+    "jax.sharding.reshard": _SHARDING_SECOND,
+    "jax.sharding.NamedSharding": MetadataArgs((0, 1), ("mesh", "spec")),
+    "jax.sharding.PartitionSpec": MetadataArgs(all_positional=True),
+    "jax.P": MetadataArgs(all_positional=True),
+}
+
+# Sharding classes: a parameter annotated with one holds Python metadata.
+SHARDING_TYPES: FrozenSet[str] = frozenset(
+    ["jax.sharding." + n for n in ("PartitionSpec", "NamedSharding", "Sharding", "Mesh", "AbstractMesh",
+                                   "PositionalSharding", "SingleDeviceSharding")]
+    + ["jax.P"]
+)
 
 
 def short_name(qualname: str) -> str:

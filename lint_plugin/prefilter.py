@@ -75,8 +75,8 @@ def _scan(tree: ast.AST, extra: TracedDecorators, want_traced: bool, want_matmul
             candidates.append(func)
             if node.args:  # type: ignore[attr-defined]
                 candidates.append(node.args[0])  # type: ignore[attr-defined]  # partial(jax.jit, ...)
-            if type(func) is ast.Attribute and func.attr == "dot":
-                has_matmul = True  # ``x.dot(w)``
+            if type(func) is ast.Attribute and func.attr in ("dot", "__matmul__", "__rmatmul__"):
+                has_matmul = True  # ``x.dot(w)``, ``x.__matmul__(w)``
             else:
                 matmul_calls.append(func)
         elif t is ast.MatMult:

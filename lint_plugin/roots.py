@@ -172,7 +172,8 @@ class RootFinder:
 
     def _register_target(self, target: cst.BaseExpression, spec: RootSpec, scope: Optional[FuncInfo]) -> None:
         if isinstance(target, cst.Name) and self.info.lookup(target.value, scope) is None:
-            bound = self.info.lookup_partial(target.value, scope)  # ``g = partial(f, ...)``, then ``jit(g)``
+            # ``g = partial(f, ...)`` or ``g = lambda ...``, then ``jit(g)``
+            bound = self.info.lookup_bound_function(target.value, scope)
             if bound is not None:
                 target = bound
         if isinstance(target, cst.Call) and self.is_partial(target.func) and target.args:

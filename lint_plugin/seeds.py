@@ -2,19 +2,22 @@
 
 A parameter is traced unless something says otherwise: the transform's arguments (see
 :class:`~lint_plugin.module_info.RootSpec`), a default value (almost always config:
-``axis=-1``, ``eps=1e-6``), a non-array annotation (see :mod:`lint_plugin.annotations`), or the
-kinds every call site passes (a helper's parameter is traced when some caller passes a traced value).
+``axis=-1``, ``eps=1e-6``), a non-array annotation (see :mod:`lint_plugin.annotations`), its use
+as metadata in the body (a collective's axis name, a sharding: see
+:data:`~lint_plugin.names.METADATA_ARGS`), or the kinds every call site passes (a helper's
+parameter is traced when some caller passes a traced value).
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Set
 
 import libcst as cst
 
 from .annotations import AnnotationReader
 from .kinds import MODULE_SELF, STATIC, TRACED, UNKNOWN, merge_seed
 from .module_info import FuncInfo, ModuleInfo, RootSpec
+from .names import METADATA_ARGS
 
 __all__ = ["ParamSeeds"]
 
@@ -23,7 +26,29 @@ class ParamSeeds:
     """Initial environments of the functions of one file."""
 
     def __init__(self, info: ModuleInfo) -> None:
+        self.info = info
         self.annotations = AnnotationReader.of(info)
+        self.metadata: Dict[int, Set[str]] = {}  # per function: its parameters used as metadata
+
+    def _metadata_params(self, fi: FuncInfo) -> Set[str]:
+        """Names the body of ``fi`` passes as mesh-axis names or shardings (``lax.psum(x, axis_names)``,
+        ``NamedSharding(mesh, spec)``): Python values, whatever the callers pass."""
+        found = self.metadata.get(id(fi))
+        if found is None:
+            found = set()
+            for call in fi.calls:
+                q = self.info.imports.resolve(call.func)
+                spec = METADATA_ARGS.get(q) if q is not None else None
+                if spec is None:
+                    continue
+                for i, a in enumerate(a for a in call.args if a.keyword is None and not a.star):
+                    if (spec.all_positional or i in spec.positions) and isinstance(a.value, cst.Name):
+                        found.add(a.value.value)
+                for a in call.args:
+                    if a.keyword is not None and a.keyword.value in spec.keywords and isinstance(a.value, cst.Name):
+                        found.add(a.value.value)
+            self.metadata[id(fi)] = found
+        return found
 
     def initial_env(self, fi: FuncInfo) -> Dict[str, int]:
         env: Dict[str, int] = dict(fi.closure_env) if fi.closure_env else {}
@@ -47,6 +72,8 @@ class ParamSeeds:
     def _param_kind(self, fi: FuncInfo, index: Optional[int], param: cst.Param) -> int:
         """Merged over the roots that trace ``fi`` (positional ``index``, None for keyword-only) and
         the kinds call sites passed; a non-array annotation has the last word."""
+        if param.name.value in self._metadata_params(fi):
+            return STATIC
         kind: Optional[int] = None
         for spec in fi.roots:
             kind = merge_seed(kind, _root_param_kind(spec, index, param))

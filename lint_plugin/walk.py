@@ -27,7 +27,9 @@ from .array_api import (
     api_call_kind,
     method_call_kind,
 )
-from .cstwalk import iter_children
+from .aliases import dotted_name
+from .annotations import annotated_class
+from .cstwalk import STRING_NODES, iter_children
 from .kinds import INT8, MODULE_SELF, STATIC, TRACED, UNKNOWN, VARIABLE, combine, is_traced, join, truth
 from .module_classes import attribute_kind
 from .module_info import FuncInfo, ModuleInfo, named_params
@@ -84,6 +86,7 @@ class FunctionWalk:
         self.ret_elts: Optional[List[int]] = None
         self.ret_seen = False
         self.call_elts: Dict[int, List[int]] = {}
+        self.param_classes: Optional[Dict[str, str]] = None  # see _param_classes
         module_cls = func.cls if func is not None and func.cls is not None and func.cls.framework else None
         self.module_cls = module_cls  # the linen/nnx/equinox module whose ``self`` is visible
 
@@ -486,9 +489,40 @@ class FunctionWalk:
                 only_is = False
         if only_is:
             return STATIC
+        operands = [node.left, *(ct.comparator for ct in node.comparisons)]
+        if not membership and any(self._is_label(o, operands) for o in operands):
+            return STATIC  # a traced array is never compared with a string or an enum member
         if membership and k != STATIC:
             return UNKNOWN  # ``key in params``: dicts and lists of tracers are fine
         return k
+
+    def _is_label(self, node: cst.BaseExpression, operands: List[cst.BaseExpression]) -> bool:
+        """A string (a literal or a module-level string constant) or an enum member: an enum class of
+        this file's, or the class a compared parameter is annotated with (``mode == Mode.TRAIN`` for
+        ``mode: Mode``)."""
+        if isinstance(node, STRING_NODES):
+            return True
+        info = self.info
+        if isinstance(node, cst.Name):
+            return node.value in info.module_strings and node.value not in self.env
+        if not isinstance(node, cst.Attribute):
+            return False
+        owner = dotted_name(node.value)
+        if owner is None:
+            return False
+        local = info.classes_by_name.get(owner)
+        if local is not None and local.is_enum:
+            return True
+        annotations = self._param_classes()
+        return any(isinstance(o, cst.Name) and annotations.get(o.value) == owner for o in operands)
+
+    def _param_classes(self) -> Dict[str, str]:
+        """The class each parameter of this function is annotated with, where one is named."""
+        if self.param_classes is None:
+            params = named_params(self.func.node.params) if self.func is not None else []
+            self.param_classes = {p.name.value: c for p in params
+                                  if (c := annotated_class(p.annotation)) is not None}
+        return self.param_classes
 
     def _ev_binop(self, node: cst.BinaryOperation) -> int:
         left = self.ev(node.left)
@@ -557,19 +591,27 @@ class FunctionWalk:
         if local is not None:
             if self.graph is not None and self.traced:
                 self.graph.call_edge(local, node, arg_kinds, self)
+                if local.ret is None:
+                    # not walked yet: unknown rather than a guess, which would reach the seeds of the
+                    # functions this result is passed to (they only grow); this walk runs again once
+                    # the callee's return kind is known
+                    return UNKNOWN
             if local.ret_elts is not None:
                 self.call_elts[id(node)] = local.ret_elts
             if local.ret == INT8:
                 return INT8
-            if local.ret == STATIC and not any_traced:
+            if local.ret == STATIC:
+                # a Python value even from traced arguments (``def is_sharded(a): return a.shape[0] > 1``):
+                # the callee was walked with the kinds its call sites pass, this one's included
                 return STATIC
             return TRACED if any_traced else UNKNOWN
         if self.graph is not None and self.traced:
-            # module-local functions passed as callbacks (``jax.tree.map(f, ...)``) run at trace time
+            # module-local functions passed as callbacks (``jax.tree.map(f, ...)``, ``emit_pipeline(f)``) run at
+            # trace time; passed again once this walk is known to be outside @int8ify, they are too
             for a in node.args:
                 if isinstance(a.value, cst.Name) and a.value is not host:
                     f = self.info.lookup(a.value.value, self.func)
-                    if f is not None and not f.traced:
+                    if f is not None and (not f.traced or (self.plain and not f.plain)):
                         self.graph.call_edge(f, None, [], self)
         if q is not None:
             return api_call_kind(q, node, arg_kinds, self.info.imports)

@@ -34,6 +34,7 @@ def test_wheel_holds_both_packages_and_no_tests(wheel):
     names = wheel.namelist()
     assert "jaxpr_rewrite/__init__.py" in names and "lint_plugin/plugin.py" in names
     assert "jaxpr_rewrite/_compat.py" in names and "lint_plugin/rules/__init__.py" in names
+    assert "jx_codes.py" in names  # the code table both packages import
     assert not [n for n in names if n.startswith(("tests/", "examples/", "benchmarks/"))]
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import FrozenSet, List, Optional
 
 import libcst as cst
 
 from ..aliases import dotted_name
+from ..call_args import kwarg
 from ..kinds import STATIC
 from ..walk import FunctionWalk
 
@@ -31,23 +32,63 @@ def _strip_casts(node: cst.BaseExpression, walk: FunctionWalk) -> cst.BaseExpres
     return node
 
 
-def has_new_axis(node: cst.BaseExpression, walk: FunctionWalk) -> bool:
-    """``x[:, None]``, ``x[..., jnp.newaxis]``, ``jnp.expand_dims(x, 1)`` (through casts)."""
+def _is_new_axis(index: cst.BaseExpression) -> bool:
+    if isinstance(index, cst.Name) and index.value == "None":
+        return True
+    raw = dotted_name(index)
+    return raw is not None and raw.endswith("newaxis")
+
+
+def _subscript_new_axes(node: cst.Subscript) -> FrozenSet[int]:
+    """Where ``x[...]`` inserts axes in its result: counted from the start, or from the end (negative)
+    after an ``...``; a literal integer index removes its axis."""
+    elements = [el.slice.value if isinstance(el.slice, cst.Index) else el.slice for el in node.slice]
+    axes: List[int] = []
+    position = 0
+    seen_ellipsis = False
+    after_ellipsis: List[bool] = []  # per result axis after the ``...``: inserted or not
+    for index in elements:
+        if isinstance(index, cst.Ellipsis):
+            seen_ellipsis = True
+        elif isinstance(index, cst.Integer):
+            continue
+        elif seen_ellipsis:
+            after_ellipsis.append(_is_new_axis(index))
+        else:
+            if _is_new_axis(index):
+                axes.append(position)
+            position += 1
+    axes += [i - len(after_ellipsis) for i, inserted in enumerate(after_ellipsis) if inserted]
+    return frozenset(axes)
+
+
+def new_axes(node: cst.BaseExpression, walk: FunctionWalk) -> Optional[FrozenSet[int]]:
+    """Where ``node`` inserts axes (``x[:, None]``, ``x[..., jnp.newaxis]``, ``jnp.expand_dims(x, 1)``,
+    through casts): their positions, an empty set when they cannot be read (``lax.broadcast_in_dim``),
+    ``None`` when it inserts none."""
     node = _strip_casts(node, walk)
     if isinstance(node, cst.Subscript):
-        for el in node.slice:
-            s = el.slice
-            if isinstance(s, cst.Index):
-                v = s.value
-                if isinstance(v, cst.Name) and v.value == "None":
-                    return True
-                raw = dotted_name(v)
-                if raw is not None and raw.endswith("newaxis"):
-                    return True
-        return False
-    if isinstance(node, cst.Call):
-        return walk.qualname(node.func) in _EXPAND
-    return False
+        return _subscript_new_axes(node) or None
+    if isinstance(node, cst.Call) and walk.qualname(node.func) in _EXPAND:
+        axis = kwarg(node, "axis") or kwarg(node, "dimensions")
+        if axis is None and len(node.args) > 1 and node.args[1].keyword is None:
+            axis = node.args[1].value
+        return frozenset(_literal_ints(axis)) if axis is not None else frozenset()
+    return None
+
+
+def _literal_ints(node: cst.BaseExpression) -> List[int]:
+    """The integers of ``1``, ``-1`` or ``(0, 2)``; none when any part is not a literal."""
+    parts = [el.value for el in node.elements] if isinstance(node, (cst.Tuple, cst.List)) else [node]
+    out = []
+    for part in parts:
+        sign = 1
+        if isinstance(part, cst.UnaryOperation) and isinstance(part.operator, cst.Minus):
+            sign, part = -1, part.expression
+        if not isinstance(part, cst.Integer):
+            return []
+        out.append(sign * int(part.evaluated_value))
+    return out
 
 
 def _direct_factors(node: cst.BaseExpression, walk: FunctionWalk) -> Optional[List[cst.BaseExpression]]:
@@ -77,8 +118,11 @@ def product_factors(node: cst.BaseExpression, walk: FunctionWalk) -> Optional[Li
 
 
 def is_broadcast_product(node: cst.BaseExpression, walk: FunctionWalk) -> bool:
-    """A product of at least two non-static arrays, at least one with an inserted axis; a name is
-    followed to the expression it was assigned."""
+    """A product of non-static arrays of which two are expanded along different axes (``x[:, :, None]
+    * w[None]``): each spans an axis the other is broadcast along, the B x D_in x D_out product of an
+    emulated matmul. One expanded factor (``a[..., None] * b``) may meet a ``b`` of full size, a
+    product no larger than ``b``; axes that cannot be read count as different. A name is followed to
+    the expression it was assigned."""
     for _ in range(_MAX_RENAMES):
         if not isinstance(node, cst.Name):
             break
@@ -89,5 +133,5 @@ def is_broadcast_product(node: cst.BaseExpression, walk: FunctionWalk) -> bool:
     factors = product_factors(node, walk)
     if factors is None:
         return False
-    arrays = [f for f in factors if walk.kind(f) != STATIC]
-    return len(arrays) >= 2 and any(has_new_axis(f, walk) for f in arrays)
+    expanded = [axes for axes in (new_axes(f, walk) for f in factors if walk.kind(f) != STATIC) if axes is not None]
+    return any(not a or not b or a != b for i, a in enumerate(expanded) for b in expanded[i + 1:])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from jx_codes import DEBUG_CALLBACK, HOST_CALLBACK
+
 from ..names import CALLBACK_FUNCS, CALLBACK_PREFIXES, DEBUG_FUNCS, short_name
 from ..walk import FunctionWalk
 from ._base import TRACED, Invalid, Rule
@@ -20,10 +22,8 @@ class HostCallback(Rule):
     other rules do not look inside it.
     """
 
-    code = "JX301"
-    name = "host-callback"
+    entry = HOST_CALLBACK
     scope = TRACED
-    instead = "compute it with jnp/lax operations"
     message = ("host callback `{name}` in traced code leaves the compiled int8 program and runs in "
                "Python; {instead} instead")
     VALID = [
@@ -74,10 +74,8 @@ class DebugCallback(Rule):
     program.
     """
 
-    code = "JX302"
-    name = "debug-callback"
+    entry = DEBUG_CALLBACK
     scope = TRACED
-    instead = "remove it before shipping"
     message = "`{name}` is a host callback in disguise (it breaks the callback-free int8 program); {instead}"
     VALID = [
         """

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from jx_codes import CONCRETIZATION, TRACED_CONDITION
+
 from ..aliases import dotted_name
 from ..array_api import NUMPY_OK_FUNCS
 from ..kinds import is_traced
@@ -22,11 +24,8 @@ class TracedCondition(Rule):
     ``static_argnums``, module config, parameters annotated with a Python type, Python containers.
     """
 
-    code = "JX201"
-    name = "traced-condition"
+    entry = TRACED_CONDITION
     scope = TRACED
-    instead = ("jnp.where or lax.cond for branches; lax.while_loop/fori_loop for loops; "
-               "jnp.logical_and/or/not; jax.experimental.checkify for asserts")
     message = "Python `{construct}` on a traced value (TracerBoolConversionError under jit); {fix}"
     VALID = [
         """
@@ -166,10 +165,8 @@ class Concretization(Rule):
     ``np.prod(x.shape)``) they are fine.
     """
 
-    code = "JX202"
-    name = "concretization"
+    entry = CONCRETIZATION
     scope = TRACED
-    instead = "keep it an array; use the jax.numpy equivalent of numpy/math functions"
     message = ("`{call}` on a traced value needs a concrete Python value (ConcretizationTypeError "
                "under jit); {fix}")
     VALID = [

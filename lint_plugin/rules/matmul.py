@@ -6,6 +6,8 @@ from typing import List, NamedTuple, Optional
 
 import libcst as cst
 
+from jx_codes import BROADCAST_MULTIPLY_SUM, CONVOLUTION, FLOAT_MATMUL, INT8_ACCUMULATOR
+
 from ..call_args import kwarg, positional
 from ..dtypes import is_int32_dtype, is_integer_or_bool
 from ..kinds import INT8, STATIC, is_traced
@@ -18,7 +20,11 @@ from ._operand_dtypes import operand_dtype
 __all__ = ["BroadcastMultiplySum", "Convolution", "FloatMatmul", "Int8MatmulInt8Accumulator"]
 
 _EINSUM = "jax.numpy.einsum"
+_TENSORDOT = ("jax.numpy.tensordot", "jax.numpy.linalg.tensordot")
+_MULTI_DOT = "jax.numpy.linalg.multi_dot"
 _SUBSCRIPTS = (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString, cst.Name, cst.Attribute)
+# ``x.__matmul__(w)`` is ``x @ w``; ``x.__rmatmul__(w)`` is ``w @ x``
+_MATMUL_DUNDERS = {"__matmul__": False, "__rmatmul__": True}
 
 
 class Matmul(NamedTuple):
@@ -33,8 +39,46 @@ def _int32_accumulator(call: cst.Call, walk: FunctionWalk) -> bool:
     return pet is not None and is_int32_dtype(pet, walk.info.imports)
 
 
+def _einsum_contracts(spec: str) -> bool:
+    """Whether an einsum spec sums over an index shared by two operands (``"bk,kn->bn"``, implicit
+    ``"i,i"``): a contraction, what a matmul is. ``"...k,k->...k"`` (scaling) and ``"i,j->ij"`` (an
+    outer product) sum nothing; a spec that does not read as one is taken to contract."""
+    inputs, arrow, output = spec.replace(" ", "").replace("...", "").partition("->")
+    terms = inputs.split(",")
+    if not all(term.isalpha() or term == "" for term in (*terms, output)):
+        return True
+    sets = [set(term) for term in terms]
+    in_two = {index for i, term in enumerate(sets) for other in sets[i + 1:] for index in term & other}
+    # without ``->`` the output is the indices seen once, so every shared one is summed
+    return bool(in_two - set(output)) if arrow else bool(in_two)
+
+
+def _einsum_operands(args: List[cst.BaseExpression],
+                     starred: List[cst.BaseExpression]) -> Optional[List[cst.BaseExpression]]:
+    """The operands of an einsum that contracts; None for one that does not (or is not a spec call)."""
+    if not args or not isinstance(args[0], _SUBSCRIPTS):
+        return None
+    spec = args[0].evaluated_value if isinstance(args[0], (cst.SimpleString, cst.ConcatenatedString)) else None
+    if isinstance(spec, str) and not _einsum_contracts(spec):
+        return None
+    operands = args[1:] + starred
+    if len(operands) < 2 and not starred:
+        return None  # one-operand einsum: a transpose/trace/sum, not a matmul
+    return operands
+
+
+def _is_outer_tensordot(call: cst.Call, args: List[cst.BaseExpression]) -> bool:
+    """``jnp.tensordot(a, b, axes=0)``: an outer product, no index summed."""
+    axes = kwarg(call, "axes")
+    if axes is None and len(args) > 2:
+        axes = args[2]
+    return isinstance(axes, cst.Integer) and axes.evaluated_value == 0
+
+
 def match_matmul(node: cst.CSTNode, walk: FunctionWalk) -> Optional[Matmul]:
-    """``a @ b``, a matmul function of :data:`~lint_plugin.names.MATMUL_FUNCS`, or ``x.dot(y)`` on an array."""
+    """A contraction of two or more arrays: ``a @ b`` (also spelt ``a.__matmul__(b)``), a matmul
+    function of :data:`~lint_plugin.names.MATMUL_FUNCS` (an einsum or ``tensordot`` only when it sums
+    over a shared index), ``jnp.linalg.multi_dot([...])``, or ``x.dot(y)`` on an array."""
     if isinstance(node, cst.BinaryOperation):
         if isinstance(node.operator, cst.MatrixMultiply):
             return Matmul("@", [node.left, node.right], False, True)
@@ -46,18 +90,27 @@ def match_matmul(node: cst.CSTNode, walk: FunctionWalk) -> Optional[Matmul]:
     starred = [a.value for a in node.args if a.star == "*"]  # ``jnp.einsum(spec, *operands)``
     if q is not None and q in MATMUL_FUNCS:
         if q == _EINSUM:
-            if not args or not isinstance(args[0], _SUBSCRIPTS):
+            operands = _einsum_operands(args, starred)
+            if operands is None:
                 return None
-            operands = args[1:] + starred
-            if len(operands) < 2 and not starred:
-                return None  # one-operand einsum: a transpose/trace/sum, not a matmul
+        elif q == _MULTI_DOT:
+            chain = args[0] if args else None
+            operands = [el.value for el in chain.elements] if isinstance(chain, (cst.List, cst.Tuple)) \
+                else args[:1] + starred
+        elif q in _TENSORDOT and _is_outer_tensordot(node, args):
+            return None
         else:
             operands = args[:2] + [v for v in (kwarg(node, kw) for kw in ("lhs", "rhs", "a", "b")) if v is not None]
             operands += starred
         return Matmul(short_name(q), operands, _int32_accumulator(node, walk), False)
     f = node.func
-    if q is None and isinstance(f, cst.Attribute) and f.attr.value == "dot" and len(args) == 1 \
-            and is_traced(walk.kind(f.value)):
+    if q is not None or not isinstance(f, cst.Attribute) or len(args) != 1:
+        return None
+    method = f.attr.value
+    if method in _MATMUL_DUNDERS:
+        operands = [args[0], f.value] if _MATMUL_DUNDERS[method] else [f.value, args[0]]
+        return Matmul(f".{method}", operands, False, True)
+    if method == "dot" and is_traced(walk.kind(f.value)):
         return Matmul(".dot", [f.value, args[0]], _int32_accumulator(node, walk), False)
     return None
 
@@ -88,19 +141,20 @@ class FloatMatmul(_MatmulRule):
     """A matmul in traced code that is not an int8 x int8 matmul with an int32 accumulator.
 
     The int8 contract allows one kind of matmul: both operands int8, accumulated in int32. Any other
-    matmul in traced code (``@``, ``jnp.matmul/dot/einsum/tensordot/inner/vdot/outer``,
-    ``lax.dot/dot_general/batch_matmul``, ``pl.dot``, ``x.dot(y)``, ``jnp.einsum(spec, *operands)``)
-    stays in float (or in the integer type its operands have: the message then names that dtype,
-    e.g. ``int32 matmul``, or says ``non-int8 matmul``). A matmul of scales (``jnp.outer(sx, sw)``)
-    counts. Not reported: matmuls of Python/numpy values only (``np.eye(3) @ basis``), and functions
-    under ``@int8ify``, which rewrites their matmuls.
+    matmul in traced code (``@``, ``x.__matmul__(w)``, ``jnp.matmul/dot/einsum/tensordot/inner/vdot``,
+    ``jnp.linalg.multi_dot``, ``lax.dot/dot_general/batch_matmul``, ``pl.dot``, ``x.dot(y)``,
+    ``jnp.einsum(spec, *operands)``) stays in float (or in the integer type its operands have: the
+    message then names that dtype, e.g. ``int32 matmul``, or says ``non-int8 matmul``). A matmul is
+    a contraction, a ``dot_general`` that sums over an index, as ``verify`` sees it in the jaxpr: a
+    matmul of scales (``sx[:, None] @ sw[None, :]``) counts, while an einsum that sums no shared
+    index (``"...k,k->...k"``, ``"i,j->ij"``), ``jnp.tensordot(a, b, axes=0)`` and ``jnp.outer`` (the
+    broadcast multiply ``sx[:, None] * sw[None, :]``) are not matmuls. Not reported: matmuls of
+    Python/numpy values only (``np.eye(3) @ basis``), and functions under ``@int8ify``, which
+    rewrites their matmuls.
     """
 
-    code = "JX101"
-    name = "float-matmul"
+    entry = FLOAT_MATMUL
     scope = PLAIN
-    instead = ("wrap the function with @int8ify or quantize both operands to int8 and pass "
-               "preferred_element_type=jnp.int32")
     message = "{what} `{name}` in traced code (operands not both known int8, or no int32 accumulator); {instead}"
     VALID = [
         """
@@ -138,6 +192,14 @@ class FloatMatmul(_MatmulRule):
             gram = _BASIS @ _BASIS.T  # numpy on the host, a constant under the trace
             return x * gram.sum()
         """,
+        """
+        import jax, jax.numpy as jnp
+
+        @jax.jit
+        def f(acc, sx, sw, gain):
+            scaled = jnp.einsum("...k,k->...k", acc, gain)
+            return scaled * jnp.outer(sx, sw) * jnp.einsum("i,j->ij", sx, sw)
+        """,
     ]
     INVALID = [
         Invalid("""
@@ -156,12 +218,39 @@ class FloatMatmul(_MatmulRule):
             return jnp.matmul(xq.astype(jnp.float32), wq.astype(jnp.float32))
         """, line=6, col=11),
         Invalid("""
-        import jax, jax.numpy as jnp
+        import jax
 
         @jax.jit
         def f(acc, sx, sw):
-            return acc * jnp.outer(sx, sw)
-        """, line=5, col=17),
+            return acc * (sx[:, None] @ sw[None, :])
+        """, line=5, col=18),
+        Invalid("""
+        import jax, jax.numpy as jnp
+
+        @jax.jit
+        def f(x, w):
+            return jnp.einsum("bk,kn", x, w)
+        """, line=5, col=11),
+        Invalid("""
+        import jax, jax.numpy as jnp
+
+        @jax.jit
+        def f(x, w1, w2):
+            return jnp.linalg.multi_dot([x, w1, w2])
+        """, line=5, col=11),
+        Invalid("""
+        import jax
+
+        @jax.jit
+        def f(x, w):
+            return x.__matmul__(w)
+        """, line=5, col=11),
+        Invalid("""
+        import jax
+
+        project = lambda x, w: x @ w
+        fast_project = jax.jit(project)
+        """, line=3, col=23),
         Invalid("""
         import jax, jax.numpy as jnp
 
@@ -202,11 +291,8 @@ class Int8MatmulInt8Accumulator(_MatmulRule):
     (traced or not), since the result is wrong either way.
     """
 
-    code = "JX102"
-    name = "int8-accumulator"
+    entry = INT8_ACCUMULATOR
     scope = ANYWHERE
-    instead = ("pass preferred_element_type=jnp.int32 (for `@`: use jnp.matmul(a, b, "
-               "preferred_element_type=jnp.int32))")
     message = ("int8 x int8 matmul `{name}` without preferred_element_type=jnp.int32 accumulates in "
                "int8 and wraps around; {fix}")
     VALID = [
@@ -279,17 +365,18 @@ def _axis_given(call: cst.Call, first_positional_is_array: bool) -> bool:
 class BroadcastMultiplySum(Rule):
     """A matmul emulated by a broadcast multiply and a sum over an axis.
 
-    ``(x[:, :, None] * w[None]).sum(1)`` and ``jnp.sum(a[..., None] * b, axis=-2)`` (also through a
-    variable holding the product) compute a matmul the int8 rewrite cannot see, so it stays float.
-    A product of arrays with an inserted axis followed by a full sum, or scaling by broadcast
-    scales (``acc * sx[:, None] * sw[None, :]``), is not reported.
+    ``(x[:, :, None] * w[None]).sum(1)`` and ``jnp.sum(a[..., None] * b[None], axis=-2)`` (also
+    through a variable holding the product) compute a matmul the int8 rewrite cannot see, so it
+    stays float: two operands expanded along different axes, multiplied into all B x D_in x D_out
+    products and summed over the shared axis, the pattern ``verify`` finds in the jaxpr. Not
+    reported: one expanded operand (``jnp.sum(a[:, :, :, None] * b, axis=2)``: with ``b`` of full
+    size the product is no larger than ``b``, and the source does not say otherwise), both expanded
+    along the same axis, a product followed by a full sum, and scaling by broadcast scales
+    (``acc * sx[:, None] * sw[None, :]``).
     """
 
-    code = "JX103"
-    name = "broadcast-multiply-sum"
+    entry = BROADCAST_MULTIPLY_SUM
     scope = TRACED
-    instead = ("use jnp.matmul/lax.dot_general on int8 operands with preferred_element_type=jnp.int32 "
-               "(or jnp.einsum under @int8ify)")
     message = ("broadcast multiply + sum emulates a matmul that the int8 rewrite cannot see, so it "
                "stays float; {instead}")
     VALID = [
@@ -307,6 +394,14 @@ class BroadcastMultiplySum(Rule):
         def f(x, mask):
             return jnp.sum(x * mask, axis=-1)
         """,
+        """
+        import jax, jax.numpy as jnp
+
+        @jax.jit
+        def f(a, b, gate, up):
+            mixed = jnp.sum(a[:, :, :, None] * b, axis=2)
+            return mixed + jnp.sum(gate[:, None] * up[:, None], axis=0)
+        """,
     ]
     INVALID = [
         Invalid("""
@@ -321,7 +416,14 @@ class BroadcastMultiplySum(Rule):
 
         @jax.jit
         def f(a, b):
-            return jnp.sum(a[..., None] * b, axis=-2)
+            return jnp.sum(a[..., None] * b[None], axis=-2)
+        """, line=5, col=11),
+        Invalid("""
+        import jax, jax.numpy as jnp
+
+        @jax.jit
+        def f(x, w):
+            return jnp.sum(jnp.expand_dims(x, -1) * jnp.expand_dims(w, 0), axis=1)
         """, line=5, col=11),
         Invalid("""
         import jax, jax.numpy as jnp
@@ -353,10 +455,8 @@ class Convolution(Rule):
     ``jax.scipy.signal.convolve*/correlate*`` stay float: the int8 contract allows only int8 matmuls.
     """
 
-    code = "JX104"
-    name = "convolution"
+    entry = CONVOLUTION
     scope = TRACED
-    instead = "express it as an int8 matmul over patches with preferred_element_type=jnp.int32"
     message = ("convolution `{name}` in traced code stays float (the int8 contract allows only int8 "
                "matmuls); {instead}")
     VALID = [
