@@ -1,0 +1,217 @@
+"""int8ify against the JAX world's int8 libraries on one Flax MLP, in one process, interleaved.
+
+    python benchmarks/peers.py [--quick] [--batches 256 32 1] [--out benchmarks/results/peers.md]
+
+The model: 4 x ``nn.Dense(1024)`` + gelu (the last layer linear), float32. Variants, all ``jax.jit``-compiled and
+timed interleaved round by round (medians after warm-up), speed printed as float32 time / variant time:
+
+* ``float32``                 the Flax model as written;
+* ``Qwix PTQ``                ``qwix.quantize_model`` with int8 weights and activations, weights quantized once
+                              (``qwix.quantize_params``), when qwix is installed;
+* ``AQT SERVE``               ``aqt_flax.AqtDotGeneral`` (int8 ``config_v4``) in SERVE mode with weights frozen by a
+                              CONVERT pass, when aqtp is installed;
+* ``hand W8A8``               the same int8 program by hand with the plain formulas, weights pre-quantized;
+* ``int8ify+qparams``         ``int8ify`` with weights quantized once (dynamic per-row activation scales);
+* ``int8ify static``          the same with static activation scales (``activations="static"``);
+* ``int8ify (weights/call)``  ``int8ify`` quantizing the float weights on every call;
+* ``bare int8 dots``          only the model's int8 x int8 -> int32 dots;
+* ``floor``                   the int8 dots plus the model's own bias and gelu on their int32 results (what any int8
+                              program of this model must pay: no quantization or scale pass).
+
+The header names the CPU (``/proc/cpuinfo``), JAX and the peers' versions, so runs compare across machines (XLA's
+int8 dots are ~7x float32 on a Xeon with AMX-INT8 and ~1.5x on an AMD EPYC without it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import platform
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from speed import hand_dense, rel_error, time_interleaved  # noqa: E402
+
+from jaxpr_rewrite import int8ify, quantize, quantize_params  # noqa: E402
+
+WIDTH, LAYERS = 1024, 4
+
+
+class MLP(nn.Module):
+    """``LAYERS`` x Dense(WIDTH) + gelu, the last layer linear; ``dot_general`` is what the peers inject."""
+
+    dot_general_cls: object = None
+
+    @nn.compact
+    def __call__(self, x):
+        for i in range(LAYERS):
+            x = nn.Dense(WIDTH, dot_general_cls=self.dot_general_cls, name=f"dense_{i}")(x)
+            if i < LAYERS - 1:
+                x = nn.gelu(x)
+        return x
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    flags = open("/proc/cpuinfo").read()
+                    amx = " (AMX-INT8)" if "amx_int8" in flags else " (no AMX)"
+                    return line.split(":", 1)[1].strip() + amx
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def layers(params):
+    return [params["params"][f"dense_{i}"] for i in range(LAYERS)]
+
+
+def hand_program(params):
+    """Weights quantized once, by hand; the forward pass with the plain formulas."""
+    weights = []
+    for layer in layers(params):
+        q = quantize(layer["kernel"], (0,))
+        weights.append({"w": {"codes": q.codes, "scales": q.scale_values()}, "b": layer["bias"]})
+
+    def run(weights, x):
+        for i, layer in enumerate(weights):
+            x = hand_dense(x, layer["w"]) + layer["b"]
+            x = nn.gelu(x) if i < LAYERS - 1 else x
+        return x
+
+    return jax.jit(run), weights
+
+
+def floor_program(params, batch):
+    """The int8 dots of the model with its own bias and gelu applied to their (converted) int32 results."""
+    codes = [quantize(layer["kernel"], (0,)).codes for layer in layers(params)]
+    biases = [layer["bias"] for layer in layers(params)]
+    x = jnp.ones((batch, WIDTH), jnp.int8)
+
+    # x and the codes are int8 (made above); the linter cannot see their dtype through the lists
+    def run(x, codes, biases):
+        for i, (w, b) in enumerate(zip(codes, biases)):
+            h = lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)  # noqa: JX101
+            h = h.astype(jnp.float32) + b
+            h = nn.gelu(h) if i < LAYERS - 1 else h
+            # the next dot's input: a cast, standing in for any quantization (no reduction, no scale)
+            x = h.astype(jnp.int8) if i < LAYERS - 1 else h
+        return x
+
+    def bare(x, codes):
+        return [lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)  # noqa: JX101
+                for w in codes]
+
+    return (jax.jit(run), (x, codes, biases)), (jax.jit(bare), (x, codes))
+
+
+def qwix_program(model, params, x):
+    import qwix
+
+    rules = [qwix.QuantizationRule(module_path=".*", weight_qtype=jnp.int8, act_qtype=jnp.int8)]
+    ptq = qwix.quantize_model(model, qwix.PtqProvider(rules))
+    abstract = jax.eval_shape(ptq.init, jax.random.PRNGKey(0), x)
+    qparams = qwix.quantize_params(params["params"], abstract["params"])
+    return jax.jit(lambda p, x: ptq.apply({"params": p}, x)), qparams
+
+
+def aqt_program(params, x):
+    from aqt.jax.v2 import config as aqt_config
+    from aqt.jax.v2 import utils as aqt_utils
+    from aqt.jax.v2.flax import aqt_flax
+
+    cfg = aqt_config.config_v4(fwd_bits=8, dlhs_bits=None, drhs_bits=None)
+
+    def dot_general(mode):
+        import functools
+
+        return functools.partial(aqt_flax.AqtDotGeneral, cfg, lhs_quant_mode=aqt_utils.QuantMode.TRAIN,
+                                 rhs_quant_mode=mode, rhs_freeze_mode=aqt_flax.FreezerMode.CALIBRATION_AND_VALUE)
+
+    convert = MLP(dot_general_cls=dot_general(aqt_utils.QuantMode.CONVERT))
+    _, frozen = convert.apply(params, x, rngs={"params": jax.random.PRNGKey(0)}, mutable=True)
+    serve = MLP(dot_general_cls=dot_general(aqt_utils.QuantMode.SERVE))
+    # SERVE reads the frozen int8 weights and scales; nn.Dense still wants its float kernel passed (unused)
+    return jax.jit(lambda p, x: serve.apply(p, x, rngs={"params": jax.random.PRNGKey(0)})), frozen
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[256, 32, 1])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
+    parser.add_argument("--out", help="also write the table (Markdown) here")
+    args = parser.parse_args(argv)
+    rounds, reps = (3, 2) if args.quick else (25, 5)
+
+    model = MLP()
+    params = model.init(jax.random.PRNGKey(0), jnp.ones((1, WIDTH)))
+    apply = model.apply
+    peers = {name: version(name) for name in ("qwix", "aqtp", "flax")}
+    lines = [f"CPU: {cpu_model()}, {os.cpu_count()} cores; JAX {jax.__version__}; "
+             + ", ".join(f"{k} {v}" for k, v in peers.items() if v), "",
+             f"Flax MLP {LAYERS} x Dense({WIDTH}) + gelu; ms per call (median of {rounds} interleaved rounds); "
+             "speed = float32 time / variant time; ratios to the bare int8 dots and to the floor", "",
+             "| batch | variant | ms | speed vs float32 | x bare int8 dots | x floor | rel. error |",
+             "|---|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    for batch in args.batches:
+        x = jax.random.normal(jax.random.PRNGKey(batch), (batch, WIDTH))
+        f32 = jax.jit(apply)
+        wrapped = jax.jit(int8ify(apply))
+        dynamic = quantize_params(apply, params, x)
+        static = quantize_params(apply, params, x, activations="static",
+                                 calibration=[(jax.random.normal(jax.random.PRNGKey(100 + i), (max(batch, 32), WIDTH)),)
+                                              for i in range(4)])
+        hand, hand_weights = hand_program(params)
+        (floor, floor_args), (bare, bare_args) = floor_program(params, batch)
+        variants = {"float32": (f32, (params, x))}
+        if peers["qwix"]:
+            fn, qp = qwix_program(model, params, x)
+            variants["Qwix PTQ"] = (fn, (qp, x))
+        if peers["aqtp"]:
+            fn, served = aqt_program(params, x)
+            variants["AQT SERVE"] = (fn, (served, x))
+        variants.update({
+            "hand W8A8": (hand, (hand_weights, x)),
+            "int8ify+qparams": (wrapped, (dynamic, x)),
+            "int8ify static": (wrapped, (static, x)),
+            "int8ify (weights/call)": (wrapped, (params, x)),
+            "bare int8 dots": (bare, bare_args),
+            "floor": (floor, floor_args),
+        })
+        times = time_interleaved(variants, rounds, reps)
+        reference = f32(params, x)
+        for name, ms in times.items():
+            fn, fn_args = variants[name]
+            error = "" if name in ("bare int8 dots", "floor") else f"{rel_error(fn(*fn_args), reference):.2e}"
+            line = (f"| {batch} | {name} | {ms:.3f} | {times['float32'] / ms:.2f}x | "
+                    f"{ms / times['bare int8 dots']:.2f} | {ms / times['floor']:.2f} | {error} |")
+            lines.append(line)
+            print(line, flush=True)
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"saved to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
