@@ -13,7 +13,9 @@ timed interleaved round by round (medians after warm-up), speed printed as float
 * ``hand W8A8``               the same int8 program by hand with the plain formulas, weights pre-quantized;
 * ``int8ify+qparams``         ``int8ify`` with weights quantized once (dynamic per-row activation scales);
 * ``int8ify static``          the same with static activation scales (``activations="static"``);
-* ``int8ify (weights/call)``  ``int8ify`` quantizing the float weights on every call;
+* ``int8ify (weights/call)``  ``jax.jit(int8ify(model))`` on the float weights: quantized on every call;
+* ``int8ify eager``           ``int8ify(model)`` called directly on the float weights: an eager call quantizes the
+                              weights that come back once and reuses their codes;
 * ``bare int8 dots``          only the model's int8 x int8 -> int32 dots;
 * ``floor``                   the int8 dots plus the model's own bias and gelu on their int32 results (what any int8
                               program of this model must pay: no quantization or scale pass).
@@ -192,6 +194,7 @@ def main(argv=None) -> int:
             "int8ify+qparams": (wrapped, (dynamic, x)),
             "int8ify static": (wrapped, (static, x)),
             "int8ify (weights/call)": (wrapped, (params, x)),
+            "int8ify eager": (int8ify(apply), (params, x)),
             "bare int8 dots": (bare, bare_args),
             "floor": (floor, floor_args),
         })

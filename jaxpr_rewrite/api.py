@@ -6,6 +6,7 @@ import collections
 import functools
 import struct
 import threading
+import weakref
 from typing import Any, Callable, Iterable, NamedTuple
 
 import jax
@@ -13,6 +14,7 @@ from jax.extend.core import ClosedJaxpr
 
 from .config import RewriteConfig
 from .errors import Int8ifyError
+from .params import quantized_weight, weight_uses
 from .quantized import materialise
 from .report import Report, report
 from .rewrite import Rewriter
@@ -66,6 +68,8 @@ class Int8ified:
         self.cache_size = cache_size
         self._programs: collections.OrderedDict = collections.OrderedDict()
         self._compiled: dict = {}
+        self._weight_uses: dict = {}  # Signature -> {position of a traced leaf: its matmul uses}
+        self._weights = _QuantizedWeights()
         self._lock = threading.Lock()
         # Only the identity attributes: copying fn's __dict__ (the default) would overwrite this wrapper's own
         # fn/config/caches with a wrapped model's attributes, or with an inner wrapper's.
@@ -107,6 +111,7 @@ class Int8ified:
                 while len(self._programs) > self.cache_size:
                     evicted, _ = self._programs.popitem(last=False)
                     self._compiled.pop(evicted, None)
+                    self._weight_uses.pop(evicted, None)
         return program
 
     def _compiled_run(self, signature: Signature, program: _Program):
@@ -120,6 +125,22 @@ class Int8ified:
                 run_program.__name__ = run_program.__qualname__ = getattr(self.fn, "__name__", "int8ified")
                 run = self._compiled[signature] = jax.jit(run_program)
         return run
+
+    def _with_quantized_weights(self, signature: Signature, program: _Program, dynamic: list) -> list:
+        """The traced leaves of an eager call with the float arrays that come back replaced by their quantized
+        copies, made once per array: the leaves :func:`~jaxpr_rewrite.quantize_params` would quantize, when they
+        are ``jax.Array`` (immutable, so the same array passed again has the same codes) passed in an earlier
+        call too. The result is the same, bit for bit; the call skips those weights' absmax and quantization."""
+        with self._lock:
+            uses = self._weight_uses.get(signature)
+        if uses is None:
+            jaxpr = program.float_jaxpr.jaxpr
+            uses = {i: found for i, var in enumerate(jaxpr.invars)
+                    if (found := weight_uses(jaxpr, var, self.config))}
+            with self._lock:
+                self._weight_uses[signature] = uses
+        return [self._weights.get(x, uses[i]) if i in uses and _is_weight_array(x) else x
+                for i, x in enumerate(dynamic)]
 
     def float_jaxpr(self, *args, **kwargs) -> ClosedJaxpr:
         """The program as written, traced for these arguments: what the rewrite starts from (the same cached
@@ -164,7 +185,7 @@ class Int8ified:
             run = self._compiled_run(signature, program)
         if run is not None:
             try:
-                outs = run(*dynamic)
+                outs = run(*self._with_quantized_weights(signature, program, dynamic))
             except ValueError as e:
                 if "incompatible devices" in str(e):
                     _check_devices(self.fn, args, kwargs)
@@ -181,6 +202,40 @@ class Int8ified:
 
     def __repr__(self):
         return f"int8ify({getattr(self.fn, '__qualname__', self.fn)!r})"
+
+
+def _is_weight_array(x) -> bool:
+    # a jax.Array cannot change (a numpy array can, in place, between calls); a tracer is not a value yet
+    return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+
+
+class _QuantizedWeights:
+    """Quantized copies of the float arrays that eager calls pass again (weights come back; activations are
+    new each call), each kept as long as its array lives."""
+
+    def __init__(self):
+        # (id(array), casts, axes) -> [weak reference to the array, its QuantizedArray once it came back]
+        self._entries: dict = {}
+        self._lock = threading.Lock()
+
+    def get(self, array, uses):
+        """``array`` as the call passes it: its quantized copy when the array was passed before (made on its
+        second call), else the array itself (quantized inside the program, as every call would)."""
+        key = (id(array), tuple(uses[0].casts), uses[0].from_end)
+        with self._lock:
+            entry = self._entries.get(key)
+        if entry is None or entry[0]() is not array:
+            reference = weakref.ref(array, lambda _, key=key: self._drop(key))
+            with self._lock:
+                self._entries[key] = [reference, None]
+            return array
+        if entry[1] is None:
+            entry[1] = quantized_weight(array, uses)
+        return entry[1]
+
+    def _drop(self, key):
+        with self._lock:
+            self._entries.pop(key, None)
 
 
 def _bitwise(key):

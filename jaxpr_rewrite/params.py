@@ -156,6 +156,30 @@ def _plan(jaxpr, var, config: RewriteConfig) -> tuple[list[_Use], str]:
     return uses, ""
 
 
+def weight_uses(jaxpr, var, config: RewriteConfig) -> list[_Use]:
+    """The matmul uses of the program input ``var`` when :func:`quantize_params` would quantize it under ``config``
+    (the weights an eager call of ``int8ify`` quantizes once), ``[]`` when it stays float."""
+    if not config.uses_per_channel_int8:
+        return []
+    uses, _ = _plan(jaxpr, var, config)
+    return uses
+
+
+def quantized_weight(value, uses: list[_Use]) -> QuantizedArray:
+    """``value`` quantized for its matmul ``uses`` (from :func:`weight_uses`): after its casts, over their
+    contracting axes, with its epilogue factors; the codes and scales the rewritten dots would compute from it."""
+    use = uses[0]
+    return _quantized_weight(value, tuple(np.dtype(d) for d in use.casts), use.from_end)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _quantized_weight(value, casts: tuple, from_end: tuple) -> QuantizedArray:
+    q = quantize(functools.reduce(lambda v, dtype: v.astype(dtype), casts, value),
+                 tuple(a + value.ndim for a in from_end))
+    return QuantizedArray(q.codes, q.scales, q.exponents, q.contracting, value.dtype,
+                          factors=epilogue_factors(q.scales, q.exponents))
+
+
 # -- SmoothQuant -------------------------------------------------------------------------------------------------
 def weight_absmax(weight, contracting: int):
     """``max|w_k|`` per index ``k`` of the contracting axis, in float32."""
