@@ -248,3 +248,17 @@ def test_run_keeps_finished_work_when_the_out_directory_disappears(run, tmp_path
     assert not (workdir / run.DEFAULT_PLOT).exists()
     assert captured.out.count("n/a (needs at least 3 sentences)") == 2 and "nan" not in captured.out
     assert "speed (" not in captured.out  # --sentences runs skip the speed part by default
+
+
+def test_static_scales_are_reported_beside_the_dynamic_ones(run, tmp_path, capsys):
+    sentences = _write(tmp_path / "s.json", json.dumps(
+        ["A man is playing a guitar.", "A musician plays the guitar.", "The stock market fell today."]).encode())
+    code = run.main(["--sentences", str(sentences), "--no-plot", "--no-bench", "--static-scales"])
+    out = capsys.readouterr().out
+    assert code == 0
+    block = out[out.index("activation scales (cosine"):].splitlines()[1:4]
+    means = {line.split("  mean")[0].strip(): float(line.split("mean ")[1].split()[0]) for line in block}
+    assert list(means) == ["dynamic", "static absmax", f"static {run.STATIC_PERCENTILE}th percentile"]
+    assert means["dynamic"] > 0.99 and all(0.9 < m < 1 for m in means.values())
+    assert len(set(means.values())) == 3  # three different programs
+    assert all("nearest neighbours" in line for line in block)
