@@ -149,13 +149,15 @@ def speed(dry_run: bool) -> tuple[str, list]:
     from speed import hand_mlp, hand_weights
 
     rounds, reps = (2, 1) if dry_run else (9, 10)
-    width, batches = (64, (8,)) if dry_run else (1024, (128, 1024))
+    # (width, batches): d 4096 at batch >= 1024 is where int8 GEMMs can beat bf16 on an H200
+    shapes = [(64, (8,))] if dry_run else [(1024, (128, 1024)), (4096, (1024, 4096))]
     rows, measured = [], []
-    mlp_params = init_mlp(jax.random.PRNGKey(0), width, 4)
-    hand = [{"w": hand_weights(layer, ["w"])["w"], "b": layer["b"]} for layer in mlp_params]
-    for batch in batches:
-        x = jax.random.normal(jax.random.PRNGKey(batch), (batch, width))
-        rows += _bench(f"MLP 4x{width}", mlp, mlp_params, (x,), (hand_mlp, hand), rounds, reps, measured)
+    for width, batches in shapes:
+        mlp_params = init_mlp(jax.random.PRNGKey(0), width, 4)
+        hand = [{"w": hand_weights(layer, ["w"])["w"], "b": layer["b"]} for layer in mlp_params]
+        for batch in batches:
+            x = jax.random.normal(jax.random.PRNGKey(batch), (batch, width))
+            rows += _bench(f"MLP 4x{width}", mlp, mlp_params, (x,), (hand_mlp, hand), rounds, reps, measured)
     params = minilm.init_params()
     batch, length = (2, 16) if dry_run else (128, 128)
     ids = jax.random.randint(jax.random.PRNGKey(1), (batch, length), 1000, 20000, jnp.int32)
@@ -171,6 +173,7 @@ def _bench(name, model, params, rest, hand, rounds, reps, measured) -> list[str]
     from speed import bare_dots, rel_error, time_interleaved
 
     qparams = quantize_params(model, params, *rest)
+    static = quantize_params(model, params, *rest, activations="static")
     f32, dyn = jax.jit(model), jax.jit(int8ify(model))
     bf16_params, bf16_rest = _cast(params, jnp.bfloat16), _cast(rest, jnp.bfloat16)
     bare, bare_args = bare_dots(model, params, *rest)
@@ -179,6 +182,7 @@ def _bench(name, model, params, rest, hand, rounds, reps, measured) -> list[str]
         "bf16": (f32, (bf16_params, *bf16_rest)),
         "int8ify": (dyn, (params, *rest)),
         "int8ify+qparams": (dyn, (qparams, *rest)),
+        "int8ify static": (dyn, (static, *rest)),
         "bare int8 dots": (bare, (bare_args,)),
     }
     if hand is not None:

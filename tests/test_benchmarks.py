@@ -18,7 +18,7 @@ def test_device_check_dry_run(tmp_path, monkeypatch):
         assert f"## {step}" in text, step
     assert "FAILED" not in text
     assert "3 passed, 0 failed of 3 run" in text
-    assert "| MiniLM 2x16 | 2 | int8ify+qparams |" in text
+    assert "| MiniLM 2x16 | 2 | int8ify+qparams |" in text and "| MiniLM 2x16 | 2 | int8ify static |" in text
     assert ("| MiniLM 2x16 | 2 | int8ify+qparams, late inlining |" in text) == hasattr(jax, "Inline")
     assert "4 GEMM(s), 4 with s8 x s8 operands" in text
     assert "`auto` resolves to `int8`" in text and "`nvfp4`: ran" in text
@@ -61,3 +61,16 @@ FAILED tests/jaxpr_rewrite/test_ragged.py::test_a - AssertionError: x was 1
         "tests/jaxpr_rewrite/test_ragged.py:3: AssertionError: x was 1",
         "/elsewhere/jax/_src/core.py:120: TypeError: bad operand",
     ]
+
+
+def test_peers_benchmark_runs_and_names_the_machine(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    sys.modules.pop("peers", None)
+    import peers
+
+    out = tmp_path / "peers.md"
+    assert peers.main(["--quick", "--batches", "1", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("CPU: ") and f"JAX {jax.__version__}" in text
+    for variant in ("float32", "hand W8A8", "int8ify+qparams", "int8ify static", "int8ify eager", "floor"):
+        assert f"| 1 | {variant} |" in text, variant
