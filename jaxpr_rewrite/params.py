@@ -36,7 +36,7 @@ from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .jaxprs import (CALL_PRIMITIVES, SUBJAXPR_PARAMS, is_float_dot, matmul_dimension_numbers, open_jaxpr,
                      scan_counts)
-from .quantized import QuantizedArray, is_quantized, quantize
+from .quantized import CODE_LIMITS, QuantizedArray, is_quantized, quantize
 from .source import describe_source
 from .tracing import target_of, trace
 
@@ -206,7 +206,7 @@ def _activation_absmax(closed, targets: dict) -> Callable:
 
 # -- entry point ------------------------------------------------------------------------------------------------
 def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | None = None, calibration=None,
-                    smooth_skip=(), explain: bool = False, **example_kwargs):
+                    smooth_skip=(), explain: bool = False, bits: int = 8, **example_kwargs):
     """Quantize, once, the leaves of ``params`` that ``int8ify(fn)`` would quantize on every call.
 
     A leaf is quantized when every use of it in ``fn(params, *example_args)`` is as an operand of a matmul that
@@ -229,6 +229,9 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
         smooth_skip: name-scope patterns (``fnmatch``, as ``int8ify(skip=...)``); weights of dots whose scope
             matches one are quantized without smoothing.
         explain: also return, per leaf (by its ``jax.tree_util.keystr`` path), what was done and why.
+        bits: 8, or 4 for W4A8 (codes in ``[-7, 7]`` packed two per byte, scales ``absmax / 7``, per channel; the
+            dots unpack them to int8 and run the same int8 x int8 -> int32 dot). 4-bit weights differ from the
+            dynamic path by the coarser codes; 8-bit ones are bit-identical to it.
 
     Returns:
         ``params`` with the quantizable leaves replaced by :class:`~jaxpr_rewrite.quantized.QuantizedArray`; with
@@ -244,6 +247,8 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
     leaves = [leaf for _, leaf in paths_and_leaves]
     if any(is_quantized(x) for x in leaves):
         raise Int8ifyError("quantize_params got params that are already quantized")
+    if bits not in CODE_LIMITS:
+        raise Int8ifyError(f"quantize_params: bits must be one of {sorted(CODE_LIMITS)}, got {bits!r}")
     if smooth_alpha is not None and not (isinstance(smooth_alpha, (int, float)) and 0 <= smooth_alpha <= 1):
         raise Int8ifyError(f"smooth_alpha must be in [0, 1], got {smooth_alpha!r}")
 
@@ -297,11 +302,13 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
             axis = use.from_end[0] + value.ndim
             scaled = quantized_value.astype(jnp.float32) * lax.broadcast_in_dim(factors, value.shape, (axis,))
             quantized_value = scaled.astype(quantized_value.dtype)
-        q = quantize(quantized_value, tuple(a + value.ndim for a in use.from_end))
-        new_leaves.append(QuantizedArray(q.codes, q.scales, q.exponents, q.contracting, value.dtype, factors, group))
+        q = quantize(quantized_value, tuple(a + value.ndim for a in use.from_end), bits)
+        new_leaves.append(QuantizedArray(q.codes, q.scales, q.exponents, q.contracting, value.dtype, factors, group,
+                                         q.bits, q.length))
         cast = f" after a cast to {np.dtype(use.cast).name}" if use.cast is not None else ""
         smoothing = " with SmoothQuant factors" if factors is not None else ""
-        explanation.setdefault(paths[i], f"quantized: {len(plans[i])} matmul use(s), contracting axes "
+        width = " to 4 bits" if bits == 4 else ""
+        explanation.setdefault(paths[i], f"quantized{width}: {len(plans[i])} matmul use(s), contracting axes "
                                          f"{q.contracting}{cast}{smoothing}")
 
     if not explain:

@@ -150,9 +150,9 @@ def scales_from_absmax(amax):
     return scales, exponents
 
 
-def _scale_parts(amax):
-    """:func:`scales_from_absmax`, and ``2**-exponents`` (the codes' exact prescale; any value for an all-zero
-    slice, whose elements are all zero)."""
+def _scale_parts(amax, limit: int = INT8_MAX):
+    """:func:`scales_from_absmax` (the mantissa divided by ``limit``, the largest code), and ``2**-exponents``
+    (the codes' exact prescale; any value for an all-zero slice, whose elements are all zero)."""
     fmt = _format(amax)
     field = lax.shift_right_logical(lax.bitcast_convert_type(amax, fmt.bits), fmt.bits(fmt.mantissa_bits))
     # 2**-e must be a normal float for the prescale: the top binade (and Inf) keeps e = bias - 1; a subnormal
@@ -162,31 +162,36 @@ def _scale_parts(amax):
     inverse = lax.bitcast_convert_type(
         lax.shift_left(lax.sub(fmt.bits(2 * fmt.bias), field), fmt.bits(fmt.mantissa_bits)), fmt.dtype)
     mantissa = lax.mul(amax, inverse)  # exact: in [1, 2), [2, 4) in the top binade, Inf for Inf
-    scales = true_divide(mantissa, lax.full_like(amax, INT8_MAX))
+    scales = true_divide(mantissa, lax.full_like(amax, limit))
     zero = lax.eq(amax, fmt.dtype(0))
     scales = lax.select(zero, lax.full_like(scales, 1), scales)
     exponents = lax.select(zero, lax.full_like(exponents, 0), exponents)
     return scales, exponents, inverse
 
 
-def quantize_parts(x, reduce_axes: Sequence[int]):
+def quantize_parts(x, reduce_axes: Sequence[int], limit: int = INT8_MAX):
     """The contract's quantization of ``x`` with one scale per slice over ``reduce_axes``.
 
+    Arguments:
+        x: a floating array.
+        reduce_axes: the axes one scale covers.
+        limit: the largest code: 127 for int8, 7 for int4 weights (scales are then ``absmax / 7``).
+
     Returns:
-        ``(codes, scales, exponents)``: int8 ``codes = clip(rint(x / scale), -127, 127)`` (ties to even) and each
-        slice's scale as ``scales * 2**exponents``, over the other axes in order.
+        ``(codes, scales, exponents)``: int8 ``codes = clip(rint(x / scale), -limit, limit)`` (ties to even) and
+        each slice's scale as ``scales * 2**exponents``, over the other axes in order.
     """
     reduce_axes = tuple(reduce_axes)
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
-    scales, exponents, prescale = _scale_parts(absmax(x, reduce_axes))
+    scales, exponents, prescale = _scale_parts(absmax(x, reduce_axes), limit)
     values = to_compute(x)
     # x * 2**-e is exact (a non-finite slice's exponent is meaningless, but its scale is Inf and so is every output
     # it feeds)
     values = lax.mul(values, lax.broadcast_in_dim(prescale, x.shape, kept_axes))
     quotient = true_divide(values, lax.broadcast_in_dim(scales, x.shape, kept_axes))
     rounded = lax.round(quotient, lax.RoundingMethod.TO_NEAREST_EVEN)
-    limit = scales.dtype.type(INT8_MAX)
-    codes = lax.convert_element_type(lax.clamp(-limit, rounded, limit), np.int8)
+    bound = scales.dtype.type(limit)
+    codes = lax.convert_element_type(lax.clamp(-bound, rounded, bound), np.int8)
     return codes, scales, exponents
 
 

@@ -12,11 +12,24 @@ Three cheap structural operations keep codes usable through a program: :meth:`~Q
 before the dot, as ``flax`` does for ``dtype=bfloat16`` layers), :meth:`~QuantizedArray.transpose` (``x @ w.T``)
 and leading-axis slicing, which ``lax.scan`` does through the pytree structure (the contracting axes are stored
 counted from the end, so they stay valid).
+
+**Its layout.** The array is its named children (:data:`ARRAY_FIELDS`: codes, scales, exponents, optional ones)
+and its metadata (:data:`METADATA_FIELDS`: contracting axes, dtype, ...), at :data:`LAYOUT_VERSION`. Everything
+that takes one apart or puts one together reads these two tables: the pytree flattening (children keyed by
+name, so Orbax and ``keystr`` see ``.codes``, ``.scales``), ``jax.export``'s serialization of the metadata
+(registered here, so an exported program taking quantized params deserializes in another process once
+``jaxpr_rewrite`` is imported), and :mod:`jaxpr_rewrite.stored` (checkpoints, SafeTensors). A new optional child
+is one more entry in :data:`ARRAY_FIELDS`.
+
+**4-bit weights** (``bits=4``) hold their codes packed two per byte along the last axis (:mod:`jaxpr_rewrite.int4`)
+with scales ``absmax / 7``; a dot unpacks them to int8 codes in ``[-7, 7]`` (:meth:`QuantizedArray.dot_operand`)
+and runs the same int8 x int8 -> int32 dot.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import json
+from typing import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -24,17 +37,57 @@ import numpy as np
 from jax import lax
 
 from .errors import Int8ifyError
-from .quantize import dequantize_codes, quantize_parts, scale_values, to_compute
+from .int4 import INT4_MAX, pack_int4, packed_length, unpack_int4
+from .quantize import INT8_MAX, dequantize_codes, quantize_parts, scale_values, to_compute
 
-__all__ = ["QuantizedArray", "is_quantized", "materialise", "quantize", "resolve_dot_operands"]
+__all__ = [
+    "ARRAY_FIELDS",
+    "CODE_LIMITS",
+    "FIELD_AXES",
+    "LAYOUT_VERSION",
+    "METADATA_FIELDS",
+    "OPTIONAL_ARRAY_FIELDS",
+    "QuantizedArray",
+    "is_quantized",
+    "materialise",
+    "quantize",
+    "resolve_dot_operands",
+]
+
+# The version of the layout below (children and metadata), stored with every serialized QuantizedArray: a reader
+# refuses another version instead of misreading it.
+LAYOUT_VERSION = 1
+# The array children, in flatten order (a new optional child is appended here and to OPTIONAL_ARRAY_FIELDS).
+ARRAY_FIELDS = ("codes", "scales", "exponents", "smooth")
+# The children that may be None (absent).
+OPTIONAL_ARRAY_FIELDS = frozenset({"smooth"})
+# Which axes of the array each child runs over, so it can be sharded like the float array it stands for; a child
+# not listed is replicated.
+FIELD_AXES = {
+    "codes": lambda array: tuple(range(array.ndim)),
+    "scales": lambda array: array.kept_axes,
+    "exponents": lambda array: array.kept_axes,
+    "smooth": lambda array: array.contracting,
+}
+# The metadata (pytree aux data), in order, each with how it is written as JSON and read back.
+METADATA_FIELDS = {
+    "from_end": (list, lambda value: tuple(int(a) for a in value)),
+    "dtype": (lambda dtype: dtype.name, jnp.dtype),
+    "smooth_group": (lambda group: group, lambda group: group),
+    "bits": (int, int),
+    "length": (lambda length: length, lambda length: length),
+}
+# The code range of each supported width.
+CODE_LIMITS = {8: INT8_MAX, 4: INT4_MAX}
 
 
-@jax.tree_util.register_pytree_node_class
+@jax.tree_util.register_pytree_with_keys_class
 class QuantizedArray:
-    """A float array stored as int8 codes and per-slice scales.
+    """A float array stored as int8 (or packed int4) codes and per-slice scales.
 
     Attributes:
-        codes: int8, the array's shape.
+        codes: int8, the array's shape; for ``bits=4``, uint8 bytes holding two codes each along the last axis
+            (:func:`jaxpr_rewrite.int4.pack_int4`).
         scales: float32 (float64 for float64 arrays), one per index of the axes not in ``contracting``, in order;
             with ``exponents`` the scale of a slice is ``scales * 2**exponents``.
         exponents: int32, shaped like ``scales``: the power of two of each slice's absmax, so ``scales`` is its
@@ -46,9 +99,12 @@ class QuantizedArray:
             for ``smooth * w`` and a dot divides its other operand by ``smooth``.
         smooth_group: a token shared by weights holding the same ``smooth`` factors (one per activation, unique
             per :func:`~jaxpr_rewrite.quantize_params` call), so the activation is divided once for all of them.
+        bits: 8, or 4 for codes in ``[-7, 7]`` packed two per byte (scales ``absmax / 7``).
+        length: for ``bits=4``, the length of the array's last axis (the packed one; ``None`` for 8 bits).
     """
 
-    def __init__(self, codes, scales, exponents, contracting: Sequence[int], dtype, smooth=None, smooth_group=None):
+    def __init__(self, codes, scales, exponents, contracting: Sequence[int], dtype, smooth=None, smooth_group=None,
+                 bits: int = 8, length: int | None = None):
         self.codes = codes
         self.scales = scales
         self.exponents = exponents
@@ -56,11 +112,14 @@ class QuantizedArray:
         self.dtype = np.dtype(dtype)
         self.smooth = smooth
         self.smooth_group = smooth_group
+        self.bits = bits
+        self.length = length
 
     # -- array-like ------------------------------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.codes.shape)
+        shape = tuple(self.codes.shape)
+        return shape if self.bits == 8 else (*shape[:-1], self.length)
 
     @property
     def ndim(self) -> int:
@@ -86,8 +145,15 @@ class QuantizedArray:
         """Raise :class:`~jaxpr_rewrite.errors.Int8ifyError` unless codes, scales and exponents fit together."""
         kept_shape = tuple(self.shape[a] for a in self.kept_axes)
         problems = []
-        if np.dtype(self.codes.dtype) != np.int8:
-            problems.append(f"codes are {np.dtype(self.codes.dtype).name}, not int8")
+        codes_dtype = np.dtype(np.int8 if self.bits == 8 else np.uint8)
+        if self.bits not in CODE_LIMITS:
+            problems.append(f"bits is {self.bits!r}, not one of {sorted(CODE_LIMITS)}")
+        elif np.dtype(self.codes.dtype) != codes_dtype:
+            problems.append(f"codes are {np.dtype(self.codes.dtype).name}, not {codes_dtype.name} for "
+                            f"{self.bits}-bit codes")
+        elif self.bits == 4 and (self.length is None or self.codes.shape[-1] != packed_length(self.length)):
+            problems.append(f"packed codes have shape {tuple(self.codes.shape)}, which cannot hold a last axis of "
+                            f"length {self.length}")
         if tuple(self.scales.shape) != kept_shape:
             problems.append(f"scales have shape {tuple(self.scales.shape)}, expected {kept_shape} (the codes "
                             f"{self.shape} without contracting axes {self.contracting})")
@@ -98,6 +164,13 @@ class QuantizedArray:
             raise Int8ifyError(f"{where} is malformed: {'; '.join(problems)}")
 
     # -- the protocol ----------------------------------------------------------------------------------------
+    def unpacked(self) -> "QuantizedArray":
+        """The same array with its codes as one int8 per element (a 4-bit array unpacked; an 8-bit one as is)."""
+        if self.bits == 8:
+            return self
+        return QuantizedArray(unpack_int4(self.codes, self.shape[-1]), self.scales, self.exponents, self.from_end,
+                              self.dtype, self.smooth, self.smooth_group)
+
     def materialise(self):
         """The float array this stands for: ``codes * scales`` (divided by ``smooth``), in ``dtype``."""
         value = self.dot_value()
@@ -114,20 +187,24 @@ class QuantizedArray:
     def dot_value(self):
         """The float value this operand has inside a dot: ``codes * scales`` (for a smoothed weight that is
         ``smooth * w``, matching the other operand, which the dot divides by ``smooth``)."""
-        return dequantize_codes(self.codes, self.scales, self.exponents, self.kept_axes)
+        return dequantize_codes(self.unpacked().codes, self.scales, self.exponents, self.kept_axes)
 
     def dot_operand(self, contracting: Sequence[int]) -> "QuantizedArray | None":
-        """This array as the operand of a per-channel int8 dot contracting ``contracting``, or ``None`` when its
-        scales do not fit (another contraction): then the dot must use :meth:`materialise`."""
-        return self if _from_end(contracting, self.ndim) == self.from_end else None
+        """This array as the operand of a per-channel int8 dot contracting ``contracting`` (with int8 codes: a
+        4-bit array is unpacked), or ``None`` when its scales do not fit (another contraction): then the dot must
+        use :meth:`materialise`."""
+        return self.unpacked() if _from_end(contracting, self.ndim) == self.from_end else None
 
     def astype(self, dtype) -> "QuantizedArray":
         """The same codes standing for the array cast to the float ``dtype``."""
         return QuantizedArray(self.codes, self.scales, self.exponents, self.from_end, dtype, self.smooth,
-                              self.smooth_group)
+                              self.smooth_group, self.bits, self.length)
 
     def transpose(self, permutation: Sequence[int]) -> "QuantizedArray":
-        """The same codes and scales, laid out as ``lax.transpose(array, permutation)``."""
+        """The same codes and scales, laid out as ``lax.transpose(array, permutation)`` (4-bit codes are unpacked
+        first: their packing follows the last axis)."""
+        if self.bits != 8:
+            return self.unpacked().transpose(permutation)
         permutation = tuple(int(p) for p in permutation)
         contracting = set(self.contracting)
         new_contracting = tuple(i for i, p in enumerate(permutation) if p in contracting)
@@ -140,18 +217,57 @@ class QuantizedArray:
         return QuantizedArray(lax.transpose(self.codes, permutation), scales, exponents, new_contracting, self.dtype,
                               self.smooth, self.smooth_group)
 
-    # -- pytree ----------------------------------------------------------------------------------------------
+    # -- pytree and serialization (all from ARRAY_FIELDS and METADATA_FIELDS) ---------------------------------
     def tree_flatten(self):
-        children = (self.codes, self.scales, self.exponents, self.smooth)
-        return children, (self.from_end, self.dtype, self.smooth_group)
+        return tuple(getattr(self, name) for name in ARRAY_FIELDS), self._aux()
+
+    def tree_flatten_with_keys(self):
+        children = tuple((jax.tree_util.GetAttrKey(name), getattr(self, name)) for name in ARRAY_FIELDS)
+        return children, self._aux()
+
+    def _aux(self) -> tuple:
+        return tuple(getattr(self, name) for name in METADATA_FIELDS)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        codes, scales, exponents, smooth = children
-        from_end, dtype, smooth_group = aux
         array = object.__new__(cls)  # no validation: the leaves may be anything a tree_map made of them
-        array.codes, array.scales, array.exponents, array.smooth = codes, scales, exponents, smooth
-        array.from_end, array.dtype, array.smooth_group = from_end, dtype, smooth_group
+        for name, value in zip(ARRAY_FIELDS, children):
+            setattr(array, name, value)
+        for name, value in zip(METADATA_FIELDS, aux):
+            setattr(array, name, value)
+        return array
+
+    def metadata(self) -> dict:
+        """The metadata as JSON values, with the layout version (what :meth:`from_parts` reads back)."""
+        written = {name: write(getattr(self, name)) for name, (write, _) in METADATA_FIELDS.items()}
+        return {"layout_version": LAYOUT_VERSION, **written}
+
+    def arrays(self) -> dict:
+        """The children that are present, by name."""
+        return {name: getattr(self, name) for name in ARRAY_FIELDS if getattr(self, name) is not None}
+
+    @classmethod
+    def from_parts(cls, arrays: Mapping, metadata: Mapping, where: str = "a QuantizedArray") -> "QuantizedArray":
+        """The array from its children by name and its :meth:`metadata`, checked.
+
+        Arguments:
+            arrays: ``name -> array`` for the present children (:data:`ARRAY_FIELDS`); optional ones may be absent.
+            metadata: what :meth:`metadata` wrote.
+            where: what the error messages call it (a checkpoint leaf's path).
+
+        Returns:
+            The :class:`QuantizedArray`.
+
+        Raises:
+            Int8ifyError: another layout version, a missing or unknown part, or parts that do not fit together.
+        """
+        missing = [name for name in ARRAY_FIELDS if name not in OPTIONAL_ARRAY_FIELDS and name not in arrays]
+        unknown = [name for name in arrays if name not in ARRAY_FIELDS]
+        if missing or unknown:
+            raise Int8ifyError(f"{where} is malformed: arrays missing {missing}, unknown {unknown} (layout "
+                               f"version {LAYOUT_VERSION} has {list(ARRAY_FIELDS)})")
+        array = cls.tree_unflatten(_read_metadata(metadata, where), [arrays.get(name) for name in ARRAY_FIELDS])
+        array.check(where)
         return array
 
     def __repr__(self):
@@ -159,7 +275,35 @@ class QuantizedArray:
         if shape is None:  # a tree_map made the leaves into something else (their shapes, say)
             return f"QuantizedArray(codes={self.codes!r}, contracting={self.from_end} (from the end))"
         smooth = ", smoothed" if self.smooth is not None else ""
-        return f"QuantizedArray(i8{list(shape)}, contracting={self.contracting}, dtype={self.dtype.name}{smooth})"
+        return (f"QuantizedArray(i{self.bits}{list(self.shape)}, contracting={self.contracting}, "
+                f"dtype={self.dtype.name}{smooth})")
+
+
+def _read_metadata(metadata: Mapping, where: str) -> tuple:
+    """The pytree aux data from :meth:`QuantizedArray.metadata`'s JSON values, or an error naming ``where``."""
+    version = metadata.get("layout_version")
+    if version != LAYOUT_VERSION:
+        raise Int8ifyError(f"{where} is stored in QuantizedArray layout version {version!r}; this int8ify reads "
+                           f"version {LAYOUT_VERSION} (write it again with this int8ify, or quantize the float "
+                           "params again)")
+    missing = [name for name in METADATA_FIELDS if name not in metadata]
+    if missing:
+        raise Int8ifyError(f"{where} is malformed: metadata missing {missing}")
+    return tuple(read(metadata[name]) for name, (_, read) in METADATA_FIELDS.items())
+
+
+def _serialize_metadata(aux: tuple) -> bytes:
+    return json.dumps(QuantizedArray.tree_unflatten(aux, [None] * len(ARRAY_FIELDS)).metadata()).encode()
+
+
+def _deserialize_metadata(data: bytes) -> tuple:
+    return _read_metadata(json.loads(data), "a QuantizedArray of an exported program")
+
+
+# jax.export writes an exported function's argument and result structure; our metadata goes in as JSON.
+jax.export.register_pytree_node_serialization(
+    QuantizedArray, serialized_name="int8ify.QuantizedArray", serialize_auxdata=_serialize_metadata,
+    deserialize_auxdata=_deserialize_metadata)
 
 
 def _from_end(axes: Sequence[int], ndim: int) -> tuple[int, ...]:
@@ -175,29 +319,38 @@ def materialise(x):
     return x.materialise() if is_quantized(x) else x
 
 
-def quantize(x, reduce_axes: Sequence[int]) -> QuantizedArray:
-    """Quantize ``x`` to int8 with one symmetric scale per slice over ``reduce_axes`` (the contract's rule).
+def quantize(x, reduce_axes: Sequence[int], bits: int = 8) -> QuantizedArray:
+    """Quantize ``x`` with one symmetric scale per slice over ``reduce_axes`` (the contract's rule).
 
     Arguments:
         x: a floating array (bfloat16 and float16 are upcast to float32 first).
         reduce_axes: the axes one scale covers (for a dot operand: its contracting dims).
+        bits: 8 (codes in ``[-127, 127]``, scales ``absmax / 127``) or 4 (codes in ``[-7, 7]``, scales
+            ``absmax / 7``, packed two per byte along the last axis).
 
     Returns:
         A :class:`QuantizedArray` (``.codes``, ``.scales``, ``.exponents``) standing for ``x``.
     """
+    if bits not in CODE_LIMITS:
+        raise Int8ifyError(f"bits must be one of {sorted(CODE_LIMITS)}, got {bits!r}")
     x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
     ndim = max(x.ndim, 1)
     reduce_axes = tuple(sorted(a % ndim for a in reduce_axes))
-    codes, scales, exponents = quantize_parts(x, reduce_axes)
-    return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype)
+    if bits == 4 and x.ndim == 0:
+        raise Int8ifyError("4-bit codes are packed along the last axis; a scalar has none")
+    codes, scales, exponents = quantize_parts(x, reduce_axes, CODE_LIMITS[bits])
+    if bits == 8:
+        return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype)
+    return QuantizedArray(pack_int4(codes), scales, exponents, reduce_axes, x.dtype, bits=4, length=x.shape[-1])
 
 
 def resolve_dot_operands(invals: Sequence, contractions, direct: bool, smoothed: dict | None) -> list:
     """The operands a dot's program gets, from its operand values (the quantized-array rule of ``dot_general``).
 
     A :class:`QuantizedArray` whose scales fit the dot (per-channel int8, ``direct``, same contraction) goes on
-    as itself: its codes feed the int8 dot. Any other is materialised. A usable smoothed weight stands for
-    ``smooth * w``, so the other operand is multiplied by ``1 / smooth`` first.
+    as its :meth:`~QuantizedArray.dot_operand` (int8 codes, 4-bit ones unpacked): its codes feed the int8 dot.
+    Any other is materialised. A usable smoothed weight stands for ``smooth * w``, so the other operand is
+    multiplied by ``1 / smooth`` first.
 
     Arguments:
         invals: the dot's two operand values.
@@ -214,8 +367,8 @@ def resolve_dot_operands(invals: Sequence, contractions, direct: bool, smoothed:
         if usable[side] and x.smooth is not None and is_quantized(invals[1 - side]):
             usable[side] = False  # two weights: the smoothing cannot move into the other one
     operands = [
-        x if use else materialise(x)
-        for x, use in zip(invals, usable)
+        x.dot_operand(contract) if use else materialise(x)
+        for x, use, contract in zip(invals, usable, contractions)
     ]
     for side in (0, 1):
         weight = invals[side]
