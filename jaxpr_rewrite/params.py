@@ -36,7 +36,7 @@ from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .jaxprs import (CALL_PRIMITIVES, SUBJAXPR_PARAMS, is_float_dot, matmul_dimension_numbers, open_jaxpr,
                      scan_counts)
-from .quantized import CODE_LIMITS, QuantizedArray, is_quantized, quantize
+from .quantized import CODE_LIMITS, is_quantized, quantize
 from .source import describe_source
 from .tracing import target_of, trace
 
@@ -303,8 +303,7 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
             scaled = quantized_value.astype(jnp.float32) * lax.broadcast_in_dim(factors, value.shape, (axis,))
             quantized_value = scaled.astype(quantized_value.dtype)
         q = quantize(quantized_value, tuple(a + value.ndim for a in use.from_end), bits)
-        new_leaves.append(QuantizedArray(q.codes, q.scales, q.exponents, q.contracting, value.dtype, factors, group,
-                                         q.bits, q.length))
+        new_leaves.append(q.replace(dtype=np.dtype(value.dtype), smooth=factors, smooth_group=group))
         cast = f" after a cast to {np.dtype(use.cast).name}" if use.cast is not None else ""
         smoothing = " with SmoothQuant factors" if factors is not None else ""
         width = " to 4 bits" if bits == 4 else ""

@@ -168,8 +168,7 @@ class QuantizedArray:
         """The same array with its codes as one int8 per element (a 4-bit array unpacked; an 8-bit one as is)."""
         if self.bits == 8:
             return self
-        return QuantizedArray(unpack_int4(self.codes, self.shape[-1]), self.scales, self.exponents, self.from_end,
-                              self.dtype, self.smooth, self.smooth_group)
+        return self.replace(codes=unpack_int4(self.codes, self.shape[-1]), bits=8, length=None)
 
     def materialise(self):
         """The float array this stands for: ``codes * scales`` (divided by ``smooth``), in ``dtype``."""
@@ -197,8 +196,7 @@ class QuantizedArray:
 
     def astype(self, dtype) -> "QuantizedArray":
         """The same codes standing for the array cast to the float ``dtype``."""
-        return QuantizedArray(self.codes, self.scales, self.exponents, self.from_end, dtype, self.smooth,
-                              self.smooth_group, self.bits, self.length)
+        return self.replace(dtype=np.dtype(dtype))
 
     def transpose(self, permutation: Sequence[int]) -> "QuantizedArray":
         """The same codes and scales, laid out as ``lax.transpose(array, permutation)`` (4-bit codes are unpacked
@@ -214,8 +212,8 @@ class QuantizedArray:
         scales, exponents = self.scales, self.exponents
         if order != tuple(range(len(order))):
             scales, exponents = lax.transpose(scales, order), lax.transpose(exponents, order)
-        return QuantizedArray(lax.transpose(self.codes, permutation), scales, exponents, new_contracting, self.dtype,
-                              self.smooth, self.smooth_group)
+        return self.replace(codes=lax.transpose(self.codes, permutation), scales=scales, exponents=exponents,
+                            from_end=_from_end(new_contracting, self.ndim))
 
     # -- pytree and serialization (all from ARRAY_FIELDS and METADATA_FIELDS) ---------------------------------
     def tree_flatten(self):
@@ -227,6 +225,19 @@ class QuantizedArray:
 
     def _aux(self) -> tuple:
         return tuple(getattr(self, name) for name in METADATA_FIELDS)
+
+    def replace(self, **changes) -> "QuantizedArray":
+        """A copy with some children or metadata replaced (every other field, present or future, carried over).
+
+        Arguments:
+            **changes: ``field name -> new value``, names from :data:`ARRAY_FIELDS` and :data:`METADATA_FIELDS`.
+        """
+        unknown = set(changes) - set(ARRAY_FIELDS) - set(METADATA_FIELDS)
+        if unknown:
+            raise Int8ifyError(f"QuantizedArray has no fields {sorted(unknown)}")
+        children = [changes.get(name, getattr(self, name)) for name in ARRAY_FIELDS]
+        return QuantizedArray.tree_unflatten(tuple(changes.get(name, getattr(self, name)) for name in METADATA_FIELDS),
+                                             children)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
