@@ -302,7 +302,10 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
             axis = use.from_end[0] + value.ndim
             scaled = quantized_value.astype(jnp.float32) * lax.broadcast_in_dim(factors, value.shape, (axis,))
             quantized_value = scaled.astype(quantized_value.dtype)
-        q = quantize(quantized_value, tuple(a + value.ndim for a in use.from_end), bits)
+        # one fused, compiled pass per weight (its only temporary is its output), waited for, so one weight's
+        # temporaries are alive at a time: eager, every op's float intermediate is materialised, and dispatched
+        # asynchronously every layer's could be queued at once, so the peak would grow with the model
+        q = jax.block_until_ready(_quantize_weight(quantized_value, tuple(a + value.ndim for a in use.from_end), bits))
         new_leaves.append(q.replace(dtype=np.dtype(value.dtype), smooth=factors, smooth_group=group))
         cast = f" after a cast to {np.dtype(use.cast).name}" if use.cast is not None else ""
         smoothing = " with SmoothQuant factors" if factors is not None else ""
@@ -319,6 +322,9 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
                           stacklevel=2)
     qparams = jax.tree_util.tree_unflatten(tree, new_leaves)
     return (qparams, {p: explanation[p] for p in paths}) if explain else qparams
+
+
+_quantize_weight = jax.jit(quantize, static_argnums=(1, 2))
 
 
 def _smoothing(plans, leaves, alpha, smooth_skip, calibration, traced) -> dict:
