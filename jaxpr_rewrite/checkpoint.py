@@ -112,7 +112,8 @@ def sharded_like(tree, shardings):
             if spec is None:
                 return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)
             axes = FIELD_AXES[name](leaf) if name in FIELD_AXES else ()
-            child_sharding = NamedSharding(sharding.mesh, PartitionSpec(*(spec[a] for a in axes)))
+            child_spec = PartitionSpec(*(spec[a] if a is not None else None for a in axes))
+            child_sharding = NamedSharding(sharding.mesh, child_spec)
             return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=child_sharding)
 
         return type(leaf).tree_unflatten(leaf.tree_flatten()[1], [child(name) for name in ARRAY_FIELDS])

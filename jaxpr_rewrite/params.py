@@ -277,7 +277,7 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
             explanation[path] = "static (not an array)"
             continue
         uses, reason = _plan(jaxpr, jaxpr.invars[inputs[i]], config)
-        if not config.uses_per_channel_int8 and uses:
+        if not (config.uses_per_channel_int8 or config.int8_block_size is not None) and uses:
             uses, reason = [], "kept float: the options do not use per-channel int8 scales"
         if uses:
             plans[i] = uses
@@ -305,11 +305,13 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
         # one fused, compiled pass per weight (its only temporary is its output), waited for, so one weight's
         # temporaries are alive at a time: eager, every op's float intermediate is materialised, and dispatched
         # asynchronously every layer's could be queued at once, so the peak would grow with the model
-        q = jax.block_until_ready(_quantize_weight(quantized_value, tuple(a + value.ndim for a in use.from_end), bits))
+        axes = tuple(a + value.ndim for a in use.from_end)
+        q = jax.block_until_ready(_quantize_weight(quantized_value, axes, bits, config.int8_block_size))
         new_leaves.append(q.replace(dtype=np.dtype(value.dtype), smooth=factors, smooth_group=group))
         cast = f" after a cast to {np.dtype(use.cast).name}" if use.cast is not None else ""
         smoothing = " with SmoothQuant factors" if factors is not None else ""
         width = " to 4 bits" if bits == 4 else ""
+        width += f" in blocks of {config.int8_block_size}" if config.int8_block_size is not None else ""
         explanation.setdefault(paths[i], f"quantized{width}: {len(plans[i])} matmul use(s), contracting axes "
                                          f"{q.contracting}{cast}{smoothing}")
 
@@ -324,7 +326,7 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
     return (qparams, {p: explanation[p] for p in paths}) if explain else qparams
 
 
-_quantize_weight = jax.jit(quantize, static_argnums=(1, 2))
+_quantize_weight = jax.jit(quantize, static_argnums=(1, 2, 3))
 
 
 def _smoothing(plans, leaves, alpha, smooth_skip, calibration, traced) -> dict:

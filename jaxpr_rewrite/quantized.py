@@ -37,6 +37,7 @@ import numpy as np
 from jax import lax
 
 from .errors import Int8ifyError
+from .blocks import from_blocks, n_blocks, to_blocks
 from .int4 import INT4_MAX, pack_int4, packed_length, unpack_int4
 from .quantize import INT8_MAX, dequantize_codes, quantize_parts, scale_values, to_compute
 
@@ -61,12 +62,12 @@ LAYOUT_VERSION = 1
 ARRAY_FIELDS = ("codes", "scales", "exponents", "smooth")
 # The children that may be None (absent).
 OPTIONAL_ARRAY_FIELDS = frozenset({"smooth"})
-# Which axes of the array each child runs over, so it can be sharded like the float array it stands for; a child
-# not listed is replicated.
+# Which axes of the array each child's axes run over (None: an axis of its own, the block index of block-scaled
+# scales), so it can be sharded like the float array it stands for; a child not listed is replicated.
 FIELD_AXES = {
     "codes": lambda array: tuple(range(array.ndim)),
-    "scales": lambda array: array.kept_axes,
-    "exponents": lambda array: array.kept_axes,
+    "scales": lambda array: array.scale_axes,
+    "exponents": lambda array: array.scale_axes,
     "smooth": lambda array: array.contracting,
 }
 # The metadata (pytree aux data), in order, each with how it is written as JSON and read back.
@@ -76,6 +77,7 @@ METADATA_FIELDS = {
     "smooth_group": (lambda group: group, lambda group: group),
     "bits": (int, int),
     "length": (lambda length: length, lambda length: length),
+    "block_size": (lambda block: block, lambda block: block),
 }
 # The code range of each supported width.
 CODE_LIMITS = {8: INT8_MAX, 4: INT4_MAX}
@@ -101,10 +103,14 @@ class QuantizedArray:
             per :func:`~jaxpr_rewrite.quantize_params` call), so the activation is divided once for all of them.
         bits: 8, or 4 for codes in ``[-7, 7]`` packed two per byte (scales ``absmax / 7``).
         length: for ``bits=4``, the length of the array's last axis (the packed one; ``None`` for 8 bits).
+        block_size: ``None`` (one scale per slice), or the block length of a block-scaled weight: one scale per
+            index of the kept axes and block of the flattened contraction, ``scales`` shaped
+            ``(*kept shape, n_blocks)`` (:mod:`jaxpr_rewrite.blocks`); it feeds the dots of
+            ``int8ify(..., block_size=block_size)``.
     """
 
     def __init__(self, codes, scales, exponents, contracting: Sequence[int], dtype, smooth=None, smooth_group=None,
-                 bits: int = 8, length: int | None = None):
+                 bits: int = 8, length: int | None = None, block_size: int | None = None):
         self.codes = codes
         self.scales = scales
         self.exponents = exponents
@@ -114,6 +120,7 @@ class QuantizedArray:
         self.smooth_group = smooth_group
         self.bits = bits
         self.length = length
+        self.block_size = block_size
 
     # -- array-like ------------------------------------------------------------------------------------------
     @property
@@ -137,13 +144,27 @@ class QuantizedArray:
         return tuple(a for a in range(self.ndim) if a not in contracting)
 
     @property
+    def scale_axes(self) -> tuple:
+        """The array's axes the scales' axes run over: the kept axes, then (block-scaled) ``None`` for the block
+        index."""
+        return self.kept_axes if self.block_size is None else (*self.kept_axes, None)
+
+    @property
+    def scales_shape(self) -> tuple[int, ...]:
+        """The shape ``scales`` and ``exponents`` have."""
+        kept_shape = tuple(self.shape[a] for a in self.kept_axes)
+        if self.block_size is None:
+            return kept_shape
+        return (*kept_shape, n_blocks(int(np.prod([self.shape[a] for a in self.contracting])), self.block_size))
+
+    @property
     def nbytes(self) -> int:
         leaves = jax.tree_util.tree_leaves(self)
         return sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in leaves)
 
     def check(self, where: str = "a QuantizedArray") -> None:
         """Raise :class:`~jaxpr_rewrite.errors.Int8ifyError` unless codes, scales and exponents fit together."""
-        kept_shape = tuple(self.shape[a] for a in self.kept_axes)
+        kept_shape = self.scales_shape
         problems = []
         codes_dtype = np.dtype(np.int8 if self.bits == 8 else np.uint8)
         if self.bits not in CODE_LIMITS:
@@ -155,8 +176,9 @@ class QuantizedArray:
             problems.append(f"packed codes have shape {tuple(self.codes.shape)}, which cannot hold a last axis of "
                             f"length {self.length}")
         if tuple(self.scales.shape) != kept_shape:
+            blocks = f", in blocks of {self.block_size}" if self.block_size is not None else ""
             problems.append(f"scales have shape {tuple(self.scales.shape)}, expected {kept_shape} (the codes "
-                            f"{self.shape} without contracting axes {self.contracting})")
+                            f"{self.shape} without contracting axes {self.contracting}{blocks})")
         if tuple(getattr(self.exponents, "shape", ())) != tuple(self.scales.shape):
             problems.append(f"exponents have shape {tuple(getattr(self.exponents, 'shape', ()))}, expected "
                             f"{tuple(self.scales.shape)}")
@@ -186,13 +208,43 @@ class QuantizedArray:
     def dot_value(self):
         """The float value this operand has inside a dot: ``codes * scales`` (for a smoothed weight that is
         ``smooth * w``, matching the other operand, which the dot divides by ``smooth``)."""
-        return dequantize_codes(self.unpacked().codes, self.scales, self.exponents, self.kept_axes)
+        codes = self.unpacked().codes
+        if self.block_size is None:
+            return dequantize_codes(codes, self.scales, self.exponents, self.kept_axes)
+        blocked = to_blocks(codes, self.kept_axes, self.contracting, self.block_size)
+        values = dequantize_codes(blocked, self.scales, self.exponents, tuple(range(blocked.ndim - 1)))
+        return from_blocks(values, self.shape, self.kept_axes, self.contracting)
 
     def dot_operand(self, contracting: Sequence[int]) -> "QuantizedArray | None":
         """This array as the operand of a per-channel int8 dot contracting ``contracting`` (with int8 codes: a
-        4-bit array is unpacked), or ``None`` when its scales do not fit (another contraction): then the dot must
-        use :meth:`materialise`."""
-        return self.unpacked() if _from_end(contracting, self.ndim) == self.from_end else None
+        4-bit array is unpacked), or ``None`` when its scales do not fit (another contraction, or block scales):
+        then the dot must use :meth:`materialise`."""
+        fits = _from_end(contracting, self.ndim) == self.from_end and self.block_size is None
+        return self.unpacked() if fits else None
+
+    def block_operand(self, contracting: Sequence[int], batch: Sequence[int], block: int) -> "QuantizedArray | None":
+        """This block-scaled array as the operand of a block-scaled dot, in the layout that dot cuts a float
+        operand into (:func:`jaxpr_rewrite.int8_dot.blocked`: batch axes, free axes, blocks, block elements), or
+        ``None`` when it was not quantized for this contraction and block length.
+
+        Arguments:
+            contracting: the dot's contracting axes of this operand, in its dimension numbers' order.
+            batch: the dot's batch axes of this operand.
+            block: the dot's block length.
+
+        Returns:
+            A per-channel :class:`QuantizedArray` over the last axis of the blocked layout, int8 codes.
+        """
+        contracting = tuple(int(a) % self.ndim for a in contracting)
+        if self.block_size != block or contracting != self.contracting:  # blocks follow the axes' own order
+            return None
+        lead = (*batch, *(a for a in self.kept_axes if a not in batch))
+        codes = to_blocks(self.unpacked().codes, lead, contracting, block)
+        order = (*(self.kept_axes.index(a) for a in lead), len(lead))
+        scales, exponents = self.scales, self.exponents
+        if order != tuple(range(len(order))):
+            scales, exponents = lax.transpose(scales, order), lax.transpose(exponents, order)
+        return QuantizedArray(codes, scales, exponents, (codes.ndim - 1,), self.dtype)
 
     def astype(self, dtype) -> "QuantizedArray":
         """The same codes standing for the array cast to the float ``dtype``."""
@@ -209,6 +261,10 @@ class QuantizedArray:
         old_kept = self.kept_axes
         new_kept_sources = [p for p in permutation if p not in contracting]  # old axes, in the new order
         order = tuple(old_kept.index(p) for p in new_kept_sources)
+        if self.block_size is not None:
+            if tuple(p for p in permutation if p in contracting) != self.contracting:
+                return None  # the blocks run over the contracting axes in their own order
+            order = (*order, len(order))  # the block index stays last
         scales, exponents = self.scales, self.exponents
         if order != tuple(range(len(order))):
             scales, exponents = lax.transpose(scales, order), lax.transpose(exponents, order)
@@ -286,8 +342,9 @@ class QuantizedArray:
         if shape is None:  # a tree_map made the leaves into something else (their shapes, say)
             return f"QuantizedArray(codes={self.codes!r}, contracting={self.from_end} (from the end))"
         smooth = ", smoothed" if self.smooth is not None else ""
+        blocks = f", block_size={self.block_size}" if self.block_size is not None else ""
         return (f"QuantizedArray(i{self.bits}{list(self.shape)}, contracting={self.contracting}, "
-                f"dtype={self.dtype.name}{smooth})")
+                f"dtype={self.dtype.name}{blocks}{smooth})")
 
 
 def _read_metadata(metadata: Mapping, where: str) -> tuple:
@@ -330,7 +387,7 @@ def materialise(x):
     return x.materialise() if is_quantized(x) else x
 
 
-def quantize(x, reduce_axes: Sequence[int], bits: int = 8) -> QuantizedArray:
+def quantize(x, reduce_axes: Sequence[int], bits: int = 8, block_size: int | None = None) -> QuantizedArray:
     """Quantize ``x`` with one symmetric scale per slice over ``reduce_axes`` (the contract's rule).
 
     Arguments:
@@ -338,6 +395,8 @@ def quantize(x, reduce_axes: Sequence[int], bits: int = 8) -> QuantizedArray:
         reduce_axes: the axes one scale covers (for a dot operand: its contracting dims).
         bits: 8 (codes in ``[-127, 127]``, scales ``absmax / 127``) or 4 (codes in ``[-7, 7]``, scales
             ``absmax / 7``, packed two per byte along the last axis).
+        block_size: ``None``, or one scale per index of the kept axes and block of this many elements of the
+            flattened contraction (zero-padded to whole blocks), as a block-scaled dot quantizes its operands.
 
     Returns:
         A :class:`QuantizedArray` (``.codes``, ``.scales``, ``.exponents``) standing for ``x``.
@@ -349,13 +408,21 @@ def quantize(x, reduce_axes: Sequence[int], bits: int = 8) -> QuantizedArray:
     reduce_axes = tuple(sorted(a % ndim for a in reduce_axes))
     if bits == 4 and x.ndim == 0:
         raise Int8ifyError("4-bit codes are packed along the last axis; a scalar has none")
-    codes, scales, exponents = quantize_parts(x, reduce_axes, CODE_LIMITS[bits])
+    kept = tuple(a for a in range(x.ndim) if a not in reduce_axes)
+    if block_size is None:
+        codes, scales, exponents = quantize_parts(x, reduce_axes, CODE_LIMITS[bits])
+    else:
+        blocked = to_blocks(x, kept, reduce_axes, block_size)
+        codes, scales, exponents = quantize_parts(blocked, (blocked.ndim - 1,), CODE_LIMITS[bits])
+        codes = from_blocks(codes, x.shape, kept, reduce_axes)
     if bits == 8:
-        return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype)
-    return QuantizedArray(pack_int4(codes), scales, exponents, reduce_axes, x.dtype, bits=4, length=x.shape[-1])
+        return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, block_size=block_size)
+    return QuantizedArray(pack_int4(codes), scales, exponents, reduce_axes, x.dtype, bits=4, length=x.shape[-1],
+                          block_size=block_size)
 
 
-def resolve_dot_operands(invals: Sequence, contractions, direct: bool, smoothed: dict | None) -> list:
+def resolve_dot_operands(invals: Sequence, contractions, direct: bool, smoothed: dict | None,
+                         block_size: int | None = None) -> list:
     """The operands a dot's program gets, from its operand values (the quantized-array rule of ``dot_general``).
 
     A :class:`QuantizedArray` whose scales fit the dot (per-channel int8, ``direct``, same contraction) goes on
@@ -369,16 +436,27 @@ def resolve_dot_operands(invals: Sequence, contractions, direct: bool, smoothed:
         direct: whether the rewrite uses the per-channel int8 contract (pre-quantized codes fit only that).
         smoothed: a per-program cache ``(id(activation), axis, group) -> (activation, rescaled)`` shared by the
             weights of one smoothing group, or ``None``.
+        block_size: the block length of the dot (``int8ify(..., block_size=...)`` with int8), or ``None``: a
+            block-scaled weight goes on as itself (the dot reads its :meth:`~QuantizedArray.block_operand`).
+
+    Raises:
+        Int8ifyError: a block-scaled weight in a dot of another block length, or one without blocks.
     """
+    for x in invals:
+        if is_quantized(x) and x.block_size is not None and x.block_size != block_size:
+            dot = f"block_size={block_size}" if block_size is not None else "no block_size"
+            raise Int8ifyError(f"a weight quantized with block_size={x.block_size} ({x!r}) meets a dot with {dot}; "
+                               f"quantize it with the same int8ify options the program runs with "
+                               f"(quantize_params(int8ify(fn, block_size=...), ...))")
     usable = [
-        is_quantized(x) and direct and x.dot_operand(contract) is not None
+        is_quantized(x) and (x.block_size is not None or (direct and x.dot_operand(contract) is not None))
         for x, contract in zip(invals, contractions)
     ]
     for side, x in enumerate(invals):
         if usable[side] and x.smooth is not None and is_quantized(invals[1 - side]):
             usable[side] = False  # two weights: the smoothing cannot move into the other one
     operands = [
-        x.dot_operand(contract) if use else materialise(x)
+        (x if x.block_size is not None else x.dot_operand(contract)) if use else materialise(x)
         for x, use, contract in zip(invals, usable, contractions)
     ]
     for side in (0, 1):

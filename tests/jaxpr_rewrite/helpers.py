@@ -159,11 +159,12 @@ def reference_per_tensor_matmul(x, w) -> np.ndarray:
     return (xq @ wq) * sx * sw
 
 
-def reference_block_matmul(x, w, block: int) -> tuple[np.ndarray, np.ndarray]:
+def reference_block_matmul(x, w, block: int, rhs_limit=127) -> tuple[np.ndarray, np.ndarray]:
     """Block-scaled contract of ``x @ w`` (``x``: (B, K), ``w``: (K, N)) in float64.
 
     The contraction is zero-padded to a multiple of ``block``; each block has one scale per row of ``x``
-    and one per column of ``w``; its exact integer partial sums are scaled and the blocks summed.
+    and one per column of ``w``; its exact integer partial sums are scaled and the blocks summed
+    (``rhs_limit=7``: 4-bit weight codes).
 
     Returns:
         ``(y, magnitude)``: the value, and the sum of the blocks' absolute terms (the scale of the float32
@@ -178,9 +179,9 @@ def reference_block_matmul(x, w, block: int) -> tuple[np.ndarray, np.ndarray]:
     magnitude = np.zeros_like(y)
     for start in range(0, k + pad, block):
         xb, wb = x32[:, start:start + block], w32[start:start + block]
-        acc = reference_codes(xb, (1,)).astype(np.int64) @ reference_codes(wb, (0,)).astype(np.int64)
+        acc = reference_codes(xb, (1,)).astype(np.int64) @ reference_codes(wb, (0,), rhs_limit).astype(np.int64)
         sx = reference_scales(xb, (1,)).astype(np.float64)
-        sw = reference_scales(wb, (0,)).astype(np.float64)
+        sw = reference_scales(wb, (0,), rhs_limit).astype(np.float64)
         term = acc * sx[:, None] * sw[None, :]
         y += term
         magnitude += np.abs(term)
