@@ -40,6 +40,16 @@ def test_save_then_run_from_the_file_alone(deploy, tmp_path, capsys, monkeypatch
     assert mean > 0.997 and low > 0.99
 
 
+def test_4_bit_block_weights_run_with_their_block_size(deploy, tmp_path, capsys):
+    path = tmp_path / "minilm-b32.safetensors"
+    assert deploy.main(["save", str(path), "--bits", "4", "--block-size", "32"]) == 0
+    assert deploy.main(["run", str(path)]) == 0
+    printed = capsys.readouterr().out
+    found = re.search(r"int4 weights, scales per block of 32, int8ify\) .* cosine mean ([\d.]+)", printed)
+    assert found, printed
+    assert float(found.group(1)) > 0.96  # per channel, 4-bit weights reach about 0.91
+
+
 def test_run_names_a_missing_file(deploy, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         deploy.main(["run", str(tmp_path / "none.safetensors")])
