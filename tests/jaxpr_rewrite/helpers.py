@@ -263,6 +263,14 @@ def deploy_model(seed=0, width=256):
     return deploy_fn, params, x
 
 
+def assert_same_tree(got, want):
+    """Same structure (QuantizedArray metadata included), every array bit-identical with the same dtype."""
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def deploy_fn(params, x):
     """The model :func:`deploy_model` returns."""
     h = jax.nn.relu(x @ params["embed"]["w"] + params["embed"]["b"])

@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from helpers import deploy_model, run_fresh_python
+from helpers import assert_same_tree, deploy_model, run_fresh_python
 from jaxpr_rewrite import Int8ifyError, QuantizedArray, int8ify, quantize_params
 from jaxpr_rewrite import quantized, stored
 from jaxpr_rewrite.checkpoint import load_quantized, save_quantized, sharded_like
@@ -27,21 +27,13 @@ def abstract(tree):
     return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
 
 
-def assert_identical(got, want):
-    """Same structure, same QuantizedArray metadata, every array bit-identical with the same dtype."""
-    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
-    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
 def test_orbax_standard_checkpointer_onto_an_abstract_target(tmp_path, model):
     fn, _, x, qparams = model
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(tmp_path / "ckpt", qparams)
     checkpointer.wait_until_finished()
     restored = checkpointer.restore(tmp_path / "ckpt", abstract(qparams))
-    assert_identical(restored, qparams)
+    assert_same_tree(restored, qparams)
     np.testing.assert_array_equal(jax.jit(int8ify(fn))(restored, x), jax.jit(int8ify(fn))(qparams, x))
     # without a target Orbax alone returns dicts of the named children: what load_quantized is for
     raw = checkpointer.restore(tmp_path / "ckpt")
@@ -51,11 +43,11 @@ def test_orbax_standard_checkpointer_onto_an_abstract_target(tmp_path, model):
 def test_save_and_load_quantized_with_and_without_target(tmp_path, model):
     fn, _, x, qparams = model
     save_quantized(tmp_path / "ckpt", qparams)
-    assert_identical(load_quantized(tmp_path / "ckpt"), qparams)
-    assert_identical(load_quantized(tmp_path / "ckpt", abstract(qparams)), qparams)
+    assert_same_tree(load_quantized(tmp_path / "ckpt"), qparams)
+    assert_same_tree(load_quantized(tmp_path / "ckpt", abstract(qparams)), qparams)
     shapes = jax.eval_shape(lambda p: p, qparams)  # ShapeDtypeStructs without shardings
     restored = load_quantized(tmp_path / "ckpt", shapes)
-    assert_identical(restored, qparams)
+    assert_same_tree(restored, qparams)
     np.testing.assert_array_equal(jax.jit(int8ify(fn))(restored, x), jax.jit(int8ify(fn))(qparams, x))
 
 
@@ -66,7 +58,7 @@ def test_smoothquant_factors_round_trip(tmp_path):
     save_quantized(tmp_path / "ckpt", qparams)
     restored = load_quantized(tmp_path / "ckpt")
     assert restored["head"].smooth_group == qparams["head"].smooth_group
-    assert_identical(restored, qparams)
+    assert_same_tree(restored, qparams)
     np.testing.assert_array_equal(jax.jit(int8ify(fn))(restored, x), jax.jit(int8ify(fn))(qparams, x))
 
 
@@ -97,7 +89,7 @@ def test_sharded_restore_keeps_each_leafs_sharding(tmp_path):
     restored = load_quantized(tmp_path / "ckpt", target)
     for got, want in zip(jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(target)):
         assert got.sharding == want.sharding
-    assert_identical(restored, qparams)
+    assert_same_tree(restored, qparams)
     plain = ocp.StandardCheckpointer().restore(tmp_path / "ckpt" / "tensors")  # the same tensors, Orbax's format
     np.testing.assert_array_equal(plain["head.codes"], qparams["head"].codes)
     np.testing.assert_array_equal(jax.jit(int8ify(fn))(restored, x), jax.jit(int8ify(fn))(qparams, x))

@@ -12,7 +12,8 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from helpers import deploy_model, reference_codes, reference_scales, reference_unpack_int4, run_fresh_python
+from helpers import (assert_same_tree, deploy_model, reference_codes, reference_scales, reference_unpack_int4,
+                     run_fresh_python)
 from jaxpr_rewrite import Int8ifyError, QuantizedArray, int8ify, quantize_params
 from jaxpr_rewrite.safetensors_io import LAYOUT_KEY, load_safetensors, save_safetensors
 
@@ -23,19 +24,12 @@ def model(request):
     return fn, params, x, quantize_params(fn, params, x, bits=request.param)
 
 
-def assert_identical(got, want):
-    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
-    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
 def test_round_trip_without_the_float_params(tmp_path, model):
     fn, params, x, qparams = model
     save_safetensors(tmp_path / "model.safetensors", qparams)
     restored = load_safetensors(tmp_path / "model.safetensors")
-    assert_identical(restored, qparams)
-    assert_identical(load_safetensors(tmp_path / "model.safetensors", jax.eval_shape(lambda p: p, qparams)), qparams)
+    assert_same_tree(restored, qparams)
+    assert_same_tree(load_safetensors(tmp_path / "model.safetensors", jax.eval_shape(lambda p: p, qparams)), qparams)
     np.testing.assert_array_equal(jax.jit(int8ify(fn))(restored, x), jax.jit(int8ify(fn))(qparams, x))
     # no float weight in the file: the only float tensors are scales, SmoothQuant factors and the bias
     with safe_open(tmp_path / "model.safetensors", framework="numpy") as file:
