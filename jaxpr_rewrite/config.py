@@ -143,6 +143,14 @@ class RewriteConfig:
         return alias() if alias is not None else self.backend
 
     @property
+    def int8_block_size(self) -> int | None:
+        """The block length of block-scaled int8 dots (``block_size`` with the int8 backend), which weights
+        quantized with that block length feed; ``None`` otherwise."""
+        if self.resolved_backend in prequantized_backends and self.granularity == "per-channel":
+            return self.block_size
+        return None
+
+    @property
     def uses_per_channel_int8(self) -> bool:
         """Whether dots become the plain per-channel int8 contract, the one pre-quantized weights are made for."""
         return (self.resolved_backend in prequantized_backends and self.granularity == "per-channel"

@@ -238,8 +238,9 @@ def _block_scaled_dot(lhs, rhs, dimension_numbers, block_size: int, out_dtype):
     """Sub-channel scaling: one scale per operand channel and block of ``block_size`` along the contraction."""
     (lc, rc), (lb, rb) = dimension_numbers
     n_blocks = -(-contraction_size(lhs.shape, lc) // block_size)
-    lhs3 = blocked(lhs, lc, lb, n_blocks, block_size)
-    rhs3 = blocked(rhs, rc, rb, n_blocks, block_size)
+    # a block-scaled weight (quantize_params with block_size) comes in this layout already quantized
+    lhs3 = lhs.block_operand(lc, lb, block_size) if is_quantized(lhs) else blocked(lhs, lc, lb, n_blocks, block_size)
+    rhs3 = rhs.block_operand(rc, rb, block_size) if is_quantized(rhs) else blocked(rhs, rc, rb, n_blocks, block_size)
     dims3 = blocked_dimension_numbers(dimension_numbers, lhs.ndim, rhs.ndim)
     _, _, partial_sums = scaled_int8_dot(lhs3, rhs3, dims3, (lhs3.ndim - 1,), (rhs3.ndim - 1,), out_dtype)
     # partial_sums is (batch..., block, lhs free..., rhs free...): add the scaled blocks.

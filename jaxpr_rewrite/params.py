@@ -36,8 +36,8 @@ from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .jaxprs import (CALL_PRIMITIVES, SUBJAXPR_PARAMS, is_float_dot, matmul_dimension_numbers, open_jaxpr,
                      scan_counts)
-from .quantize import epilogue_factors, static_scale
-from .quantized import QuantizedArray, is_quantized, quantize, smoothed_activation
+from .quantize import StaticScale, epilogue_factors
+from .quantized import CODE_LIMITS, QuantizedArray, is_quantized, quantize, smoothed_activation
 from .source import describe_source
 from .tracing import target_of, trace
 
@@ -169,15 +169,17 @@ def quantized_weight(value, uses: list[_Use]) -> QuantizedArray:
     """``value`` quantized for its matmul ``uses`` (from :func:`weight_uses`): after its casts, over their
     contracting axes, with its epilogue factors; the codes and scales the rewritten dots would compute from it."""
     use = uses[0]
-    return _quantized_weight(value, tuple(np.dtype(d) for d in use.casts), use.from_end)
+    cast = functools.reduce(lambda v, dtype: v.astype(dtype), use.casts, value)
+    return _quantize_weight(cast, tuple(a + value.ndim for a in use.from_end), 8, None).replace(
+        dtype=np.dtype(value.dtype))
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _quantized_weight(value, casts: tuple, from_end: tuple) -> QuantizedArray:
-    q = quantize(functools.reduce(lambda v, dtype: v.astype(dtype), casts, value),
-                 tuple(a + value.ndim for a in from_end))
-    return QuantizedArray(q.codes, q.scales, q.exponents, q.contracting, value.dtype,
-                          factors=epilogue_factors(q.scales, q.exponents))
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _quantize_weight(value, axes: tuple, bits: int, block_size: int | None) -> QuantizedArray:
+    """:func:`~jaxpr_rewrite.quantized.quantize` with the scales' epilogue factors, in one compiled pass."""
+    q = quantize(value, axes, bits, block_size)
+    factor, power = epilogue_factors(q.scales, q.exponents)
+    return q.replace(epilogue_factor=factor, epilogue_power=power)
 
 
 # -- SmoothQuant -------------------------------------------------------------------------------------------------
@@ -235,7 +237,7 @@ def _activation_absmax(closed, targets: dict) -> Callable:
 # -- entry point ------------------------------------------------------------------------------------------------
 def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | None = None, calibration=None,
                     smooth_skip=(), activations: str = "dynamic", activation_percentile: float | None = None,
-                    explain: bool = False, **example_kwargs):
+                    explain: bool = False, bits: int = 8, **example_kwargs):
     """Quantize, once, the leaves of ``params`` that ``int8ify(fn)`` would quantize on every call.
 
     A leaf is quantized when every use of it in ``fn(params, *example_args)`` is as an operand of a matmul that
@@ -267,6 +269,9 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
             ``99.99``, the largest over the calibration batches) instead of its maximum: the rare outliers then
             saturate, and every other value gets a finer scale.
         explain: also return, per leaf (by its ``jax.tree_util.keystr`` path), what was done and why.
+        bits: 8, or 4 for W4A8 (codes in ``[-7, 7]`` packed two per byte, scales ``absmax / 7``, per channel; the
+            dots unpack them to int8 and run the same int8 x int8 -> int32 dot). 4-bit weights differ from the
+            dynamic path by the coarser codes; 8-bit ones are bit-identical to it.
 
     Returns:
         ``params`` with the quantizable leaves replaced by :class:`~jaxpr_rewrite.quantized.QuantizedArray`; with
@@ -282,6 +287,8 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
     leaves = [leaf for _, leaf in paths_and_leaves]
     if any(is_quantized(x) for x in leaves):
         raise Int8ifyError("quantize_params got params that are already quantized")
+    if bits not in CODE_LIMITS:
+        raise Int8ifyError(f"quantize_params: bits must be one of {sorted(CODE_LIMITS)}, got {bits!r}")
     if smooth_alpha is not None:
         # any real number (numpy scalars too), but not a bool: smooth_alpha=True is a mistake, not 1.0
         if not isinstance(smooth_alpha, numbers.Real) or isinstance(smooth_alpha, (bool, np.bool_)) or not (
@@ -322,7 +329,7 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
             explanation[path] = "static (not an array)"
             continue
         uses, reason = _plan(jaxpr, jaxpr.invars[inputs[i]], config)
-        if not config.uses_per_channel_int8 and uses:
+        if not (config.uses_per_channel_int8 or config.int8_block_size is not None) and uses:
             uses, reason = [], "kept float: the options do not use per-channel int8 scales"
         if uses:
             plans[i] = uses
@@ -350,16 +357,22 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
             axis = use.from_end[0] + value.ndim
             scaled = quantized_value.astype(jnp.float32) * lax.broadcast_in_dim(factors, value.shape, (axis,))
             quantized_value = scaled.astype(quantized_value.dtype)
-        q = quantize(quantized_value, tuple(a + value.ndim for a in use.from_end))
+        # one fused, compiled pass per weight (its only temporary is its output), waited for, so one weight's
+        # temporaries are alive at a time: eager, every op's float intermediate is materialised, and dispatched
+        # asynchronously every layer's could be queued at once, so the peak would grow with the model
+        axes = tuple(a + value.ndim for a in use.from_end)
+        q = jax.block_until_ready(_quantize_weight(quantized_value, axes, bits, config.int8_block_size))
         absmax, activation_group = static.get(i, (None, None))
-        activation_scale = None if absmax is None else static_scale(absmax)
-        new_leaves.append(QuantizedArray(q.codes, q.scales, q.exponents, q.contracting, value.dtype, factors, group,
-                                         activation_scale, activation_group, epilogue_factors(q.scales, q.exponents)))
+        activation_scale = None if absmax is None else StaticScale.of(absmax).stored()
+        new_leaves.append(q.replace(dtype=np.dtype(value.dtype), smooth=factors, smooth_group=group,
+                                    activation_scale=activation_scale, activation_group=activation_group))
         casts = ", ".join(d.name for d in use.casts)
         cast = f" after {'a cast' if len(use.casts) == 1 else 'casts'} to {casts}" if use.casts else ""
         smoothing = " with SmoothQuant factors" if factors is not None else ""
         scaled = " and a static activation scale" if i in static else ""
-        explanation.setdefault(paths[i], f"quantized: {len(plans[i])} matmul use(s), contracting axes "
+        width = " to 4 bits" if bits == 4 else ""
+        width += f" in blocks of {config.int8_block_size}" if config.int8_block_size is not None else ""
+        explanation.setdefault(paths[i], f"quantized{width}: {len(plans[i])} matmul use(s), contracting axes "
                                          f"{q.contracting}{cast}{smoothing}{scaled}")
 
     if not explain:

@@ -58,7 +58,6 @@ __all__ = [
     "quantize_parts",
     "quantize_static_parts",
     "StaticScale",
-    "static_scale",
     "scale_values",
     "scale_product",
     "scales_from_absmax",
@@ -154,9 +153,9 @@ def scales_from_absmax(amax):
     return scales, exponents
 
 
-def _scale_parts(amax):
-    """:func:`scales_from_absmax`, and ``2**-exponents`` (the codes' exact prescale; any value for an all-zero
-    slice, whose elements are all zero)."""
+def _scale_parts(amax, limit: int = INT8_MAX):
+    """:func:`scales_from_absmax` (the mantissa divided by ``limit``, the largest code), and ``2**-exponents``
+    (the codes' exact prescale; any value for an all-zero slice, whose elements are all zero)."""
     fmt = _format(amax)
     field = lax.shift_right_logical(lax.bitcast_convert_type(amax, fmt.bits), fmt.bits(fmt.mantissa_bits))
     # 2**-e must be a normal float for the prescale: the top binade (and Inf) keeps e = bias - 1; a subnormal
@@ -166,31 +165,36 @@ def _scale_parts(amax):
     inverse = lax.bitcast_convert_type(
         lax.shift_left(lax.sub(fmt.bits(2 * fmt.bias), field), fmt.bits(fmt.mantissa_bits)), fmt.dtype)
     mantissa = lax.mul(amax, inverse)  # exact: in [1, 2), [2, 4) in the top binade, Inf for Inf
-    scales = true_divide(mantissa, lax.full_like(amax, INT8_MAX))
+    scales = true_divide(mantissa, lax.full_like(amax, limit))
     zero = lax.eq(amax, fmt.dtype(0))
     scales = lax.select(zero, lax.full_like(scales, 1), scales)
     exponents = lax.select(zero, lax.full_like(exponents, 0), exponents)
     return scales, exponents, inverse
 
 
-def quantize_parts(x, reduce_axes: Sequence[int]):
+def quantize_parts(x, reduce_axes: Sequence[int], limit: int = INT8_MAX):
     """The contract's quantization of ``x`` with one scale per slice over ``reduce_axes``.
 
+    Arguments:
+        x: a floating array.
+        reduce_axes: the axes one scale covers.
+        limit: the largest code: 127 for int8, 7 for int4 weights (scales are then ``absmax / 7``).
+
     Returns:
-        ``(codes, scales, exponents)``: int8 ``codes = clip(rint(x / scale), -127, 127)`` (ties to even) and each
-        slice's scale as ``scales * 2**exponents``, over the other axes in order.
+        ``(codes, scales, exponents)``: int8 ``codes = clip(rint(x / scale), -limit, limit)`` (ties to even) and
+        each slice's scale as ``scales * 2**exponents``, over the other axes in order.
     """
     reduce_axes = tuple(reduce_axes)
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
-    scales, exponents, prescale = _scale_parts(absmax(x, reduce_axes))
+    scales, exponents, prescale = _scale_parts(absmax(x, reduce_axes), limit)
     values = to_compute(x)
     # x * 2**-e is exact (a non-finite slice's exponent is meaningless, but its scale is Inf and so is every output
     # it feeds)
     values = lax.mul(values, lax.broadcast_in_dim(prescale, x.shape, kept_axes))
     quotient = true_divide(values, lax.broadcast_in_dim(scales, x.shape, kept_axes))
     rounded = lax.round(quotient, lax.RoundingMethod.TO_NEAREST_EVEN)
-    limit = scales.dtype.type(INT8_MAX)
-    codes = lax.convert_element_type(lax.clamp(-limit, rounded, limit), np.int8)
+    bound = scales.dtype.type(limit)
+    codes = lax.convert_element_type(lax.clamp(-bound, rounded, bound), np.int8)
     return codes, scales, exponents
 
 
@@ -206,30 +210,38 @@ def _codes(values, rounded, reduce_axes):
 
 class StaticScale(NamedTuple):
     """A calibrated per-tensor activation scale ``absmax / 127``, with what the hot path needs precomputed (0-d
-    arrays in the compute dtype; a pytree, so it travels with the weight it is stored on).
+    arrays in the compute dtype). A weight stores it as one vector (:meth:`stored`), so it travels, is checkpointed
+    and exported like the weight's other arrays.
 
     Attributes:
         absmax: the calibrated absmax.
-        scales, exponents: the scale as ``scales * 2**exponents`` (see :func:`scales_from_absmax`).
-        reciprocal: what the codes multiply by, ``2**-exponents / scales`` (1 for an all-zero calibration).
+        reciprocal: what the codes multiply by, ``2**-e / scales`` of the scale ``scales * 2**e`` (1 for an
+            all-zero calibration).
         factor, power: the scale's :func:`epilogue_factors`.
     """
 
     absmax: object
-    scales: object
-    exponents: object
     reciprocal: object
     factor: object
     power: object
 
+    @classmethod
+    def of(cls, amax) -> "StaticScale":
+        """The static scale of a calibrated absmax (a finite non-negative scalar)."""
+        amax = to_compute(amax)
+        scales, exponents, prescale = _scale_parts(amax)
+        zero = lax.eq(amax, amax.dtype.type(0))
+        reciprocal = lax.select(zero, lax.full_like(scales, 1), lax.div(prescale, scales))
+        return cls(amax, reciprocal, *epilogue_factors(scales, exponents))
 
-def static_scale(amax) -> StaticScale:
-    """The :class:`StaticScale` of a calibrated absmax (a finite non-negative scalar)."""
-    amax = to_compute(amax)
-    scales, exponents, prescale = _scale_parts(amax)
-    zero = lax.eq(amax, amax.dtype.type(0))
-    reciprocal = lax.select(zero, lax.full_like(scales, 1), lax.div(prescale, scales))
-    return StaticScale(amax, scales, exponents, reciprocal, *epilogue_factors(scales, exponents))
+    def stored(self):
+        """The scale as one vector of its fields, in order."""
+        return lax.concatenate([lax.reshape(to_compute(v, self.absmax.dtype), (1,)) for v in self], 0)
+
+    @classmethod
+    def stored_in(cls, vector) -> "StaticScale":
+        """The scale a :meth:`stored` vector holds."""
+        return cls(*(lax.index_in_dim(vector, i, keepdims=False) for i in range(len(cls._fields))))
 
 
 def quantize_static_parts(x, static: StaticScale, reduce_axes: Sequence[int]):
@@ -244,7 +256,7 @@ def quantize_static_parts(x, static: StaticScale, reduce_axes: Sequence[int]):
 
     Arguments:
         x: a floating array.
-        static: the calibrated scale (:func:`static_scale`).
+        static: the calibrated scale.
         reduce_axes: the axes one slice covers (the dot's contracting dims).
 
     Returns:
@@ -263,8 +275,11 @@ def quantize_static_parts(x, static: StaticScale, reduce_axes: Sequence[int]):
     def per_slice(value):
         return lax.broadcast(to_compute(value, values.dtype), kept_shape)
 
-    scales, factor = (lax.add(per_slice(v), nonfinite) for v in (static.scales, static.factor))
-    return codes, scales, lax.broadcast(static.exponents, kept_shape), (factor, per_slice(static.power))
+    # the scale as quantize_parts holds it, for the operand's other uses (the dot itself reads the factors)
+    scale, exponent, _ = _scale_parts(to_compute(static.absmax, values.dtype))
+    factor = lax.add(per_slice(static.factor), nonfinite)
+    return (codes, lax.add(per_slice(scale), nonfinite), lax.broadcast(exponent, kept_shape),
+            (factor, per_slice(static.power)))
 
 
 def dequantize_codes(codes, scales, exponents, kept_axes: Sequence[int]):

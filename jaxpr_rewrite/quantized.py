@@ -12,11 +12,24 @@ Three cheap structural operations keep codes usable through a program: :meth:`~Q
 before the dot, as ``flax`` does for ``dtype=bfloat16`` layers), :meth:`~QuantizedArray.transpose` (``x @ w.T``)
 and leading-axis slicing, which ``lax.scan`` does through the pytree structure (the contracting axes are stored
 counted from the end, so they stay valid).
+
+**Its layout.** The array is its named children (:data:`ARRAY_FIELDS`: codes, scales, exponents, optional ones)
+and its metadata (:data:`METADATA_FIELDS`: contracting axes, dtype, ...), at :data:`LAYOUT_VERSION`. Everything
+that takes one apart or puts one together reads these two tables: the pytree flattening (children keyed by
+name, so Orbax and ``keystr`` see ``.codes``, ``.scales``), ``jax.export``'s serialization of the metadata
+(registered here, so an exported program taking quantized params deserializes in another process once
+``jaxpr_rewrite`` is imported), and :mod:`jaxpr_rewrite.stored` (checkpoints, SafeTensors). A new optional child
+is one more entry in :data:`ARRAY_FIELDS`.
+
+**4-bit weights** (``bits=4``) hold their codes packed two per byte along the last axis (:mod:`jaxpr_rewrite.int4`)
+with scales ``absmax / 7``; a dot unpacks them to int8 codes in ``[-7, 7]`` (:meth:`QuantizedArray.dot_operand`)
+and runs the same int8 x int8 -> int32 dot.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import json
+from typing import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -24,19 +37,65 @@ import numpy as np
 from jax import lax
 
 from .errors import Int8ifyError
-from .quantize import (dequantize_codes, epilogue_factors, quantize_parts, quantize_static_parts, scale_values,
-                       to_compute)
+from .blocks import from_blocks, n_blocks, to_blocks
+from .int4 import INT4_MAX, pack_int4, packed_length, unpack_int4
+from .quantize import (INT8_MAX, StaticScale, dequantize_codes, epilogue_factors, quantize_parts,
+                       quantize_static_parts, scale_values, to_compute)
 
-__all__ = ["QuantizedArray", "is_quantized", "materialise", "quantize", "quantize_operand", "resolve_dot_operands",
-           "smoothed_activation"]
+__all__ = [
+    "ARRAY_FIELDS",
+    "CODE_LIMITS",
+    "FIELD_AXES",
+    "LAYOUT_VERSION",
+    "METADATA_FIELDS",
+    "OPTIONAL_ARRAY_FIELDS",
+    "QuantizedArray",
+    "is_quantized",
+    "materialise",
+    "quantize",
+    "quantize_operand",
+    "resolve_dot_operands",
+    "smoothed_activation",
+]
+
+# The version of the layout below (children and metadata), stored with every serialized QuantizedArray: a reader
+# refuses another version instead of misreading it.
+LAYOUT_VERSION = 1
+# The array children, in flatten order (a new optional child is appended here and to OPTIONAL_ARRAY_FIELDS).
+ARRAY_FIELDS = ("codes", "scales", "exponents", "smooth", "epilogue_factor", "epilogue_power", "activation_scale")
+# The children that may be None (absent).
+OPTIONAL_ARRAY_FIELDS = frozenset({"smooth", "epilogue_factor", "epilogue_power", "activation_scale"})
+# Which axes of the array each child's axes run over (None: an axis of its own, the block index of block-scaled
+# scales), so it can be sharded like the float array it stands for; a child not listed is replicated.
+FIELD_AXES = {
+    "codes": lambda array: tuple(range(array.ndim)),
+    "scales": lambda array: array.scale_axes,
+    "exponents": lambda array: array.scale_axes,
+    "smooth": lambda array: array.contracting,
+    "epilogue_factor": lambda array: array.scale_axes,
+    "epilogue_power": lambda array: array.scale_axes,
+}
+# The metadata (pytree aux data), in order, each with how it is written as JSON and read back.
+METADATA_FIELDS = {
+    "from_end": (list, lambda value: tuple(int(a) for a in value)),
+    "dtype": (lambda dtype: dtype.name, jnp.dtype),
+    "smooth_group": (lambda group: group, lambda group: group),
+    "bits": (int, int),
+    "length": (lambda length: length, lambda length: length),
+    "block_size": (lambda block: block, lambda block: block),
+    "activation_group": (lambda group: group, lambda group: group),
+}
+# The code range of each supported width.
+CODE_LIMITS = {8: INT8_MAX, 4: INT4_MAX}
 
 
-@jax.tree_util.register_pytree_node_class
+@jax.tree_util.register_pytree_with_keys_class
 class QuantizedArray:
-    """A float array stored as int8 codes and per-slice scales.
+    """A float array stored as int8 (or packed int4) codes and per-slice scales.
 
     Attributes:
-        codes: int8, the array's shape.
+        codes: int8, the array's shape; for ``bits=4``, uint8 bytes holding two codes each along the last axis
+            (:func:`jaxpr_rewrite.int4.pack_int4`).
         scales: float32 (float64 for float64 arrays), one per index of the axes not in ``contracting``, in order;
             with ``exponents`` the scale of a slice is ``scales * 2**exponents``.
         exponents: int32, shaped like ``scales``: the power of two of each slice's absmax, so ``scales`` is its
@@ -48,21 +107,29 @@ class QuantizedArray:
             for ``smooth * w`` and a dot divides its other operand by ``smooth``.
         smooth_group: a token shared by weights holding the same ``smooth`` factors (one per activation, unique
             per :func:`~jaxpr_rewrite.quantize_params` call), so the activation is divided once for all of them.
-        activation_scale: ``None`` (dynamic activation scales), or the static scale calibrated on the activations
-            this weight's dots meet (a :class:`~jaxpr_rewrite.quantize.StaticScale`, from
-            ``quantize_params(activations="static")``): a dot taking this weight quantizes its other operand with
-            that one scale (see :func:`jaxpr_rewrite.quantize.quantize_static_parts`) instead of measuring it.
-        activation_group: a token shared by weights whose static scale was calibrated on the same activation (one
-            per activation, unique per :func:`~jaxpr_rewrite.quantize_params` call): the program quantizes that
-            activation once for all of them (``x @ wq``, ``x @ wk``, ``x @ wv``).
-        factors: ``None``, or the scales' epilogue factors ``(f, g)`` (see
+        bits: 8, or 4 for codes in ``[-7, 7]`` packed two per byte (scales ``absmax / 7``).
+        length: for ``bits=4``, the length of the array's last axis (the packed one; ``None`` for 8 bits).
+        block_size: ``None`` (one scale per slice), or the block length of a block-scaled weight: one scale per
+            index of the kept axes and block of the flattened contraction, ``scales`` shaped
+            ``(*kept shape, n_blocks)`` (:mod:`jaxpr_rewrite.blocks`); it feeds the dots of
+            ``int8ify(..., block_size=block_size)``.
+        epilogue_factor, epilogue_power: ``None``, or the scales' epilogue factors (see
             :func:`jaxpr_rewrite.quantize.epilogue_factors`), shaped like ``scales``, computed once by
             :func:`~jaxpr_rewrite.quantize_params`: the program then multiplies the int32 sums by them as they are,
             which XLA fuses into its GPU GEMM kernel (a factor computed in the program is not).
+        activation_scale: ``None`` (dynamic activation scales), or the static scale calibrated on the activations
+            this weight's dots meet (``quantize_params(activations="static")``; a
+            :class:`~jaxpr_rewrite.quantize.StaticScale` stored as one float32 vector): a dot taking this weight
+            quantizes its other operand with that one scale instead of measuring it
+            (:func:`jaxpr_rewrite.quantize.quantize_static_parts`).
+        activation_group: a token shared by weights whose static scale was calibrated on the same activation (one
+            per activation, unique per :func:`~jaxpr_rewrite.quantize_params` call): the program quantizes that
+            activation once for all of them (``x @ wq``, ``x @ wk``, ``x @ wv``).
     """
 
     def __init__(self, codes, scales, exponents, contracting: Sequence[int], dtype, smooth=None, smooth_group=None,
-                 activation_scale=None, activation_group=None, factors=None):
+                 bits: int = 8, length: int | None = None, block_size: int | None = None, epilogue_factor=None,
+                 epilogue_power=None, activation_scale=None, activation_group=None):
         self.codes = codes
         self.scales = scales
         self.exponents = exponents
@@ -70,14 +137,19 @@ class QuantizedArray:
         self.dtype = np.dtype(dtype)
         self.smooth = smooth
         self.smooth_group = smooth_group
+        self.bits = bits
+        self.length = length
+        self.block_size = block_size
+        self.epilogue_factor = epilogue_factor
+        self.epilogue_power = epilogue_power
         self.activation_scale = activation_scale
         self.activation_group = activation_group
-        self.factors = factors
 
     # -- array-like ------------------------------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.codes.shape)
+        shape = tuple(self.codes.shape)
+        return shape if self.bits == 8 else (*shape[:-1], self.length)
 
     @property
     def ndim(self) -> int:
@@ -95,29 +167,51 @@ class QuantizedArray:
         return tuple(a for a in range(self.ndim) if a not in contracting)
 
     @property
+    def scale_axes(self) -> tuple:
+        """The array's axes the scales' axes run over: the kept axes, then (block-scaled) ``None`` for the block
+        index."""
+        return self.kept_axes if self.block_size is None else (*self.kept_axes, None)
+
+    @property
+    def scales_shape(self) -> tuple[int, ...]:
+        """The shape ``scales`` and ``exponents`` have."""
+        kept_shape = tuple(self.shape[a] for a in self.kept_axes)
+        if self.block_size is None:
+            return kept_shape
+        return (*kept_shape, n_blocks(int(np.prod([self.shape[a] for a in self.contracting])), self.block_size))
+
+    @property
     def nbytes(self) -> int:
         leaves = jax.tree_util.tree_leaves(self)
         return sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in leaves)
 
     def check(self, where: str = "a QuantizedArray") -> None:
         """Raise :class:`~jaxpr_rewrite.errors.Int8ifyError` unless codes, scales and exponents fit together."""
-        kept_shape = tuple(self.shape[a] for a in self.kept_axes)
+        kept_shape = self.scales_shape
         problems = []
-        if np.dtype(self.codes.dtype) != np.int8:
-            problems.append(f"codes are {np.dtype(self.codes.dtype).name}, not int8")
+        codes_dtype = np.dtype(np.int8 if self.bits == 8 else np.uint8)
+        if self.bits not in CODE_LIMITS:
+            problems.append(f"bits is {self.bits!r}, not one of {sorted(CODE_LIMITS)}")
+        elif np.dtype(self.codes.dtype) != codes_dtype:
+            problems.append(f"codes are {np.dtype(self.codes.dtype).name}, not {codes_dtype.name} for "
+                            f"{self.bits}-bit codes")
+        elif self.bits == 4 and (self.length is None or self.codes.shape[-1] != packed_length(self.length)):
+            problems.append(f"packed codes have shape {tuple(self.codes.shape)}, which cannot hold a last axis of "
+                            f"length {self.length}")
         if tuple(self.scales.shape) != kept_shape:
+            blocks = f", in blocks of {self.block_size}" if self.block_size is not None else ""
             problems.append(f"scales have shape {tuple(self.scales.shape)}, expected {kept_shape} (the codes "
-                            f"{self.shape} without contracting axes {self.contracting})")
+                            f"{self.shape} without contracting axes {self.contracting}{blocks})")
         if tuple(getattr(self.exponents, "shape", ())) != tuple(self.scales.shape):
             problems.append(f"exponents have shape {tuple(getattr(self.exponents, 'shape', ()))}, expected "
                             f"{tuple(self.scales.shape)}")
-        for factor in self.factors or ():
-            if tuple(getattr(factor, "shape", ())) != tuple(self.scales.shape):
-                problems.append(f"epilogue factors have shape {tuple(getattr(factor, 'shape', ()))}, expected "
+        for name in ("epilogue_factor", "epilogue_power"):
+            factor = getattr(self, name)
+            if factor is not None and tuple(getattr(factor, "shape", ())) != tuple(self.scales.shape):
+                problems.append(f"{name} has shape {tuple(getattr(factor, 'shape', ()))}, expected "
                                 f"{tuple(self.scales.shape)}")
-        floats = (("scales", self.scales), ("smooth factors", self.smooth),
-                  *(("epilogue factors", f) for f in self.factors or ()),
-                  *(("static activation scale", v) for v in (self.activation_scale or ())[:1]))
+        floats = (("scales", self.scales), ("smooth factors", self.smooth), ("epilogue_factor", self.epilogue_factor),
+                  ("epilogue_power", self.epilogue_power), ("activation_scale", self.activation_scale))
         cast = [f"{name} are {np.dtype(value.dtype).name}, not float32/float64" for name, value in floats
                 if value is not None and np.dtype(value.dtype).name not in ("float32", "float64")]
         if cast:
@@ -129,14 +223,26 @@ class QuantizedArray:
         if problems:
             raise Int8ifyError(f"{where} is malformed: {'; '.join(problems)}")
 
+    @property
+    def static_scale(self) -> "StaticScale | None":
+        """The calibrated static activation scale (:attr:`activation_scale` read as a
+        :class:`~jaxpr_rewrite.quantize.StaticScale`), or ``None``."""
+        return None if self.activation_scale is None else StaticScale.stored_in(self.activation_scale)
+
     def epilogue_factors(self, dtype):
         """The scales' factors for the dot's epilogue in ``dtype`` (see
-        :func:`jaxpr_rewrite.quantize.epilogue_factors`): the stored ones when :attr:`factors` is set."""
-        if self.factors is None:
+        :func:`jaxpr_rewrite.quantize.epilogue_factors`): the stored ones when there are."""
+        if self.epilogue_factor is None:
             return epilogue_factors(to_compute(self.scales, dtype), self.exponents)
-        return tuple(to_compute(f, dtype) for f in self.factors)
+        return to_compute(self.epilogue_factor, dtype), to_compute(self.epilogue_power, dtype)
 
     # -- the protocol ----------------------------------------------------------------------------------------
+    def unpacked(self) -> "QuantizedArray":
+        """The same array with its codes as one int8 per element (a 4-bit array unpacked; an 8-bit one as is)."""
+        if self.bits == 8:
+            return self
+        return self.replace(codes=unpack_int4(self.codes, self.shape[-1]), bits=8, length=None)
+
     def materialise(self):
         """The float array this stands for: ``codes * scales`` (divided by ``smooth``), in ``dtype``."""
         value = self.dot_value()
@@ -153,47 +259,134 @@ class QuantizedArray:
     def dot_value(self):
         """The float value this operand has inside a dot: ``codes * scales`` (for a smoothed weight that is
         ``smooth * w``, matching the other operand, which the dot divides by ``smooth``)."""
-        return dequantize_codes(self.codes, self.scales, self.exponents, self.kept_axes)
+        codes = self.unpacked().codes
+        if self.block_size is None:
+            return dequantize_codes(codes, self.scales, self.exponents, self.kept_axes)
+        blocked = to_blocks(codes, self.kept_axes, self.contracting, self.block_size)
+        values = dequantize_codes(blocked, self.scales, self.exponents, tuple(range(blocked.ndim - 1)))
+        return from_blocks(values, self.shape, self.kept_axes, self.contracting)
 
     def dot_operand(self, contracting: Sequence[int]) -> "QuantizedArray | None":
-        """This array as the operand of a per-channel int8 dot contracting ``contracting``, or ``None`` when its
-        scales do not fit (another contraction): then the dot must use :meth:`materialise`."""
-        return self if _from_end(contracting, self.ndim) == self.from_end else None
+        """This array as the operand of a per-channel int8 dot contracting ``contracting`` (with int8 codes: a
+        4-bit array is unpacked), or ``None`` when its scales do not fit (another contraction, or block scales):
+        then the dot must use :meth:`materialise`."""
+        fits = _from_end(contracting, self.ndim) == self.from_end and self.block_size is None
+        return self.unpacked() if fits else None
+
+    def block_operand(self, contracting: Sequence[int], batch: Sequence[int], block: int) -> "QuantizedArray | None":
+        """This block-scaled array as the operand of a block-scaled dot, in the layout that dot cuts a float
+        operand into (:func:`jaxpr_rewrite.int8_dot.blocked`: batch axes, free axes, blocks, block elements), or
+        ``None`` when it was not quantized for this contraction and block length.
+
+        Arguments:
+            contracting: the dot's contracting axes of this operand, in its dimension numbers' order.
+            batch: the dot's batch axes of this operand.
+            block: the dot's block length.
+
+        Returns:
+            A per-channel :class:`QuantizedArray` over the last axis of the blocked layout, int8 codes.
+        """
+        contracting = tuple(int(a) % self.ndim for a in contracting)
+        if self.block_size != block or contracting != self.contracting:  # blocks follow the axes' own order
+            return None
+        lead = (*batch, *(a for a in self.kept_axes if a not in batch))
+        codes = to_blocks(self.unpacked().codes, lead, contracting, block)
+        order = (*(self.kept_axes.index(a) for a in lead), len(lead))
+        scales, exponents = self.scales, self.exponents
+        if order != tuple(range(len(order))):
+            scales, exponents = lax.transpose(scales, order), lax.transpose(exponents, order)
+        return QuantizedArray(codes, scales, exponents, (codes.ndim - 1,), self.dtype)
 
     def astype(self, dtype) -> "QuantizedArray":
         """The same codes standing for the array cast to the float ``dtype``."""
-        return QuantizedArray(self.codes, self.scales, self.exponents, self.from_end, dtype, self.smooth,
-                              self.smooth_group, self.activation_scale, self.activation_group, self.factors)
+        return self.replace(dtype=np.dtype(dtype))
 
     def transpose(self, permutation: Sequence[int]) -> "QuantizedArray":
-        """The same codes and scales, laid out as ``lax.transpose(array, permutation)``."""
+        """The same codes and scales, laid out as ``lax.transpose(array, permutation)`` (4-bit codes are unpacked
+        first: their packing follows the last axis)."""
+        if self.bits != 8:
+            return self.unpacked().transpose(permutation)
         permutation = tuple(int(p) for p in permutation)
         contracting = set(self.contracting)
         new_contracting = tuple(i for i, p in enumerate(permutation) if p in contracting)
         old_kept = self.kept_axes
         new_kept_sources = [p for p in permutation if p not in contracting]  # old axes, in the new order
         order = tuple(old_kept.index(p) for p in new_kept_sources)
-        scales, exponents, factors = self.scales, self.exponents, self.factors
+        if self.block_size is not None:
+            if tuple(p for p in permutation if p in contracting) != self.contracting:
+                return None  # the blocks run over the contracting axes in their own order
+            order = (*order, len(order))  # the block index stays last
+        per_slice = {name: getattr(self, name) for name in ("scales", "exponents", "epilogue_factor", "epilogue_power")
+                     if getattr(self, name) is not None}
         if order != tuple(range(len(order))):
-            scales, exponents = lax.transpose(scales, order), lax.transpose(exponents, order)
-            factors = None if factors is None else tuple(lax.transpose(f, order) for f in factors)
-        return QuantizedArray(lax.transpose(self.codes, permutation), scales, exponents, new_contracting, self.dtype,
-                              self.smooth, self.smooth_group, self.activation_scale, self.activation_group, factors)
+            per_slice = {name: lax.transpose(value, order) for name, value in per_slice.items()}
+        return self.replace(codes=lax.transpose(self.codes, permutation),
+                            from_end=_from_end(new_contracting, self.ndim), **per_slice)
 
-    # -- pytree ----------------------------------------------------------------------------------------------
+    # -- pytree and serialization (all from ARRAY_FIELDS and METADATA_FIELDS) ---------------------------------
     def tree_flatten(self):
-        children = (self.codes, self.scales, self.exponents, self.smooth, self.activation_scale, self.factors)
-        return children, (self.from_end, self.dtype, self.smooth_group, self.activation_group)
+        return tuple(getattr(self, name) for name in ARRAY_FIELDS), self._aux()
+
+    def tree_flatten_with_keys(self):
+        children = tuple((jax.tree_util.GetAttrKey(name), getattr(self, name)) for name in ARRAY_FIELDS)
+        return children, self._aux()
+
+    def _aux(self) -> tuple:
+        return tuple(getattr(self, name) for name in METADATA_FIELDS)
+
+    def replace(self, **changes) -> "QuantizedArray":
+        """A copy with some children or metadata replaced (every other field, present or future, carried over).
+
+        Arguments:
+            **changes: ``field name -> new value``, names from :data:`ARRAY_FIELDS` and :data:`METADATA_FIELDS`.
+        """
+        unknown = set(changes) - set(ARRAY_FIELDS) - set(METADATA_FIELDS)
+        if unknown:
+            raise Int8ifyError(f"QuantizedArray has no fields {sorted(unknown)}")
+        children = [changes.get(name, getattr(self, name)) for name in ARRAY_FIELDS]
+        return QuantizedArray.tree_unflatten(tuple(changes.get(name, getattr(self, name)) for name in METADATA_FIELDS),
+                                             children)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        codes, scales, exponents, smooth, activation_scale, factors = children
-        from_end, dtype, smooth_group, activation_group = aux
         array = object.__new__(cls)  # no validation: the leaves may be anything a tree_map made of them
-        array.codes, array.scales, array.exponents, array.smooth = codes, scales, exponents, smooth
-        array.activation_scale, array.activation_group = activation_scale, activation_group
-        array.factors = factors
-        array.from_end, array.dtype, array.smooth_group = from_end, dtype, smooth_group
+        for name, value in zip(ARRAY_FIELDS, children):
+            setattr(array, name, value)
+        for name, value in zip(METADATA_FIELDS, aux):
+            setattr(array, name, value)
+        return array
+
+    def metadata(self) -> dict:
+        """The metadata as JSON values, with the layout version (what :meth:`from_parts` reads back)."""
+        written = {name: write(getattr(self, name)) for name, (write, _) in METADATA_FIELDS.items()}
+        return {"layout_version": LAYOUT_VERSION, **written}
+
+    def arrays(self) -> dict:
+        """The children that are present, by name."""
+        return {name: getattr(self, name) for name in ARRAY_FIELDS if getattr(self, name) is not None}
+
+    @classmethod
+    def from_parts(cls, arrays: Mapping, metadata: Mapping, where: str = "a QuantizedArray") -> "QuantizedArray":
+        """The array from its children by name and its :meth:`metadata`, checked.
+
+        Arguments:
+            arrays: ``name -> array`` for the present children (:data:`ARRAY_FIELDS`); optional ones may be absent.
+            metadata: what :meth:`metadata` wrote.
+            where: what the error messages call it (a checkpoint leaf's path).
+
+        Returns:
+            The :class:`QuantizedArray`.
+
+        Raises:
+            Int8ifyError: another layout version, a missing or unknown part, or parts that do not fit together.
+        """
+        missing = [name for name in ARRAY_FIELDS if name not in OPTIONAL_ARRAY_FIELDS and name not in arrays]
+        unknown = [name for name in arrays if name not in ARRAY_FIELDS]
+        if missing or unknown:
+            raise Int8ifyError(f"{where} is malformed: arrays missing {missing}, unknown {unknown} (layout "
+                               f"version {LAYOUT_VERSION} has {list(ARRAY_FIELDS)})")
+        array = cls.tree_unflatten(_read_metadata(metadata, where), [arrays.get(name) for name in ARRAY_FIELDS])
+        array.check(where)
         return array
 
     def __repr__(self):
@@ -201,9 +394,37 @@ class QuantizedArray:
         if shape is None:  # a tree_map made the leaves into something else (their shapes, say)
             return f"QuantizedArray(codes={self.codes!r}, contracting={self.from_end} (from the end))"
         smooth = ", smoothed" if self.smooth is not None else ""
+        blocks = f", block_size={self.block_size}" if self.block_size is not None else ""
         static = ", static activation scale" if self.activation_scale is not None else ""
-        return (f"QuantizedArray(i8{list(shape)}, contracting={self.contracting}, dtype={self.dtype.name}"
-                f"{smooth}{static})")
+        return (f"QuantizedArray(i{self.bits}{list(self.shape)}, contracting={self.contracting}, "
+                f"dtype={self.dtype.name}{blocks}{smooth}{static})")
+
+
+def _read_metadata(metadata: Mapping, where: str) -> tuple:
+    """The pytree aux data from :meth:`QuantizedArray.metadata`'s JSON values, or an error naming ``where``."""
+    version = metadata.get("layout_version")
+    if version != LAYOUT_VERSION:
+        raise Int8ifyError(f"{where} is stored in QuantizedArray layout version {version!r}; this int8ify reads "
+                           f"version {LAYOUT_VERSION} (write it again with this int8ify, or quantize the float "
+                           "params again)")
+    missing = [name for name in METADATA_FIELDS if name not in metadata]
+    if missing:
+        raise Int8ifyError(f"{where} is malformed: metadata missing {missing}")
+    return tuple(read(metadata[name]) for name, (_, read) in METADATA_FIELDS.items())
+
+
+def _serialize_metadata(aux: tuple) -> bytes:
+    return json.dumps(QuantizedArray.tree_unflatten(aux, [None] * len(ARRAY_FIELDS)).metadata()).encode()
+
+
+def _deserialize_metadata(data: bytes) -> tuple:
+    return _read_metadata(json.loads(data), "a QuantizedArray of an exported program")
+
+
+# jax.export writes an exported function's argument and result structure; our metadata goes in as JSON.
+jax.export.register_pytree_node_serialization(
+    QuantizedArray, serialized_name="int8ify.QuantizedArray", serialize_auxdata=_serialize_metadata,
+    deserialize_auxdata=_deserialize_metadata)
 
 
 def _from_end(axes: Sequence[int], ndim: int) -> tuple[int, ...]:
@@ -219,21 +440,38 @@ def materialise(x):
     return x.materialise() if is_quantized(x) else x
 
 
-def quantize(x, reduce_axes: Sequence[int]) -> QuantizedArray:
-    """Quantize ``x`` to int8 with one symmetric scale per slice over ``reduce_axes`` (the contract's rule).
+def quantize(x, reduce_axes: Sequence[int], bits: int = 8, block_size: int | None = None) -> QuantizedArray:
+    """Quantize ``x`` with one symmetric scale per slice over ``reduce_axes`` (the contract's rule).
 
     Arguments:
         x: a floating array (bfloat16 and float16 are upcast to float32 first).
         reduce_axes: the axes one scale covers (for a dot operand: its contracting dims).
+        bits: 8 (codes in ``[-127, 127]``, scales ``absmax / 127``) or 4 (codes in ``[-7, 7]``, scales
+            ``absmax / 7``, packed two per byte along the last axis).
+        block_size: ``None``, or one scale per index of the kept axes and block of this many elements of the
+            flattened contraction (zero-padded to whole blocks), as a block-scaled dot quantizes its operands.
 
     Returns:
         A :class:`QuantizedArray` (``.codes``, ``.scales``, ``.exponents``) standing for ``x``.
     """
+    if bits not in CODE_LIMITS:
+        raise Int8ifyError(f"bits must be one of {sorted(CODE_LIMITS)}, got {bits!r}")
     x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
     ndim = max(x.ndim, 1)
     reduce_axes = tuple(sorted(a % ndim for a in reduce_axes))
-    codes, scales, exponents = quantize_parts(x, reduce_axes)
-    return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype)
+    if bits == 4 and x.ndim == 0:
+        raise Int8ifyError("4-bit codes are packed along the last axis; a scalar has none")
+    kept = tuple(a for a in range(x.ndim) if a not in reduce_axes)
+    if block_size is None:
+        codes, scales, exponents = quantize_parts(x, reduce_axes, CODE_LIMITS[bits])
+    else:
+        blocked = to_blocks(x, kept, reduce_axes, block_size)
+        codes, scales, exponents = quantize_parts(blocked, (blocked.ndim - 1,), CODE_LIMITS[bits])
+        codes = from_blocks(codes, x.shape, kept, reduce_axes)
+    if bits == 8:
+        return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, block_size=block_size)
+    return QuantizedArray(pack_int4(codes), scales, exponents, reduce_axes, x.dtype, bits=4, length=x.shape[-1],
+                          block_size=block_size)
 
 
 def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
@@ -247,8 +485,9 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
         return quantize(x, reduce_axes)
     x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
     reduce_axes = tuple(sorted(a % max(x.ndim, 1) for a in reduce_axes))
-    codes, scales, exponents, factors = quantize_static_parts(x, static, reduce_axes)
-    return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, factors=factors)
+    codes, scales, exponents, (factor, power) = quantize_static_parts(x, partner.static_scale, reduce_axes)
+    return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, epilogue_factor=factor,
+                          epilogue_power=power)
 
 
 def smoothed_activation(activation, smooth, axis: int):
@@ -259,13 +498,15 @@ def smoothed_activation(activation, smooth, axis: int):
     return lax.mul(activation, lax.broadcast_in_dim(inverse, activation.shape, (axis,)))
 
 
-def resolve_dot_operands(invals: Sequence, contractions, direct: bool, shared: dict | None) -> list:
+def resolve_dot_operands(invals: Sequence, contractions, direct: bool, shared: dict | None,
+                         block_size: int | None = None) -> list:
     """The operands a dot's program gets, from its operand values (the quantized-array rule of ``dot_general``).
 
     A :class:`QuantizedArray` whose scales fit the dot (per-channel int8, ``direct``, same contraction) goes on
-    as itself: its codes feed the int8 dot. Any other is materialised. A usable smoothed weight stands for
-    ``smooth * w``, so the other operand is multiplied by ``1 / smooth`` first. The activation of a usable weight
-    with a static scale and an ``activation_group`` is quantized here, once for every weight of the group.
+    as its :meth:`~QuantizedArray.dot_operand` (int8 codes, 4-bit ones unpacked): its codes feed the int8 dot.
+    Any other is materialised. A usable smoothed weight stands for ``smooth * w``, so the other operand is
+    multiplied by ``1 / smooth`` first. The activation of a usable weight with a static scale and an
+    ``activation_group`` is quantized here, once for every weight of the group.
 
     Arguments:
         invals: the dot's two operand values.
@@ -273,17 +514,28 @@ def resolve_dot_operands(invals: Sequence, contractions, direct: bool, shared: d
         direct: whether the rewrite uses the per-channel int8 contract (pre-quantized codes fit only that).
         shared: a per-program cache ``(id(activation), axes, group) -> (activation, rescaled or quantized)``
             shared by the weights of one smoothing or static-scale group, or ``None``.
+        block_size: the block length of the dot (``int8ify(..., block_size=...)`` with int8), or ``None``: a
+            block-scaled weight goes on as itself (the dot reads its :meth:`~QuantizedArray.block_operand`).
+
+    Raises:
+        Int8ifyError: a block-scaled weight in a dot of another block length, or one without blocks.
     """
+    for x in invals:
+        if is_quantized(x) and x.block_size is not None and x.block_size != block_size:
+            dot = f"block_size={block_size}" if block_size is not None else "no block_size"
+            raise Int8ifyError(f"a weight quantized with block_size={x.block_size} ({x!r}) meets a dot with {dot}; "
+                               f"quantize it with the same int8ify options the program runs with "
+                               f"(quantize_params(int8ify(fn, block_size=...), ...))")
     usable = [
-        is_quantized(x) and direct and x.dot_operand(contract) is not None
+        is_quantized(x) and (x.block_size is not None or (direct and x.dot_operand(contract) is not None))
         for x, contract in zip(invals, contractions)
     ]
     for side, x in enumerate(invals):
         if usable[side] and x.smooth is not None and is_quantized(invals[1 - side]):
             usable[side] = False  # two weights: the smoothing cannot move into the other one
     operands = [
-        x if use else materialise(x)
-        for x, use in zip(invals, usable)
+        (x if x.block_size is not None else x.dot_operand(contract)) if use else materialise(x)
+        for x, use, contract in zip(invals, usable, contractions)
     ]
     for side in (0, 1):
         weight = invals[side]
@@ -300,7 +552,7 @@ def resolve_dot_operands(invals: Sequence, contractions, direct: bool, shared: d
         if shareable:
             shared[key] = (other, operands[1 - side])  # holds `other`, so no other value reuses its id
     for side in (0, 1):
-        weight, other = invals[side], operands[1 - side]
+        weight, other = operands[side], operands[1 - side]
         if not usable[side] or weight.activation_group is None or shared is None or is_quantized(other):
             continue
         key = (id(other), tuple(contractions[1 - side]), weight.activation_group)

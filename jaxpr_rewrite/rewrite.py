@@ -255,7 +255,8 @@ class Rewriter:
         if ragged:
             self._check_ragged(eqn, where)
         contractions = matmul_dimension_numbers(eqn)[0]
-        lhs, rhs = resolve_dot_operands(invals[:2], contractions, self.config.uses_per_channel_int8, smoothed)
+        lhs, rhs = resolve_dot_operands(invals[:2], contractions, self.config.uses_per_channel_int8, smoothed,
+                                        self.config.int8_block_size)
         # an integer operand of a mixed dot is quantized like a float one
         lhs, rhs = (
             x if is_quantized(x) or _is_float_dtype(v.aval.dtype) else lax.convert_element_type(x, np.float32)

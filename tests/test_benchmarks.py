@@ -74,3 +74,18 @@ def test_peers_benchmark_runs_and_names_the_machine(tmp_path, monkeypatch):
     assert text.startswith("CPU: ") and f"JAX {jax.__version__}" in text
     for variant in ("float32", "hand W8A8", "int8ify+qparams", "int8ify static", "int8ify eager", "floor"):
         assert f"| 1 | {variant} |" in text, variant
+
+
+def test_deploy_benchmark_prints_bytes_load_times_and_peak_memory(tmp_path, monkeypatch, capsys):
+    """At a small size: every format's bytes and load time, and quantize_params' peak memory within float params
+    + quantized copy + one layer's temporaries (the exit code says so)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    sys.modules.pop("deploy", None)
+    import deploy
+
+    assert deploy.main(["--layers", "6", "--width", "2048", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    for weights in ("float32", "int8", "int4 (W4A8)"):
+        for kind in ("Orbax", "SafeTensors"):
+            assert f"| {weights} | {kind} | " in printed
+    assert "MALLOC_MMAP_THRESHOLD_=1MiB: " in printed and ": within float + quantized + one layer" in printed

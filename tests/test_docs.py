@@ -1,4 +1,5 @@
-"""The documentation runs as shown: README.md and docs/inspect.md are executed and their pasted outputs compared.
+"""The documentation runs as shown: README.md, docs/inspect.md and docs/deploy.md are executed and their pasted
+outputs compared.
 
 Conventions in those files (the markdown renders them as ordinary code blocks):
 
@@ -27,7 +28,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCUMENTS = ["README.md", "docs/inspect.md"]
+DOCUMENTS = ["README.md", "docs/inspect.md", "docs/deploy.md"]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.MULTILINE | re.DOTALL)
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 

@@ -44,7 +44,7 @@ def test_entry_points_and_extras(wheel):
     assert "[console_scripts]\nint8ify = jaxpr_rewrite.cli:main" in entry_points
     metadata = _read(wheel, ".dist-info/METADATA")
     assert "Requires-Dist: jax<0.13,>=0.8" in metadata or "Requires-Dist: jax>=0.8,<0.13" in metadata
-    for extra in ("test", "plot", "examples"):
+    for extra in ("test", "plot", "examples", "deploy"):
         assert f"Provides-Extra: {extra}" in metadata
     assert 'Requires-Dist: matplotlib; extra == "plot"' in metadata
     assert "# int8ify" in metadata  # README as the long description

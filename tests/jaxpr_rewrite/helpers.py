@@ -8,53 +8,61 @@ all-zero slice), codes by numpy division and rounding (ties to even), exact inte
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import jax
 import numpy as np
 
 from jaxpr_rewrite import dot_eqns, iter_eqns  # noqa: F401  (re-exported for the tests)
 
 
-def reference_scale_parts(x, reduce_axes) -> tuple[np.ndarray, np.ndarray]:
+def reference_scale_parts(x, reduce_axes, limit=127) -> tuple[np.ndarray, np.ndarray]:
     """The contract's scale of each slice over ``reduce_axes`` (kept axes in order) as ``(scales, exponents)``
     with ``scale = scales * 2**exponents``, the library's documented representation: ``2**exponents`` the power
     of two of the absmax, ``scales`` its mantissa / 127 in float32 (the top binade keeps the exponent one lower);
-    an all-zero slice has scale 1. ``scales * 2**exponents`` is exactly ``absmax / 127`` correctly rounded."""
+    an all-zero slice has scale 1. ``scales * 2**exponents`` is exactly ``absmax / 127`` correctly rounded.
+    ``limit=7`` gives the 4-bit weights' ``absmax / 7``."""
     x = np.asarray(x, np.float32)
     amax = np.max(np.abs(x), axis=tuple(reduce_axes), initial=np.float32(0)).astype(np.float64)
     mantissa, exponent = np.frexp(amax)  # amax = mantissa * 2**exponent, mantissa in [0.5, 1)
     mantissa, exponent = mantissa * 2, exponent - 1
     top = exponent > 126
     mantissa, exponent = np.where(top, mantissa * 2, mantissa), np.where(top, 126, exponent)
-    scales = (mantissa.astype(np.float32) / np.float32(127)).astype(np.float32)
+    scales = (mantissa.astype(np.float32) / np.float32(limit)).astype(np.float32)
     zero = amax == 0
     return np.where(zero, np.float32(1), scales).astype(np.float32), np.where(zero, 0, exponent).astype(np.int32)
 
 
-def reference_scales(x, reduce_axes) -> np.ndarray:
+def reference_scales(x, reduce_axes, limit=127) -> np.ndarray:
     """The scale of each slice as an exact float64 value (``scales * 2**exponents``)."""
-    scales, exponents = reference_scale_parts(x, reduce_axes)
+    scales, exponents = reference_scale_parts(x, reduce_axes, limit)
     return scales.astype(np.float64) * np.exp2(exponents.astype(np.float64))
 
 
-def reference_codes(x, reduce_axes) -> np.ndarray:
+def reference_codes(x, reduce_axes, limit=127) -> np.ndarray:
     """int8 codes ``clip(rint(x / s), -127, 127)`` with ``x / s`` correctly rounded in float32 (numpy's division
-    of the exactly rescaled ``x * 2**-e`` by ``scales``) and round-half-even."""
+    of the exactly rescaled ``x * 2**-e`` by ``scales``) and round-half-even (``limit=7``: 4-bit codes)."""
     x = np.asarray(x, np.float32)
-    scales, exponents = reference_scale_parts(x, reduce_axes)
+    scales, exponents = reference_scale_parts(x, reduce_axes, limit)
     s = np.expand_dims(scales, tuple(reduce_axes))
     prescaled = (x.astype(np.float64) * np.expand_dims(np.exp2(-exponents.astype(np.float64)), tuple(reduce_axes)))
-    return np.clip(np.rint(prescaled.astype(np.float32) / s), -127, 127).astype(np.int8)
+    return np.clip(np.rint(prescaled.astype(np.float32) / s), -limit, limit).astype(np.int8)
 
 
-def reference_dot(lhs, rhs, dimension_numbers) -> np.ndarray:
-    """The contract's value of ``dot_general(lhs, rhs)`` in float64, from exact int64 sums of the codes."""
+def reference_dot(lhs, rhs, dimension_numbers, rhs_limit=127) -> np.ndarray:
+    """The contract's value of ``dot_general(lhs, rhs)`` in float64, from exact int64 sums of the codes
+    (``rhs_limit=7``: a 4-bit weight on the right, W4A8)."""
     (lc, rc), (lb, rb) = dimension_numbers
     lhs32, rhs32 = np.asarray(lhs, np.float32), np.asarray(rhs, np.float32)
     lq = reference_codes(lhs32, lc).astype(np.int64)
-    rq = reference_codes(rhs32, rc).astype(np.int64)
+    rq = reference_codes(rhs32, rc, rhs_limit).astype(np.int64)
     acc = _int_dot(lq, rq, dimension_numbers)
     ls = reference_scales(lhs32, lc).astype(np.float64)
-    rs = reference_scales(rhs32, rc).astype(np.float64)
+    rs = reference_scales(rhs32, rc, rhs_limit).astype(np.float64)
     return acc * _to_output(ls, lhs32.ndim, lc, lb, 0, acc.ndim, len(lb)) * _to_output(
         rs, rhs32.ndim, rc, rb, 1, acc.ndim, len(lb)
     )
@@ -151,11 +159,12 @@ def reference_per_tensor_matmul(x, w) -> np.ndarray:
     return (xq @ wq) * sx * sw
 
 
-def reference_block_matmul(x, w, block: int) -> tuple[np.ndarray, np.ndarray]:
+def reference_block_matmul(x, w, block: int, rhs_limit=127) -> tuple[np.ndarray, np.ndarray]:
     """Block-scaled contract of ``x @ w`` (``x``: (B, K), ``w``: (K, N)) in float64.
 
     The contraction is zero-padded to a multiple of ``block``; each block has one scale per row of ``x``
-    and one per column of ``w``; its exact integer partial sums are scaled and the blocks summed.
+    and one per column of ``w``; its exact integer partial sums are scaled and the blocks summed
+    (``rhs_limit=7``: 4-bit weight codes).
 
     Returns:
         ``(y, magnitude)``: the value, and the sum of the blocks' absolute terms (the scale of the float32
@@ -170,9 +179,9 @@ def reference_block_matmul(x, w, block: int) -> tuple[np.ndarray, np.ndarray]:
     magnitude = np.zeros_like(y)
     for start in range(0, k + pad, block):
         xb, wb = x32[:, start:start + block], w32[start:start + block]
-        acc = reference_codes(xb, (1,)).astype(np.int64) @ reference_codes(wb, (0,)).astype(np.int64)
+        acc = reference_codes(xb, (1,)).astype(np.int64) @ reference_codes(wb, (0,), rhs_limit).astype(np.int64)
         sx = reference_scales(xb, (1,)).astype(np.float64)
-        sw = reference_scales(wb, (0,)).astype(np.float64)
+        sw = reference_scales(wb, (0,), rhs_limit).astype(np.float64)
         term = acc * sx[:, None] * sw[None, :]
         y += term
         magnitude += np.abs(term)
@@ -207,3 +216,64 @@ def dense_with_custom_jvp(x, w):
 def _dense_jvp(primals, tangents):
     (x, w), (dx, dw) = primals, tangents
     return x @ w, dx @ w + x @ dw
+
+
+def reference_pack_int4(codes) -> np.ndarray:
+    """4-bit codes packed as the documented layout says: element ``2 i`` of the last axis in the low nibble of
+    byte ``i``, ``2 i + 1`` in the high one, two's complement; an odd length padded with a zero code."""
+    codes = np.asarray(codes, np.int64)
+    if codes.shape[-1] % 2:
+        codes = np.concatenate([codes, np.zeros((*codes.shape[:-1], 1), np.int64)], axis=-1)
+    nibbles = codes & 0xF
+    return (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).astype(np.uint8)
+
+
+def reference_unpack_int4(packed, length: int) -> np.ndarray:
+    """The codes of :func:`reference_pack_int4`'s bytes, by integer arithmetic."""
+    packed = np.asarray(packed, np.int64)
+    nibbles = np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
+    return np.where(nibbles > 7, nibbles - 16, nibbles)[..., :length].astype(np.int8)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_fresh_python(code: str, *args) -> str:
+    """Run ``code`` in a new Python process (this checkout importable, 8 host CPU devices) and return what it
+    printed; a failure shows its stderr."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout
+
+
+def deploy_model(seed=0, width=256):
+    """A small served model, at realistic sizes: ``(fn, params, x)`` with a two-layer MLP of weights, a bias left
+    float, and a nested list of layers (so paths hold dict keys and sequence indices)."""
+    rng = np.random.default_rng(seed)
+    params = {
+        "embed": {"w": rng.normal(size=(96, width)).astype(np.float32) / 8,
+                  "b": rng.normal(size=width).astype(np.float32)},
+        "layers": [{"w": rng.normal(size=(width, width)).astype(np.float32) / 16} for _ in range(2)],
+        "head": rng.normal(size=(width, 65)).astype(np.float32) / 16,
+    }
+    x = rng.normal(size=(32, 96)).astype(np.float32)
+    return deploy_fn, params, x
+
+
+def assert_same_tree(got, want):
+    """Same structure (QuantizedArray metadata included), every array bit-identical with the same dtype."""
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def deploy_fn(params, x):
+    """The model :func:`deploy_model` returns."""
+    h = jax.nn.relu(x @ params["embed"]["w"] + params["embed"]["b"])
+    for layer in params["layers"]:
+        h = jax.nn.gelu(h @ layer["w"])
+    return h @ params["head"]

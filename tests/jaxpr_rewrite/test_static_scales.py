@@ -48,7 +48,7 @@ def test_static_scale_is_the_calibration_absmax_and_matches_the_reference():
     params, calibration = make_dense()
     qparams = quantize_params(dense, params, *calibration[0], activations="static", calibration=calibration)
     expected = max(np.abs(c[0]).max() for c in calibration)
-    assert float(qparams["w"].activation_scale.absmax) == expected
+    assert float(qparams["w"].static_scale.absmax) == expected
     x = RNG.standard_normal((64, 384)).astype(np.float32)
     y = np.asarray(jax.jit(int8ify(dense))(qparams, x), np.float64)
     np.testing.assert_allclose(y, static_reference(x, params["w"], expected), rtol=2e-6, atol=1e-6)
@@ -57,7 +57,7 @@ def test_static_scale_is_the_calibration_absmax_and_matches_the_reference():
 def test_values_beyond_the_calibrated_range_saturate():
     params, calibration = make_dense()
     qparams = quantize_params(dense, params, *calibration[0], activations="static", calibration=calibration)
-    amax = float(qparams["w"].activation_scale.absmax)
+    amax = float(qparams["w"].static_scale.absmax)
     x = RNG.standard_normal((64, 384)).astype(np.float32)
     x[:8] *= 10  # well outside the calibrated range: their codes clip at +-127
     y = np.asarray(jax.jit(int8ify(dense))(qparams, x), np.float64)
@@ -75,7 +75,7 @@ def test_nan_and_inf_still_propagate_only_to_the_outputs_they_feed():
     for row in range(64):
         assert (not np.isfinite(y[row]).any()) if row in bad else np.isfinite(y[row]).all()
     finite = [r for r in range(64) if r not in bad]
-    amax = float(qparams["w"].activation_scale.absmax)
+    amax = float(qparams["w"].static_scale.absmax)
     np.testing.assert_allclose(y[finite], static_reference(x[finite], params["w"], amax), rtol=2e-6, atol=1e-6)
 
 
@@ -98,8 +98,8 @@ def test_percentile_calibration():
     qparams = quantize_params(dense, params, *calibration[0], activations="static", calibration=calibration,
                               activation_percentile=99.0)
     expected = max(np.percentile(np.abs(c[0]), 99.0) for c in calibration)
-    np.testing.assert_allclose(float(qparams["w"].activation_scale.absmax), expected, rtol=1e-6)
-    assert float(qparams["w"].activation_scale.absmax) < max(np.abs(c[0]).max() for c in calibration)
+    np.testing.assert_allclose(float(qparams["w"].static_scale.absmax), expected, rtol=1e-6)
+    assert float(qparams["w"].static_scale.absmax) < max(np.abs(c[0]).max() for c in calibration)
 
 
 def test_weights_reading_one_activation_share_its_quantization():
@@ -108,7 +108,7 @@ def test_weights_reading_one_activation_share_its_quantization():
     x = RNG.standard_normal((32, d)).astype(np.float32)
     qparams = quantize_params(attention_inputs, params, x, activations="static")
     assert len({qparams[n].activation_group for n in params}) == 1
-    assert len({float(qparams[n].activation_scale.absmax) for n in params}) == 1
+    assert len({float(qparams[n].static_scale.absmax) for n in params}) == 1
     jaxpr = int8ify(attention_inputs).rewritten_jaxpr(qparams, x)
     assert [e.primitive.name for e in iter_eqns(jaxpr)].count("round") == 1
     y = np.asarray(jax.jit(int8ify(attention_inputs))(qparams, x), np.float64)
@@ -128,7 +128,7 @@ def test_static_scales_compose_with_smoothquant():
     w1 = qparams["w1"]
     assert w1.smooth is not None
     inverse = (np.float32(1) / np.asarray(w1.smooth, np.float32)).astype(np.float32)
-    np.testing.assert_allclose(float(w1.activation_scale.absmax), np.abs(x * inverse).max(), rtol=1e-6)
+    np.testing.assert_allclose(float(w1.static_scale.absmax), np.abs(x * inverse).max(), rtol=1e-6)
     y = np.asarray(jax.jit(int8ify(mlp))(qparams, x))
     ref = np.asarray(mlp(params, x))
     assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 0.05

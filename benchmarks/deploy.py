@@ -1,0 +1,161 @@
+"""The deploy path's costs: checkpoint bytes, load time, and ``quantize_params``' peak memory.
+
+Usage::
+
+    python benchmarks/deploy.py [--layers 24] [--width 2048] [--out DIR]
+
+On an MLP of ``--layers`` square float32 weights of ``--width`` (24 x 2048 is 403 MB of weights), prints:
+
+* the bytes of the float32 params and of the int8 and int4 (W4A8) quantized params, each as an Orbax checkpoint
+  (:func:`~jaxpr_rewrite.checkpoint.save_quantized`) and a SafeTensors file
+  (:func:`~jaxpr_rewrite.safetensors_io.save_safetensors`), with its load time (median of 3, onto no target);
+* ``quantize_params``' peak resident memory, measured in a fresh process (``VmHWM``) against its bound: the
+  float params plus the quantized copy plus one layer's temporaries (three float copies of it) plus a fixed part
+  (compiling the quantizer, the trace) measured on a one-layer model of width 256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from jaxpr_rewrite import quantize_params  # noqa: E402
+from jaxpr_rewrite.checkpoint import load_quantized, save_quantized  # noqa: E402
+from jaxpr_rewrite.safetensors_io import load_safetensors, save_safetensors  # noqa: E402
+
+MB = 2**20
+SMALL_WIDTH = 256  # the one-layer model whose peak is the fixed part of quantize_params' memory
+TEMPORARY_COPIES = 3  # float copies of one layer its quantization may hold at once
+
+
+def mlp(params, x):
+    for w in params:
+        x = jax.nn.relu(x @ w)
+    return x
+
+
+def mlp_params(layers: int, width: int):
+    rng = np.random.default_rng(0)
+    return [(rng.standard_normal((width, width), np.float32) / np.float32(np.sqrt(width))) for _ in range(layers)]
+
+
+def size_on_disk(path: Path) -> int:
+    return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def median_seconds(fn, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def peak_memory(layers: int, width: int, fixed_mmap_threshold: bool) -> dict:
+    """``quantize_params``' peak resident memory over the process's before the params existed, in a fresh process.
+
+    Read from ``/proc/self/status``: ``VmHWM`` (the peak, which a new program starts afresh, unlike
+    ``ru_maxrss``, which a child inherits from the process that forked it) and ``VmRSS``. With
+    ``fixed_mmap_threshold``, glibc's malloc keeps serving blocks over 1 MiB by ``mmap`` (``MALLOC_MMAP_THRESHOLD_``):
+    by default it raises that threshold after the first large block is freed, so the per-weight device copies then
+    come from the heap, which fragments and keeps memory the program no longer holds.
+    """
+    code = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+import jax
+import numpy as np
+from deploy import mlp, mlp_params, resident
+from jaxpr_rewrite import quantize_params
+jax.block_until_ready(jax.jit(lambda a: a + 1)(np.zeros(4, np.float32)))
+before = resident("VmHWM")
+params = mlp_params({layers}, {width})
+with_params = resident("VmRSS")
+qparams = jax.block_until_ready(quantize_params(mlp, params, np.zeros((8, {width}), np.float32)))
+print(before, with_params, resident("VmHWM"))
+"""
+    env = {**os.environ, **({"MALLOC_MMAP_THRESHOLD_": str(MB)} if fixed_mmap_threshold else {})}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    before, with_params, peak = (int(v) for v in done.stdout.split())
+    return {"before": before, "with_params": with_params, "peak": peak}
+
+
+def quantized_bytes(layers: int, width: int) -> int:
+    """int8 codes, float32 scales and int32 exponents of ``layers`` square weights."""
+    return layers * (width * width + 8 * width)
+
+
+def beyond_params(memory: dict, layers: int, width: int) -> int:
+    """The peak beyond the float params and their int8 copy."""
+    return memory["peak"] - memory["with_params"] - quantized_bytes(layers, width)
+
+
+def resident(field: str) -> int:
+    """A memory line of ``/proc/self/status`` (``VmRSS``, ``VmHWM``), in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field} (this measurement needs Linux)")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--out", type=Path, default=None, help="where to write the files (default: a temp dir)")
+    args = parser.parse_args(argv)
+    out = args.out or Path(tempfile.mkdtemp(prefix="int8ify-deploy-"))
+    out.mkdir(parents=True, exist_ok=True)
+    params = mlp_params(args.layers, args.width)
+    x = np.zeros((8, args.width), np.float32)
+    float_bytes = sum(w.nbytes for w in params)
+    layer_bytes = params[0].nbytes
+    print(f"MLP {args.layers} x {args.width}x{args.width} float32: {float_bytes / MB:.1f} MB of weights, "
+          f"JAX {jax.__version__}")
+    print("| weights | file | bytes | vs float32 | load (s) |")
+    print("|---|---|---:|---:|---:|")
+    for label, bits in (("float32", None), ("int8", 8), ("int4 (W4A8)", 4)):
+        tree = params if bits is None else quantize_params(mlp, params, x, bits=bits)
+        for kind, save, load in (("Orbax", save_quantized, load_quantized),
+                                 ("SafeTensors", save_safetensors, load_safetensors)):
+            path = out / f"{label.split()[0]}.{kind.lower()}"
+            shutil.rmtree(path, ignore_errors=True)
+            save(path, tree)
+            size = size_on_disk(path)
+            seconds = median_seconds(lambda: jax.tree_util.tree_leaves(load(path)))
+            print(f"| {label} | {kind} | {size / MB:.1f} MB | {size / float_bytes:.2f}x | {seconds:.3f} |")
+        del tree
+    # the fixed part (XLA's compile of the quantizer, the trace) is measured on one small layer; one layer's
+    # temporaries are bounded by three float copies of it (its device copy, the compiled pass's argument buffer,
+    # that pass's intermediates), so the full model may add only its params and quantized copy on top of that
+    within = True
+    for fixed_threshold, allocator in ((True, "MALLOC_MMAP_THRESHOLD_=1MiB"), (False, "default malloc")):
+        fixed = beyond_params(peak_memory(1, SMALL_WIDTH, fixed_threshold), 1, SMALL_WIDTH)
+        full = peak_memory(args.layers, args.width, fixed_threshold)
+        extra = beyond_params(full, args.layers, args.width)
+        bound = fixed + TEMPORARY_COPIES * layer_bytes
+        ok = extra <= bound
+        within = within and (ok or not fixed_threshold)
+        total = full["peak"] - full["before"]
+        print(f"quantize_params (int8) peak memory, {allocator}: {total / MB:.0f} MB above the process before the "
+              f"params ({total / float_bytes:.2f}x the float model) = float params {float_bytes / MB:.0f} MB + int8 "
+              f"copy {quantized_bytes(args.layers, args.width) / MB:.0f} MB + {extra / MB:.0f} MB, against a bound "
+              f"of {bound / MB:.0f} MB (fixed {fixed / MB:.0f} MB + {TEMPORARY_COPIES} float layers): "
+              f"{'within' if ok else 'over'} float + quantized + one layer's temporaries")
+    return 0 if within else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""``jax.export`` of a rewritten program taking quantized params: it serializes, deserializes in a fresh process
+and gives bit-identical outputs, and the exported module holds only int8 dots."""
+
+import re
+
+import jax
+import numpy as np
+import pytest
+
+from helpers import deploy_model, run_fresh_python
+from jaxpr_rewrite import QuantizedArray, int8ify, quantize_params
+
+# The fresh process knows nothing of the model: it imports jaxpr_rewrite (which registers QuantizedArray for
+# export's pytree serialization), rebuilds the arguments from the exported structure and the saved leaves.
+FRESH = """
+import sys
+import jax
+import numpy as np
+import jaxpr_rewrite  # noqa: F401
+
+blob, leaves, expected = sys.argv[1:]
+exported = jax.export.deserialize(bytearray(open(blob, "rb").read()))
+stored = np.load(leaves)
+args, kwargs = jax.tree_util.tree_unflatten(exported.in_tree, [stored[f"leaf{i}"] for i in range(len(stored.files))])
+(qparams, x) = args
+print(type(qparams["head"]).__name__, qparams["head"].bits)
+out = exported.call(qparams, x)
+np.testing.assert_array_equal(np.asarray(out), np.load(expected))
+print("bit-identical")
+"""
+
+
+def _exported(bits):
+    fn, params, x = deploy_model()
+    qparams = quantize_params(fn, params, x, bits=bits)
+    program = jax.jit(int8ify(fn))
+    return jax.export.export(program)(qparams, x), qparams, x, np.asarray(program(qparams, x))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_export_round_trip_in_a_fresh_process(tmp_path, bits):
+    exported, qparams, x, expected = _exported(bits)
+    (tmp_path / "program.bin").write_bytes(exported.serialize())
+    leaves = jax.tree_util.tree_leaves(((qparams, x), {}))
+    np.savez(tmp_path / "leaves.npz", **{f"leaf{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)})
+    np.save(tmp_path / "expected.npy", expected)
+    printed = run_fresh_python(FRESH, tmp_path / "program.bin", tmp_path / "leaves.npz", tmp_path / "expected.npy")
+    assert printed.split() == ["QuantizedArray", str(bits), "bit-identical"]
+
+
+def test_deserialized_structure_keeps_the_metadata():
+    exported, qparams, x, expected = _exported(4)
+    again = jax.export.deserialize(exported.serialize())
+    assert again.in_tree == jax.tree_util.tree_structure(((qparams, x), {}))
+    rebuilt = jax.tree_util.tree_unflatten(again.in_tree, jax.tree_util.tree_leaves(((qparams, x), {})))
+    head = rebuilt[0][0]["head"]
+    assert isinstance(head, QuantizedArray) and (head.shape, head.contracting, head.bits) == ((256, 65), (0,), 4)
+    np.testing.assert_array_equal(np.asarray(again.call(qparams, x)), expected)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_exported_module_holds_only_int8_dots(bits):
+    exported, *_ = _exported(bits)
+    text = exported.mlir_module()
+    dots = re.findall(r"stablehlo\.dot_general .*?: \((tensor<[^>]*>), (tensor<[^>]*>)\) -> (tensor<[^>]*>)", text)
+    assert dots, text
+    for lhs, rhs, out in dots:
+        assert lhs.endswith("xi8>") and rhs.endswith("xi8>") and out.endswith("xi32>"), (lhs, rhs, out)
+    assert "stablehlo.dot " not in text  # no other matmul primitive
+    # each matmul of the model calls an int8 dot's body (the two layers of one type share theirs)
+    assert len(re.findall(r"call @int8_dot_general", text)) == 4

@@ -1,0 +1,152 @@
+"""A quantized pytree as one SafeTensors file: read back from the file alone (no float params, a fresh process),
+readable by another tool from the documented layout, and clear errors naming the leaf for a truncated file,
+another layout version and a target that does not fit."""
+
+import json
+import re
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from helpers import (assert_same_tree, deploy_model, reference_codes, reference_scales, reference_unpack_int4,
+                     run_fresh_python)
+from jaxpr_rewrite import Int8ifyError, QuantizedArray, int8ify, quantize_params
+from jaxpr_rewrite.safetensors_io import LAYOUT_KEY, load_safetensors, save_safetensors
+
+
+@pytest.fixture(scope="module", params=[8, 4], ids=["int8", "int4"])
+def model(request):
+    fn, params, x = deploy_model()
+    return fn, params, x, quantize_params(fn, params, x, bits=request.param)
+
+
+def test_round_trip_without_the_float_params(tmp_path, model):
+    fn, params, x, qparams = model
+    save_safetensors(tmp_path / "model.safetensors", qparams)
+    restored = load_safetensors(tmp_path / "model.safetensors")
+    assert_same_tree(restored, qparams)
+    assert_same_tree(load_safetensors(tmp_path / "model.safetensors", jax.eval_shape(lambda p: p, qparams)), qparams)
+    np.testing.assert_array_equal(jax.jit(int8ify(fn))(restored, x), jax.jit(int8ify(fn))(qparams, x))
+    # no float weight in the file: the only float tensors are scales, their epilogue factors and the bias
+    with safe_open(tmp_path / "model.safetensors", framework="numpy") as file:
+        floats = {name for name in file.keys() if file.get_tensor(name).dtype.kind == "f"}
+    assert floats == {"embed.b"} | {f"{leaf}.{part}" for leaf in ("embed.w", "layers.0.w", "layers.1.w", "head")
+                                    for part in ("scales", "epilogue_factor", "epilogue_power")}
+    float_bytes = sum(np.asarray(leaf).nbytes for leaf in jax.tree_util.tree_leaves(params))
+    ratio = (tmp_path / "model.safetensors").stat().st_size / float_bytes
+    # codes, and per output channel its scale, exponent and two epilogue factors (16 bytes)
+    assert ratio < (0.29 if qparams["head"].bits == 8 else 0.17), ratio
+
+
+FRESH = """
+import sys
+import jax
+import numpy as np
+from jaxpr_rewrite import int8ify
+from jaxpr_rewrite.safetensors_io import load_safetensors
+sys.path.insert(0, sys.argv[3])
+from helpers import deploy_fn
+
+qparams = load_safetensors(sys.argv[1])
+np.save(sys.argv[2], np.asarray(jax.jit(int8ify(deploy_fn))(qparams, np.load(sys.argv[2]))))
+print(qparams["head"])
+"""
+
+
+def test_a_fresh_process_runs_the_model_from_the_file_alone(tmp_path, model):
+    fn, _, x, qparams = model
+    save_safetensors(tmp_path / "model.safetensors", qparams)
+    np.save(tmp_path / "io.npy", x)
+    printed = run_fresh_python(FRESH, tmp_path / "model.safetensors", tmp_path / "io.npy", Path(__file__).parent)
+    assert printed.strip() == repr(qparams["head"])
+    np.testing.assert_array_equal(np.load(tmp_path / "io.npy"), jax.jit(int8ify(fn))(qparams, x))
+
+
+def test_another_tool_reads_the_documented_layout(tmp_path, model):
+    """With safetensors, json and numpy alone, as docs/deploy.md describes: 4-bit codes unpacked from their
+    nibbles, each scale ``scales * 2**exponents`` over the kept axes; they are the contract's codes and scales of
+    the float weight (an independent numpy reference)."""
+    _, params, _, qparams = model
+    save_safetensors(tmp_path / "model.safetensors", qparams)
+    with safe_open(tmp_path / "model.safetensors", framework="numpy") as file:
+        layout = json.loads(file.metadata()[LAYOUT_KEY])
+        tensors = {name: file.get_tensor(name) for name in file.keys()}
+    assert layout["format"] == "int8ify.quantized-pytree" and layout["layout_version"] == 1
+    originals = {"embed.w": params["embed"]["w"], "layers.1.w": params["layers"][1]["w"], "head": params["head"]}
+    found = []
+    for leaf in layout["leaves"]:
+        assert set(leaf) >= {"path", "kind", "tensors", "shape", "dtype"}
+        name = ".".join(str(key) for _, key in leaf["path"])
+        if leaf["kind"] != "quantized":
+            np.testing.assert_array_equal(tensors[leaf["tensors"]["value"]], params["embed"]["b"])
+            continue
+        meta, names = leaf["metadata"], leaf["tensors"]
+        codes = tensors[names["codes"]]
+        if meta["bits"] == 4:
+            assert codes.dtype == np.uint8 and codes.shape[-1] == -(-meta["length"] // 2)
+            codes = reference_unpack_int4(codes, meta["length"])
+        contracting = tuple(a + len(leaf["shape"]) for a in meta["from_end"])
+        scale = tensors[names["scales"]].astype(np.float64) * np.exp2(tensors[names["exponents"]].astype(np.float64))
+        limit = 127 if meta["bits"] == 8 else 7
+        if name in originals:
+            np.testing.assert_array_equal(codes, reference_codes(originals[name], contracting, limit))
+            np.testing.assert_array_equal(scale, reference_scales(originals[name], contracting, limit))
+        found.append(name)
+    assert found == ["embed.w", "head", "layers.0.w", "layers.1.w"]
+
+
+def test_a_truncated_file_names_the_first_leaf_cut_off(tmp_path, model):
+    *_, qparams = model
+    save_safetensors(tmp_path / "model.safetensors", qparams)
+    data = (tmp_path / "model.safetensors").read_bytes()
+    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+    last = max((entry["data_offsets"][1], name) for name, entry in header.items() if name != "__metadata__")[1]
+    leaf = last if last == "embed.b" else last.rsplit(".", 1)[0]
+    key = "".join(f"[{k}]" if k.isdigit() else f"['{k}']" for k in leaf.split("."))
+    (tmp_path / "cut.safetensors").write_bytes(data[:-10])
+    with pytest.raises(Int8ifyError, match=rf"truncated: leaf {re.escape(key)} \(tensor {re.escape(last)}\)"):
+        load_safetensors(tmp_path / "cut.safetensors")
+    (tmp_path / "header.safetensors").write_bytes(data[:20])
+    with pytest.raises(Int8ifyError, match="truncated inside its header"):
+        load_safetensors(tmp_path / "header.safetensors")
+
+
+def test_another_layout_version_is_refused_naming_the_leaf(tmp_path, model):
+    *_, qparams = model
+    save_safetensors(tmp_path / "model.safetensors", qparams)
+    with safe_open(tmp_path / "model.safetensors", framework="numpy") as file:
+        layout = json.loads(file.metadata()[LAYOUT_KEY])
+        tensors = {name: file.get_tensor(name) for name in file.keys()}
+    layout["layout_version"] = 2
+    save_file(tensors, tmp_path / "v2.safetensors", metadata={LAYOUT_KEY: json.dumps(layout)})
+    with pytest.raises(Int8ifyError, match=r"layout version 2 \(first leaf \['embed'\]\['b'\]\).*reads version 1"):
+        load_safetensors(tmp_path / "v2.safetensors")
+    # a leaf whose own metadata is of another version (the document says 1) is named too
+    layout["layout_version"] = 1
+    layout["leaves"][-1]["metadata"]["layout_version"] = 2
+    save_file(tensors, tmp_path / "leaf.safetensors", metadata={LAYOUT_KEY: json.dumps(layout)})
+    with pytest.raises(Int8ifyError, match=r"leaf \['layers'\]\[1\]\['w'\] is stored in QuantizedArray layout "
+                                           "version 2"):
+        load_safetensors(tmp_path / "leaf.safetensors")
+    save_file(tensors, tmp_path / "plain.safetensors")
+    with pytest.raises(Int8ifyError, match="not written by save_safetensors"):
+        load_safetensors(tmp_path / "plain.safetensors")
+
+
+def test_a_target_whose_shapes_differ_is_refused_naming_the_leaf(tmp_path, model):
+    fn, params, x, qparams = model
+    save_safetensors(tmp_path / "model.safetensors", qparams)
+    target = jax.eval_shape(lambda p: p, qparams)
+    target["embed"]["b"] = jax.ShapeDtypeStruct((255,), np.float32)
+    with pytest.raises(Int8ifyError, match=r"leaf \['embed'\]\['b'\] is float32\[256\] in the file, but the "
+                                           r"target's is float32\[255\]"):
+        load_safetensors(tmp_path / "model.safetensors", target)
+    target = jax.eval_shape(lambda p: p, qparams)
+    target["extra"] = jax.ShapeDtypeStruct((3,), np.float32)
+    with pytest.raises(Int8ifyError, match=r"the target has leaves the file does not: \['extra'\]"):
+        load_safetensors(tmp_path / "model.safetensors", target)
+    assert isinstance(qparams["head"], QuantizedArray)
