@@ -31,6 +31,7 @@ __all__ = [
     "open_jaxpr",
     "scan_counts",
     "scan_operands",
+    "sub_index",
     "sub_jaxprs",
     "while_operands",
 ]
@@ -100,6 +101,12 @@ def _sub_values(value) -> Iterator:
 def sub_jaxprs(eqn) -> list[Jaxpr]:
     """Every jaxpr held in ``eqn``'s params (derivative-only ones included), in param order."""
     return [open_jaxpr(sub) for value in eqn.params.values() for sub in _sub_values(value)]
+
+
+def sub_index(eqn, sub) -> int:
+    """The position of ``sub`` among :func:`sub_jaxprs` of ``eqn`` (the report's path of a nested matmul)."""
+    sub = open_jaxpr(sub)
+    return next(j for j, s in enumerate(sub_jaxprs(eqn)) if s is sub)
 
 
 def derivative_jaxprs(eqn) -> list[Jaxpr]:

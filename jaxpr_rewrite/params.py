@@ -34,10 +34,10 @@ from jax import lax
 from .config import RewriteConfig, join_scope, matching_pattern, skip_reason
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
-from .jaxprs import (CALL_PRIMITIVES, SUBJAXPR_PARAMS, is_float_dot, matmul_dimension_numbers, open_jaxpr,
-                     scan_counts)
+from .jaxprs import is_float_dot, matmul_dimension_numbers, open_jaxpr
 from .quantize import epilogue_factors, static_scale
 from .quantized import QuantizedArray, is_quantized, quantize, smoothed_activation
+from .rules import rule_for
 from .source import describe_source
 from .tracing import target_of, trace
 
@@ -62,81 +62,83 @@ class _Use:
     jaxpr: object  # the jaxpr holding the matmul
 
 
-def _uses(jaxpr, var, config: RewriteConfig, scope: str, casts: tuple, top: bool, refused: list,
-          axes: tuple) -> list[_Use]:
-    """Every matmul use of ``var`` in ``jaxpr``, followed through casts, transposes and the higher-order
-    primitives the rewrite carries pre-quantized weights through; every other use is described in ``refused``.
+@dataclasses.dataclass(frozen=True)
+class _Trail:
+    """Where a parameter is being followed: the state :func:`_uses` passes to each primitive's ``follow`` rule
+    (:mod:`jaxpr_rewrite.rules`).
 
-    ``axes[i]`` is the parameter leaf's axis that axis ``i`` of ``var`` is (a scan over stacked layers slices the
-    leading axes off, a transpose permutes them).
+    Attributes:
+        config: the rewrite options (a use in a matmul they keep float refuses the leaf).
+        refused: every use that keeps the leaf float, described (shared by the whole walk).
+        jaxpr: the jaxpr holding the value followed.
+        scope: the name scope of the equation reading it.
+        casts: the float dtypes the value was cast to on the way, in order (a chain keeps every rounding).
+        top: whether the value is read at the traced program's top level.
+        axes: ``axes[i]`` is the parameter leaf's axis that axis ``i`` of the value is (a scan over stacked
+            layers slices the leading axes off, a transpose permutes them).
     """
+
+    config: RewriteConfig
+    refused: list
+    jaxpr: object = None
+    scope: str = ""
+    casts: tuple = ()
+    top: bool = True
+    axes: tuple = ()
+
+    def follow(self, jaxpr, var, *, nested: bool = False, **changes) -> list[_Use]:
+        """The matmul uses of ``var`` in ``jaxpr``; ``nested``: ``jaxpr`` is a sub-jaxpr of the current one;
+        ``changes``: the fields that change on the way (``casts``, ``axes``)."""
+        return _uses(jaxpr, var, dataclasses.replace(self, top=self.top and not nested, **changes))
+
+    def refuse(self, why: str) -> None:
+        """Record a use that keeps the leaf float."""
+        self.refused.append(why)
+
+
+def _uses(jaxpr, var, trail: _Trail) -> list[_Use]:
+    """Every matmul use of ``var`` in ``jaxpr``, followed through the primitives whose rule says how (casts,
+    transposes, the higher-order primitives the rewrite carries pre-quantized weights through); every other use
+    is described in ``trail.refused``."""
     jaxpr = open_jaxpr(jaxpr)
     found: list[_Use] = []
     if any(v is var for v in jaxpr.outvars):
-        refused.append("it is returned" + ("" if top else " from a nested call or loop body"))
+        trail.refuse("it is returned" + ("" if trail.top else " from a nested call or loop body"))
     for eqn in jaxpr.eqns:
         positions = [k for k, v in enumerate(eqn.invars) if v is var]
         if not positions:
             continue
-        here = join_scope(scope, eqn.source_info.name_stack)
-        name = eqn.primitive.name
+        here = dataclasses.replace(trail, jaxpr=jaxpr, scope=join_scope(trail.scope, eqn.source_info.name_stack))
         where = describe_source(eqn)
         if is_float_dot(eqn) and positions[0] < 2:
-            if len(positions) > 1:
-                refused.append(f"it is both operands of the matmul at {where}")
-                continue
-            reason = skip_reason(eqn, config, here)
-            if reason is not None:
-                refused.append(f"its matmul at {where} stays float ({reason})")
-                continue
-            dims = matmul_dimension_numbers(eqn)
-            side = positions[0]
-            leaf_ndim = max(axes) + 1 if axes else 0  # axes are the leaf's trailing axes, permuted
-            from_end = tuple(sorted(axes[a] - leaf_ndim for a in dims[0][side]))
-            direct = top and name == "dot_general" and axes == tuple(range(len(axes)))
-            found.append(_Use(from_end, casts, direct, eqn, side, jaxpr))
-        elif name == "convert_element_type" and jnp.issubdtype(eqn.params["new_dtype"], jnp.floating):
-            chain = casts + (np.dtype(eqn.params["new_dtype"]),)
-            found += _uses(jaxpr, eqn.outvars[0], config, here, chain, top, refused, axes)
-        elif name == "transpose":
-            permuted = tuple(axes[p] for p in eqn.params["permutation"])
-            found += _uses(jaxpr, eqn.outvars[0], config, here, casts, top, refused, permuted)
-        elif name in CALL_PRIMITIVES:
-            (param,) = SUBJAXPR_PARAMS[name]
-            sub = open_jaxpr(eqn.params[param])
-            for k in positions:
-                found += _uses(sub, sub.invars[k], config, here, casts, False, refused, axes)
-        elif name == "scan":
-            sub = open_jaxpr(eqn.params["jaxpr"])
-            n_consts, n_carry = scan_counts(eqn.params)
-            for k in positions:
-                if n_consts <= k < n_consts + n_carry:
-                    refused.append(f"it is carried through the scan at {where}")
-                    continue
-                sliced = axes if k < n_consts else axes[1:]  # xs lose their leading (stacked) axis
-                if k >= n_consts and axes[0] != min(axes):
-                    refused.append(f"the scan at {where} slices it along a transposed axis")
-                    continue
-                found += _uses(sub, sub.invars[k], config, here, casts, False, refused, sliced)
-        elif name == "while":
-            p = eqn.params
-            for k in positions:
-                if k < p["cond_nconsts"]:
-                    sub, index = open_jaxpr(p["cond_jaxpr"]), k
-                elif k < p["cond_nconsts"] + p["body_nconsts"]:
-                    sub, index = open_jaxpr(p["body_jaxpr"]), k - p["cond_nconsts"]
-                else:
-                    refused.append(f"it is carried through the while_loop at {where}")
-                    continue
-                found += _uses(sub, sub.invars[index], config, here, casts, False, refused, axes)
-        elif name == "cond" and 0 not in positions:
-            for branch in eqn.params["branches"]:
-                sub = open_jaxpr(branch)
-                for k in positions:
-                    found += _uses(sub, sub.invars[k - 1], config, here, casts, False, refused, axes)
+            found += _matmul_use(eqn, positions, here, where)
+            continue
+        follow = rule_for(eqn.primitive.name).follow
+        uses = follow(here, eqn, positions, where) if follow is not None else None
+        if uses is None:
+            trail.refuse(f"it is used by {eqn.primitive.name} at {where}")
         else:
-            refused.append(f"it is used by {name} at {where}")
+            found += uses
     return found
+
+
+def _matmul_use(eqn, positions, trail: _Trail, where: str) -> list[_Use]:
+    """The use of a parameter as operand ``positions[0]`` of the float matmul ``eqn`` (none, refused, when it is
+    both operands or the options keep the matmul float)."""
+    if len(positions) > 1:
+        trail.refuse(f"it is both operands of the matmul at {where}")
+        return []
+    reason = skip_reason(eqn, trail.config, trail.scope)
+    if reason is not None:
+        trail.refuse(f"its matmul at {where} stays float ({reason})")
+        return []
+    dims = matmul_dimension_numbers(eqn)
+    side = positions[0]
+    axes = trail.axes
+    leaf_ndim = max(axes) + 1 if axes else 0  # axes are the leaf's trailing axes, permuted
+    from_end = tuple(sorted(axes[a] - leaf_ndim for a in dims[0][side]))
+    direct = trail.top and eqn.primitive.name == "dot_general" and axes == tuple(range(len(axes)))
+    return [_Use(from_end, trail.casts, direct, eqn, side, trail.jaxpr)]
 
 
 def _plan(jaxpr, var, config: RewriteConfig) -> tuple[list[_Use], str]:
@@ -144,7 +146,7 @@ def _plan(jaxpr, var, config: RewriteConfig) -> tuple[list[_Use], str]:
     if not jnp.issubdtype(var.aval.dtype, jnp.floating):
         return [], f"not a float array ({var.aval.str_short()})"
     refused: list[str] = []
-    uses = _uses(jaxpr, var, config, "", (), True, refused, tuple(range(len(var.aval.shape))))
+    uses = _uses(jaxpr, var, _Trail(config, refused, axes=tuple(range(len(var.aval.shape)))))
     if not uses:
         return [], "kept float: it feeds no matmul" + (f" ({refused[0]})" if refused else "")
     if refused:

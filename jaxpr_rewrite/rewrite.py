@@ -1,16 +1,16 @@
 """The jaxpr -> jaxpr rewrite: an interpreter that re-traces a jaxpr with every float matmul replaced.
 
-Like JAX's own interpreters (``batching.py``, ``ad.py``) this is one registry of per-primitive rules:
+Like JAX's own interpreters (``batching.py``, ``ad.py``) it looks each equation's primitive up in one registry of
+per-primitive rules (:mod:`jaxpr_rewrite.rules`), calls the rule, or falls back:
 
 * ``dot_general`` / ``ragged_dot_general`` go to :meth:`Rewriter.rewrite_matmul` (the configured backend, the int8
   contract by default);
-* each higher-order primitive (``jit``, ``scan``, ``cond``, ...) has a rule in :data:`higher_order_rules` that
-  receives the equation's params and returns a copy in which only the sub-jaxprs are swapped for their rewritten
-  versions, so donation, shardings, names and remat policies survive untouched; primitives listed in
-  :data:`~jaxpr_rewrite.jaxprs.SUBJAXPR_PARAMS` get the generic rule;
-* a pre-quantized weight (:class:`~jaxpr_rewrite.quantized.QuantizedArray`) that flows into ``scan``,
-  ``while_loop``, ``cond`` or a nested ``jit`` is carried inside with JAX's public API (:data:`quantized_rules`),
-  so the loop body's dot uses the codes; anywhere else it is materialised;
+* a higher-order primitive (``jit``, ``scan``, ``cond``, ...) goes to its rule's ``rewrite``, which returns the
+  equation's params with only the sub-jaxprs swapped for their rewritten versions, so donation, shardings, names
+  and remat policies survive untouched;
+* a pre-quantized weight (:class:`~jaxpr_rewrite.quantized.QuantizedArray`) goes to its reader's ``quantized`` rule
+  (``scan``, ``while_loop``, ``cond``, a nested ``jit``, a cast, a transpose carry it inside with JAX's public API,
+  so the loop body's dot uses the codes); anywhere else it is materialised;
 * every other equation is bound again as it is.
 
 A higher-order primitive without a rule is an error when its sub-jaxprs hold a float matmul that the options do
@@ -29,27 +29,18 @@ from jax import lax
 from jax.extend.core import ClosedJaxpr, Jaxpr, Var
 
 from . import _compat
-from .config import RewriteConfig, dot_backends, join_scope, registering, skip_reason
+from .config import RewriteConfig, dot_backends, join_scope, skip_reason
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .int8_dot import Scheme, int8_ragged_dot_general, supports_ragged
-from .jaxprs import (CALL_PRIMITIVES, DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS, forward_jaxprs, is_float_dot,
-                     jaxpr_and_consts, matmul_dimension_numbers, open_jaxpr, scan_operands, while_operands)
-from .quantized import is_quantized, materialise, resolve_dot_operands
+from .jaxprs import (SUBJAXPR_PARAMS, forward_jaxprs, is_float_dot, jaxpr_and_consts, matmul_dimension_numbers,
+                     open_jaxpr)
+from .quantized import is_quantized, resolve_dot_operands
+from .rules import RuleContext, rule_for
+from .rules.common import materialised
 from .source import UNKNOWN, Location, describe_source, eqn_location
 
-__all__ = [
-    "HigherOrderRule",
-    "Rewriter",
-    "higher_order_rules",
-    "quantized_rules",
-    "register_quantized_rule",
-    "register_rule",
-]
-
-
-def _materialised(values) -> list:
-    return [materialise(v) for v in values]
+__all__ = ["Rewriter"]
 
 
 def _is_float_dtype(dtype) -> bool:
@@ -125,7 +116,7 @@ class Rewriter:
         consts = closed_jaxpr.consts
 
         def interpret(*args):
-            return _materialised(self.interpret(jaxpr, consts, args, scope, tangents, where))
+            return materialised(self.interpret(jaxpr, consts, args, scope, tangents, where))
 
         in_avals = [v.aval for v in jaxpr.invars]
         if context is None:
@@ -193,7 +184,7 @@ class Rewriter:
             here = join_scope(scope, eqn.source_info.name_stack)
             reads_tangents = [isinstance(v, Var) and v in tangent_vars for v in eqn.invars] if tangent_vars else ()
             if any(reads_tangents):
-                if eqn.primitive.name in INLINED_CALLS and self.rewrites_at(eqn, scope):
+                if rule_for(eqn.primitive.name).inline_call and self.rewrites_at(eqn, scope):
                     # a nested call computing primal and tangent together (jax.jvp of a jitted function, a
                     # jitted helper in the rule) is inlined, so that only its tangent matmuls stay float
                     sub, sub_consts = jaxpr_and_consts(eqn.params[SUBJAXPR_PARAMS[eqn.primitive.name][0]])
@@ -203,31 +194,30 @@ class Rewriter:
                                         if dependent)
                     return outs
                 tangent_vars.update(eqn.outvars)
-                return bind(eqn, _materialised(invals))
+                return bind(eqn, materialised(invals))
             if is_float_dot(eqn):
                 reason = skip_reason(eqn, self.config, here)
                 if self.on_dot is not None:
                     self.on_dot(eqn, here, reason)
                 if reason is None:
                     return [self.rewrite_matmul(eqn, invals, eqn_location(eqn, where), smoothed)]
-                return bind(eqn, _materialised(invals))
+                return bind(eqn, materialised(invals))
+            rule = rule_for(eqn.primitive.name)
             if any(is_quantized(v) for v in invals):
-                rule = quantized_rules.get(eqn.primitive.name)
-                if rule is not None:
-                    outs = rule(self, eqn, invals, here, eqn_location(eqn, where))
+                if rule.quantized is not None:
+                    outs = rule.quantized(RuleContext(self, here, eqn_location(eqn, where)), eqn, invals)
                     if outs is not None:
                         return outs
-                invals = _materialised(invals)
+                invals = materialised(invals)
             if not self.rewrites_at(eqn, scope):
                 return bind(eqn, invals)
-            rule = higher_order_rules.get(eqn.primitive.name)
-            if rule is None:
+            if rule.rewrite is None:
                 raise Int8ifyError(
                     f"primitive '{eqn.primitive.name}' at {describe_source(eqn, where)} holds a float matmul in a "
                     "sub-jaxpr, and int8ify has no rule for it; leaving that matmul in float would break the int8 "
                     "contract. Move the matmul out of it, keep it float with skip/skip_if, or report it."
                 )
-            return bind(eqn, invals, rule(self, eqn.params, here, eqn_location(eqn, where)))
+            return bind(eqn, invals, rule.rewrite(RuleContext(self, here, eqn_location(eqn, where)), eqn.params))
 
         return evaluate(jaxpr, consts, args, step)
 
@@ -285,10 +275,6 @@ class Rewriter:
             )
 
 
-INLINED_CALLS = CALL_PRIMITIVES - {"remat2", "checkpoint"}
-"""Call primitives the rewrite may evaluate inline (XLA inlines them anyway); a remat keeps its boundary."""
-
-
 def _tangent_outputs(jaxpr: Jaxpr, tangents) -> list[bool]:
     """Per outvar of ``jaxpr``, whether :meth:`Rewriter.interpret` computes it from the ``tangents`` invars."""
     dependent = set(tangents)
@@ -296,7 +282,7 @@ def _tangent_outputs(jaxpr: Jaxpr, tangents) -> list[bool]:
         reads = [isinstance(v, Var) and v in dependent for v in eqn.invars]
         if not any(reads):
             continue
-        if eqn.primitive.name in INLINED_CALLS:
+        if rule_for(eqn.primitive.name).inline_call:
             sub = open_jaxpr(eqn.params[SUBJAXPR_PARAMS[eqn.primitive.name][0]])
             flags = _tangent_outputs(sub, {v for v, read in zip(sub.invars, reads) if read})
             dependent.update(v for v, flag in zip(eqn.outvars, flags) if flag)
@@ -316,201 +302,3 @@ def _explicit_sharding(eqn):
 
 def _operand_types(eqn) -> str:
     return ", ".join(v.aval.str_short() for v in eqn.invars[:2])
-
-
-# -- higher-order primitives ------------------------------------------------------------------------------
-HigherOrderRule = Callable[[Rewriter, dict, str, Location], dict]
-"""``rule(rewriter, params, scope, where) -> new params``: the params of a higher-order equation with its
-sub-jaxprs swapped for rewritten ones (``scope``: the equation's name scope; ``where``: its user source)."""
-
-higher_order_rules: dict[str, HigherOrderRule] = {}
-register_rule = registering(higher_order_rules, "Decorator: ``@register_rule(*names)`` registers a "
-                                                ":data:`HigherOrderRule` for the primitives ``names``.")
-
-
-def _swap_forward_params(name: str) -> HigherOrderRule:
-    """The generic rule: copy the params and swap the forward sub-jaxprs listed for ``name`` in
-    :data:`~jaxpr_rewrite.jaxprs.SUBJAXPR_PARAMS`; derivative-only ones stay as they are."""
-
-    def rule(rewriter: Rewriter, params: dict, scope: str, where: Location) -> dict:
-        new_params = dict(params)
-        keep = DERIVATIVE_ONLY_PARAMS.get(name, ())
-        for param in SUBJAXPR_PARAMS[name]:
-            new_params[param] = rewriter.swap(params[param], scope, where=where, keep=keep)
-        return new_params
-
-    return rule
-
-
-for _name in SUBJAXPR_PARAMS:
-    register_rule(_name)(_swap_forward_params(_name))
-
-
-@register_rule("shard_map")
-def _shard_map_rule(rewriter: Rewriter, params: dict, scope: str, where: Location) -> dict:
-    """The body is traced in the mesh's axis environment, as ``shard_map`` itself traces it."""
-    new_params = dict(params)
-    context = _compat.shard_map_body_context(params)
-    new_params["jaxpr"] = rewriter.swap(params["jaxpr"], scope, context=context, where=where)
-    return new_params
-
-
-@register_rule("custom_jvp_call")
-def _custom_jvp_rule(rewriter: Rewriter, params: dict, scope: str, where: Location) -> dict:
-    """Rewrite the primal, and the primal part of the user's jvp rule; its tangent matmuls stay float.
-
-    Under differentiation JAX takes the primal output from the jvp rule, so rewriting only ``call_jaxpr`` would
-    make ``grad`` run the float forward pass. The jvp rule is wrapped lazily (at differentiation time), which
-    also keeps a rule that calls its own primal from recursing.
-    """
-    new_params = dict(params)
-    call_jaxpr = params["call_jaxpr"]
-    new_params["call_jaxpr"] = rewriter.closed(call_jaxpr, scope, where=where)
-    n_primals = len(call_jaxpr.in_avals) - params["num_consts"]
-
-    def rewrite_jvp(result):
-        jvp_jaxpr, jvp_consts, *rest = result
-        new = rewriter.closed(ClosedJaxpr(jvp_jaxpr, jvp_consts), scope, keep_float_from=n_primals, where=where)
-        return (new.jaxpr, new.consts, *rest)
-
-    new_params["jvp_jaxpr_fun"] = _compat.wrap_jaxpr_thunk(params["jvp_jaxpr_fun"], rewrite_jvp)
-    return new_params
-
-
-@register_rule("custom_vjp_call")
-def _custom_vjp_rule(rewriter: Rewriter, params: dict, scope: str, where: Location) -> dict:
-    """Rewrite the primal and the user's ``fwd`` (the forward pass under ``grad``); ``bwd`` stays as written."""
-    new_params = dict(params)
-    new_params["call_jaxpr"] = rewriter.closed(params["call_jaxpr"], scope, where=where)
-
-    def rewrite_fwd(result):
-        fwd_jaxpr, fwd_consts, *rest = result
-        new = rewriter.closed(ClosedJaxpr(fwd_jaxpr, fwd_consts), scope, where=where)
-        return (new.jaxpr, new.consts, *rest)
-
-    new_params["fwd_jaxpr_thunk"] = _compat.wrap_jaxpr_thunk(params["fwd_jaxpr_thunk"], rewrite_fwd)
-    return new_params
-
-
-@register_rule("custom_vmap_call")
-def _custom_vmap_rule(rewriter: Rewriter, params: dict, scope: str, where: Location) -> dict:
-    """Rewrite the primal, and the user's batching rule when ``vmap`` calls it: the rule is Python code run at
-    batching time, so it is traced there and its matmuls rewritten, as for a custom_jvp rule."""
-    new_params = dict(params)
-    new_params["call"] = rewriter.closed(params["call"], scope, where=where)
-    rule = params["rule"]
-
-    def rewritten_rule(axis_size, in_batched, *args):
-        leaves, args_tree = jax.tree_util.tree_flatten(args)
-        results = []
-
-        def flat_rule(*flat):
-            out, out_batched = rule(axis_size, in_batched, *jax.tree_util.tree_unflatten(args_tree, flat))
-            out_leaves, out_tree = jax.tree_util.tree_flatten(out)
-            results.append((out_tree, out_batched))
-            return out_leaves
-
-        traced = jax.make_jaxpr(flat_rule)(*leaves)
-        outs = rewriter.interpret(traced.jaxpr, traced.consts, leaves, scope, where=where)
-        out_tree, out_batched = results[-1]
-        return jax.tree_util.tree_unflatten(out_tree, _materialised(outs)), out_batched
-
-    new_params["rule"] = rewritten_rule
-    return new_params
-
-
-# -- pre-quantized weights through higher-order primitives -------------------------------------------------
-QuantizedRule = Callable[[Rewriter, object, list, str, Location], "list | None"]
-"""``rule(rewriter, eqn, invals, scope, where) -> outvals``, for an equation with a pre-quantized operand; it
-returns ``None`` to have the operands materialised instead."""
-
-quantized_rules: dict[str, QuantizedRule] = {}
-register_quantized_rule = registering(
-    quantized_rules, "Decorator: ``@register_quantized_rule(*names)`` registers a :data:`QuantizedRule` for the "
-                     "primitives ``names``.")
-
-
-def _sub_interpreter(rewriter: Rewriter, closed, scope: str, where: Location):
-    """A function evaluating a (closed) sub-jaxpr through ``rewriter`` on a flat list of values."""
-    jaxpr, consts = jaxpr_and_consts(closed)
-    return lambda values: rewriter.interpret(jaxpr, consts, values, scope, where=where)
-
-
-@register_quantized_rule("convert_element_type")
-def _convert_quantized(rewriter, eqn, invals, scope, where):
-    """A float-to-float cast of a pre-quantized weight keeps its codes (``Dense(dtype=bfloat16)``)."""
-    (value,) = invals
-    new_dtype = eqn.params["new_dtype"]
-    if not _is_float_dtype(new_dtype):
-        return None
-    return [value.astype(new_dtype)]
-
-
-@register_quantized_rule("transpose")
-def _transpose_quantized(rewriter, eqn, invals, scope, where):
-    """A transposed pre-quantized weight (``x @ w.T``) keeps its codes, transposed."""
-    (value,) = invals
-    if value.smooth is not None:
-        return None  # smoothing factors follow the contracting axis of the untransposed layout
-    return [value.transpose(eqn.params["permutation"])]
-
-
-@register_quantized_rule(*INLINED_CALLS)
-def _inline_call(rewriter, eqn, invals, scope, where):
-    """A nested call reading a pre-quantized weight is evaluated inline (XLA inlines it anyway)."""
-    (param,) = SUBJAXPR_PARAMS[eqn.primitive.name]
-    return _sub_interpreter(rewriter, eqn.params[param], scope, where)(invals)
-
-
-@register_quantized_rule("scan")
-def _scan_quantized(rewriter, eqn, invals, scope, where):
-    """``lax.scan`` again, with pre-quantized consts closed over and pre-quantized ``xs`` sliced per step (an ``xs``
-    scanned along an axis its scales cover has no per-step scales, and is materialised)."""
-    p = eqn.params
-    consts, init, xs = scan_operands(p, invals)
-    n_carry = len(init)
-    init = _materialised(init)
-    xs = [materialise(x) if is_quantized(x) and 0 in x.contracting else x for x in xs]
-    body = _sub_interpreter(rewriter, p["jaxpr"], scope, where)
-
-    def step(carry, x):
-        outs = _materialised(body([*consts, *carry, *x]))
-        return outs[:n_carry], outs[n_carry:]
-
-    carry, ys = lax.scan(step, init, xs, length=p["length"], reverse=p["reverse"], unroll=p["unroll"])
-    return [*carry, *ys]
-
-
-@register_quantized_rule("while")
-def _while_quantized(rewriter, eqn, invals, scope, where):
-    """``lax.while_loop`` again, with pre-quantized consts closed over (decode loops reading the weights)."""
-    p = eqn.params
-    cond_consts, body_consts, init = while_operands(p, invals)
-    init = _materialised(init)
-    cond = _sub_interpreter(rewriter, p["cond_jaxpr"], scope, where)
-    body = _sub_interpreter(rewriter, p["body_jaxpr"], scope, where)
-    out = lax.while_loop(
-        lambda carry: materialise(cond([*cond_consts, *carry])[0]),
-        lambda carry: _materialised(body([*body_consts, *carry])),
-        init,
-    )
-    return list(out)
-
-
-@register_quantized_rule("cond")
-def _cond_quantized(rewriter, eqn, invals, scope, where):
-    """``lax.switch`` again, each branch reading the pre-quantized operands."""
-    index, *operands = invals
-    branches = [_sub_interpreter(rewriter, branch, scope, where) for branch in eqn.params["branches"]]
-    fns = [lambda ops, b=b: _materialised(b(list(ops))) for b in branches]
-    return list(lax.switch(materialise(index), fns, operands))
-
-
-@register_quantized_rule("remat2", "checkpoint")
-def _remat_quantized(rewriter, eqn, invals, scope, where):
-    """``jax.checkpoint`` again (same policy), with the pre-quantized weights passed in."""
-    p = eqn.params
-    body = _sub_interpreter(rewriter, p["jaxpr"], scope, where)
-    run = jax.checkpoint(lambda *values: _materialised(body(list(values))), prevent_cse=p["prevent_cse"],
-                         policy=p["policy"])
-    return list(run(*invals))
