@@ -15,7 +15,8 @@ Public API (explicit re-exports):
 
 from . import scaled_matmul as _scaled_matmul  # noqa: F401  (registers the mxfp8/nvfp4/auto backends)
 from .api import Int8ified, int8ify
-from .config import RewriteConfig, register_backend, register_backend_alias
+from .backends import register_backend, register_backend_alias
+from .config import RewriteConfig
 from .errors import Int8ifyError, TracedValueError
 from .jaxprs import dot_eqns, iter_eqns
 from .matmul import int8_matmul

@@ -1,6 +1,5 @@
-"""The rewrite's policy: its options (:class:`RewriteConfig`), which dots they keep in float (:func:`skip_reason`),
-and the registry of backends a float dot can become (:func:`register_backend`, :func:`register_backend_alias`).
-"""
+"""The rewrite's policy: its options (:class:`RewriteConfig`) and which dots they keep in float
+(:func:`skip_reason`)."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ import numbers
 import re
 from typing import Callable
 
+from .backends import BACKENDS, Backend, backend_names, resolve_backend_name
 from .errors import Int8ifyError
 from .jaxprs import matmul_dimension_numbers
 from .quantize import MAX_INT32_SAFE_CONTRACTION
@@ -17,53 +17,14 @@ from .quantize import MAX_INT32_SAFE_CONTRACTION
 __all__ = [
     "GRANULARITIES",
     "RewriteConfig",
-    "backend_aliases",
     "contraction_size",
-    "dot_backends",
     "join_scope",
     "matching_pattern",
-    "prequantized_backends",
-    "register_backend",
-    "register_backend_alias",
-    "registering",
     "skip_reason",
     "user_scope",
 ]
 
 GRANULARITIES = ("per-channel", "per-tensor")
-
-# name -> backend(lhs, rhs, float_params, out_dtype, config): the program one float dot becomes.
-dot_backends: dict[str, Callable] = {}
-# name -> fn() -> backend name, resolved when a program is rewritten (e.g. "auto": the best for this machine).
-backend_aliases: dict[str, Callable[[], str]] = {}
-# Backends that take a pre-quantized weight (QuantizedArray, per-channel int8 codes) as a dot operand directly.
-prequantized_backends: set[str] = {"int8"}
-
-
-def registering(table: dict, doc: str):
-    """A decorator factory ``register(*names)`` that puts the decorated function into ``table`` under each name
-    (the one way every registry of the package is filled)."""
-
-    def register(*names: str):
-        def decorate(fn: Callable) -> Callable:
-            for name in names:
-                table[name] = fn
-            return fn
-
-        return decorate
-
-    register.__doc__ = doc
-    return register
-
-
-register_backend = registering(dot_backends, """Decorator: ``@register_backend(name)`` registers
-``backend(lhs, rhs, float_params, out_dtype, config)`` as ``int8ify(backend=name)``. ``lhs``/``rhs`` are the dot's
-operands (a :class:`~jaxpr_rewrite.quantized.QuantizedArray` for a pre-quantized weight only when ``name`` is in
-:data:`prequantized_backends`; any other backend gets it materialised), ``float_params`` the original
-``dot_general`` params as a sorted tuple of items.""")
-
-register_backend_alias = registering(backend_aliases, """Decorator: ``@register_backend_alias(name)`` registers
-``resolve() -> backend name`` as ``int8ify(backend=name)``, resolved when a program is rewritten.""")
 
 
 def _is_int(value) -> bool:
@@ -115,9 +76,8 @@ class RewriteConfig:
                 )
             if self.granularity != "per-channel":
                 raise Int8ifyError("block_size refines per-channel scales; it cannot be combined with per-tensor")
-        if self.backend not in dot_backends and self.backend not in backend_aliases:
-            known = sorted([*dot_backends, *backend_aliases])
-            raise Int8ifyError(f"backend must be one of {known}, got {self.backend!r}")
+        if self.backend not in backend_names():
+            raise Int8ifyError(f"backend must be one of {backend_names()}, got {self.backend!r}")
 
     @classmethod
     def from_options(cls, **options) -> "RewriteConfig":
@@ -138,14 +98,18 @@ class RewriteConfig:
 
     @property
     def resolved_backend(self) -> str:
-        """The backend dots are rewritten to, aliases such as ``"auto"`` resolved for this machine."""
-        alias = backend_aliases.get(self.backend)
-        return alias() if alias is not None else self.backend
+        """The name of the backend dots are rewritten to, aliases such as ``"auto"`` resolved for this machine."""
+        return resolve_backend_name(self.backend)
+
+    @property
+    def dot_backend(self) -> Backend:
+        """The :class:`~jaxpr_rewrite.backends.Backend` dots are rewritten to on this machine."""
+        return BACKENDS[self.resolved_backend]
 
     @property
     def uses_per_channel_int8(self) -> bool:
         """Whether dots become the plain per-channel int8 contract, the one pre-quantized weights are made for."""
-        return (self.resolved_backend in prequantized_backends and self.granularity == "per-channel"
+        return (self.dot_backend.takes_prequantized and self.granularity == "per-channel"
                 and self.block_size is None)
 
 

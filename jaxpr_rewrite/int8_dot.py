@@ -24,7 +24,8 @@ from jax.custom_derivatives import SymbolicZero
 from jax.extend import source_info_util
 
 from . import _compat
-from .config import RewriteConfig, contraction_size, register_backend
+from .backends import register_backend
+from .config import RewriteConfig, contraction_size
 from .errors import Int8ifyError
 from .quantize import MAX_INT32_SAFE_CONTRACTION, scale_product
 from .quantized import is_quantized, quantize, quantize_operand
@@ -449,7 +450,11 @@ int8_ragged_dot_general = straight_through(int8_ragged_dot_general_impl, _ragged
 ``ragged_dot_general`` in int8, with a straight-through gradient."""
 
 
-@register_backend("int8")
+def _int8_ragged_backend(lhs, rhs, group_sizes, float_params, out_dtype, config: RewriteConfig):
+    return int8_ragged_dot_general(lhs, rhs, group_sizes, float_params, out_dtype, Scheme.of(config))
+
+
+@register_backend("int8", ragged_dot=_int8_ragged_backend, takes_prequantized=True)
 def int8_backend(lhs, rhs, float_params, out_dtype, config: RewriteConfig):
     """The int8 contract (the default backend)."""
     return int8_dot_general(lhs, rhs, float_params, out_dtype, Scheme.of(config))

@@ -29,10 +29,10 @@ from jax import lax
 from jax.extend.core import ClosedJaxpr, Jaxpr, Var
 
 from . import _compat
-from .config import RewriteConfig, dot_backends, join_scope, skip_reason
+from .config import RewriteConfig, join_scope, skip_reason
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
-from .int8_dot import Scheme, int8_ragged_dot_general, supports_ragged
+from .int8_dot import supports_ragged
 from .jaxprs import (SUBJAXPR_PARAMS, forward_jaxprs, is_float_dot, jaxpr_and_consts, matmul_dimension_numbers,
                      open_jaxpr)
 from .quantized import is_quantized, resolve_dot_operands
@@ -64,8 +64,7 @@ class Rewriter:
                 ``None`` for a rewritten one and why it stays float otherwise (the report builds on it).
         """
         self.config = config
-        self.backend = config.resolved_backend
-        self.scheme = Scheme.of(config)
+        self.backend = config.dot_backend
         self.on_dot = on_dot
         self._rewritten: dict = {}
         self._rewrites: dict = {}
@@ -252,11 +251,10 @@ class Rewriter:
             for x, v in zip((lhs, rhs), eqn.invars)
         )
         if ragged:
-            return int8_ragged_dot_general(lhs, rhs, invals[2], float_params, out_dtype, self.scheme)
-        backend = dot_backends[self.backend]
+            return self.backend.ragged_dot(lhs, rhs, invals[2], float_params, out_dtype, self.config)
 
         def program(lhs, rhs):
-            return backend(lhs, rhs, float_params, out_dtype, self.config)
+            return self.backend.dot(lhs, rhs, float_params, out_dtype, self.config)
 
         out_sharding = _explicit_sharding(eqn)
         if out_sharding is not None:
@@ -266,8 +264,8 @@ class Rewriter:
         return program(lhs, rhs)
 
     def _check_ragged(self, eqn, where):
-        if not supports_ragged(eqn.params) or self.backend != "int8":
-            what = (f"backend {self.backend!r} has no ragged_dot_general rule" if supports_ragged(eqn.params)
+        if not supports_ragged(eqn.params) or self.backend.ragged_dot is None:
+            what = (f"backend {self.backend.name!r} has no ragged_dot_general rule" if supports_ragged(eqn.params)
                     else "only a ragged non-contracting lhs dim with a group dim in the rhs is supported")
             raise Int8ifyError(
                 f"ragged_dot_general at {describe_source(eqn, where)} ({_operand_types(eqn)}) cannot be rewritten: "

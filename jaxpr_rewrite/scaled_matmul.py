@@ -1,6 +1,6 @@
 """Block-scaled fp8/fp4 backends: each float ``dot_general`` becomes one ``jax.nn.scaled_matmul`` call.
 
-Backends registered into :data:`jaxpr_rewrite.rewrite.dot_backends` at import:
+Backends registered into :data:`jaxpr_rewrite.backends.BACKENDS` at import:
 
 * ``"mxfp8"``: float8_e4m3fn values, float8_e8m0fnu (power-of-two) scales, one per block of 32 along K.
 * ``"nvfp4"``: float4_e2m1fn values, float8_e4m3fn scales, one per block of 16 along K, and a second-level
@@ -46,7 +46,8 @@ import numpy as np
 from jax import lax
 
 from . import _compat
-from .config import RewriteConfig, contraction_size, register_backend, register_backend_alias
+from .backends import register_backend, register_backend_alias
+from .config import RewriteConfig, contraction_size
 from .errors import Int8ifyError
 from .int8_dot import blocked, free_axes, straight_through
 from .quantize import absmax
@@ -195,7 +196,7 @@ def quantize_nvfp4(x3) -> BlockQuantized:
 
 def quantize_blocks(x3, fmt: BlockFormat) -> BlockQuantized:
     """Quantize a float32 ``(B, M, K)`` operand (K a multiple of ``fmt.block_size``) to ``fmt``."""
-    return quantize_mxfp8(x3) if fmt.name == "mxfp8" else quantize_nvfp4(x3)
+    return quantize_nvfp4(x3) if fmt.tensor_scale else quantize_mxfp8(x3)
 
 
 # -- the rewritten dot ----------------------------------------------------------------------------------
