@@ -16,7 +16,7 @@ from .errors import Int8ifyError
 from .quantized import materialise
 from .report import Report, report
 from .rewrite import Rewriter
-from .tracing import Signature, resolve_static, split_call, trace
+from .tracing import Int8ifiedBase, Signature, resolve_static, split_call, trace
 
 __all__ = ["Int8ified", "int8ify"]
 
@@ -37,7 +37,7 @@ class _Program(NamedTuple):
         return [materialise(out) for out in outs]
 
 
-class Int8ified:
+class Int8ified(Int8ifiedBase):
     """A function whose float matmuls run as per-channel int8 matmuls.
 
     Calling it traces ``fn`` once per call signature (tree structure, shapes, dtypes, static values) and caches

@@ -11,6 +11,7 @@ from typing import Callable
 
 from .backends import BACKENDS, Backend, backend_names, resolve_backend_name
 from .errors import Int8ifyError
+from .reasons import KeptFloat, Why
 from .jaxprs import matmul_dimension_numbers
 from .quantize import MAX_INT32_SAFE_CONTRACTION
 
@@ -152,7 +153,7 @@ def contraction_size(shape, contracting) -> int:
     return size
 
 
-def skip_reason(eqn, config: RewriteConfig, scope: str) -> str | None:
+def skip_reason(eqn, config: RewriteConfig, scope: str) -> KeptFloat | None:
     """Why the float matmul ``eqn`` stays float under ``config``, or ``None`` when it is rewritten.
 
     Arguments:
@@ -162,11 +163,12 @@ def skip_reason(eqn, config: RewriteConfig, scope: str) -> str | None:
     """
     pattern = matching_pattern(scope, config.skip)
     if pattern is not None:
-        return f"name scope {scope!r} matches skip pattern {pattern!r}"
+        return KeptFloat(Why.SKIP_PATTERN, f"name scope {scope!r} matches skip pattern {pattern!r}")
     if config.skip_if is not None and config.skip_if(eqn):
-        return "skip_if returned True"
+        return KeptFloat(Why.SKIP_IF, "skip_if returned True")
     (lc, _), _ = matmul_dimension_numbers(eqn)
     size = contraction_size(eqn.invars[0].aval.shape, lc)
     if size < config.min_contracting_size:
-        return f"contraction of {size} < min_contracting_size={config.min_contracting_size}"
+        return KeptFloat(Why.SMALL_CONTRACTION,
+                         f"contraction of {size} < min_contracting_size={config.min_contracting_size}")
     return None

@@ -38,6 +38,7 @@ from .jaxprs import is_float_dot, matmul_dimension_numbers, open_jaxpr
 from .quantize import epilogue_factors, static_scale
 from .quantized import QuantizedArray, is_quantized, quantize, smoothed_activation
 from .rules import rule_for
+from .rules.dots import is_plain_dot
 from .source import describe_source
 from .tracing import target_of, trace
 
@@ -137,7 +138,7 @@ def _matmul_use(eqn, positions, trail: _Trail, where: str) -> list[_Use]:
     axes = trail.axes
     leaf_ndim = max(axes) + 1 if axes else 0  # axes are the leaf's trailing axes, permuted
     from_end = tuple(sorted(axes[a] - leaf_ndim for a in dims[0][side]))
-    direct = trail.top and eqn.primitive.name == "dot_general" and axes == tuple(range(len(axes)))
+    direct = trail.top and is_plain_dot(eqn) and axes == tuple(range(len(axes)))
     return [_Use(from_end, trail.casts, direct, eqn, side, trail.jaxpr)]
 
 

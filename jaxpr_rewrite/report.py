@@ -30,12 +30,14 @@ from .config import RewriteConfig, join_scope, skip_reason
 from .error_sums import ERR, REF, RUNS, add, measured_sums, zeros
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
-from .int8_dot import shared_jit, supports_ragged
+from .int8_dot import shared_jit
 from .plotting import COLORS, bar_chart, new_figure, save
 from .jaxprs import derivative_jaxprs, is_float_dot, is_matmul, jaxpr_and_consts, matmul_dimension_numbers, sub_jaxprs
 from .quantized import is_quantized, materialise
+from .reasons import KeptFloat, Why
 from .rewrite import Rewriter
 from .rules import rule_for
+from .rules.dots import is_plain_dot, is_unsupported_ragged
 from .source import Location, eqn_location, short_path
 from .tracing import target_of, trace
 
@@ -58,7 +60,8 @@ class DotRow:
         lhs, rhs, out: operand and result types in jaxpr notation (``f32[8,64]``).
         dimension_numbers: ``((lhs_contract, rhs_contract), (lhs_batch, rhs_batch))``.
         rewritten: whether the rewrite computes it in int8.
-        reason: why it is not rewritten (``"integer dot"``, a skip option), ``None`` when it is.
+        reason: why it is not rewritten (a :class:`~jaxpr_rewrite.reasons.KeptFloat`: an integer dot, a skip
+            option, ...; ``str()`` gives the sentence), ``None`` when it is.
         error: measured relative Frobenius error of the int8 result against the float result on the same
             operands (``None`` when not measured). For a float matmul that an option keeps in float, it is the
             error rewriting it *would* cost.
@@ -78,7 +81,7 @@ class DotRow:
     out: str
     dimension_numbers: Any
     rewritten: bool
-    reason: str | None
+    reason: KeptFloat | None
     error: float | None = None
     note: str | None = None
     primitive: str = "dot_general"
@@ -94,7 +97,7 @@ class DotRow:
 
     @property
     def is_float(self) -> bool:
-        return self.reason != "integer dot"
+        return self.reason is None or self.reason.why is not Why.INTEGER_DOT
 
 
 _COLUMNS = ("#", "source", "scope", "operands", "dimension numbers", "int8", "error", "why not")
@@ -138,7 +141,7 @@ class Report:
         else:
             error = "-"
         operands = f"{row.lhs} x {row.rhs} -> {row.out}"
-        if row.primitive != "dot_general":
+        if not is_plain_dot(row.eqn):
             operands = f"{row.primitive}: {operands}"
         return (
             str(row.index),
@@ -148,7 +151,7 @@ class Report:
             _format_dims(row.dimension_numbers),
             "yes" if row.rewritten else "no",
             error,
-            row.reason or "",
+            "" if row.reason is None else str(row.reason),
         )
 
     def summary(self) -> str:
@@ -200,7 +203,7 @@ class Report:
         bottom = ax.get_ylim()[0]
         for position, row in enumerate(self.rows):
             if not row.rewritten and row.error is not None:  # the option that kept it, written up the bar
-                ax.text(position, bottom * 1.15, row.reason, rotation=90, fontsize=6, ha="center", va="bottom",
+                ax.text(position, bottom * 1.15, str(row.reason), rotation=90, fontsize=6, ha="center", va="bottom",
                         clip_on=True)
         if path is not None:
             save(fig, path)
@@ -214,22 +217,23 @@ class _Site:
     eqn: Any
     scope: str
     enclosing: tuple[str, ...]  # primitive names of the enclosing higher-order equations
-    reason: str | None  # why it is not rewritten (None: rewritten)
+    reason: KeptFloat | None  # why it is not rewritten (None: rewritten)
     measurable: bool  # a float matmul of the forward program that the rewrite can express
 
 
 def _site(eqn, path, scope, enclosing, config: RewriteConfig, derivative_only: str | None,
           no_rule: str | None) -> _Site:
     if not is_float_dot(eqn):
-        return _Site(path, eqn, scope, enclosing, "integer dot", False)
+        return _Site(path, eqn, scope, enclosing, KeptFloat(Why.INTEGER_DOT, "integer dot"), False)
     if derivative_only is not None:
-        return _Site(path, eqn, scope, enclosing, f"runs only for derivatives ({derivative_only})", False)
+        return _Site(path, eqn, scope, enclosing,
+                     KeptFloat(Why.DERIVATIVE_ONLY, f"runs only for derivatives ({derivative_only})"), False)
     reason = skip_reason(eqn, config, scope)
-    if eqn.primitive.name == "ragged_dot_general" and not supports_ragged(eqn.params):
-        return _Site(path, eqn, scope, enclosing, reason or "unsupported ragged layout (int8ify raises an error)",
-                     False)
+    if is_unsupported_ragged(eqn):
+        unsupported = KeptFloat(Why.UNSUPPORTED_RAGGED, "unsupported ragged layout (int8ify raises an error)")
+        return _Site(path, eqn, scope, enclosing, reason or unsupported, False)
     if no_rule is not None and reason is None:
-        reason = f"inside {no_rule}, which int8ify has no rule for (int8ify raises an error)"
+        reason = KeptFloat(Why.NO_RULE, f"inside {no_rule}, which int8ify has no rule for (int8ify raises an error)")
     return _Site(path, eqn, scope, enclosing, reason, True)
 
 

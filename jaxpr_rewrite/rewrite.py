@@ -3,8 +3,8 @@
 Like JAX's own interpreters (``batching.py``, ``ad.py``) it looks each equation's primitive up in one registry of
 per-primitive rules (:mod:`jaxpr_rewrite.rules`), calls the rule, or falls back:
 
-* ``dot_general`` / ``ragged_dot_general`` go to :meth:`Rewriter.rewrite_matmul` (the configured backend, the int8
-  contract by default);
+* ``dot_general`` / ``ragged_dot_general`` go to the dot rule (:func:`~jaxpr_rewrite.rules.dots.rewrite_dot`: the
+  configured backend, the int8 contract by default);
 * a higher-order primitive (``jit``, ``scan``, ``cond``, ...) goes to its rule's ``rewrite``, which returns the
   equation's params with only the sub-jaxprs swapped for their rewritten versions, so donation, shardings, names
   and remat policies survive untouched;
@@ -19,32 +19,24 @@ not skip: a matmul is never left in float silently.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
-import jax
 import jax.extend  # noqa: F401  (makes jax.extend.core importable)
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.extend.core import ClosedJaxpr, Jaxpr, Var
 
 from . import _compat
 from .config import RewriteConfig, join_scope, skip_reason
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
-from .int8_dot import supports_ragged
-from .jaxprs import (SUBJAXPR_PARAMS, forward_jaxprs, is_float_dot, jaxpr_and_consts, matmul_dimension_numbers,
-                     open_jaxpr)
-from .quantized import is_quantized, resolve_dot_operands
+from .jaxprs import SUBJAXPR_PARAMS, forward_jaxprs, is_float_dot, jaxpr_and_consts, open_jaxpr
+from .quantized import is_quantized
 from .rules import RuleContext, rule_for
 from .rules.common import materialised
+from .rules.dots import rewrite_dot
 from .source import UNKNOWN, Location, describe_source, eqn_location
 
 __all__ = ["Rewriter"]
-
-
-def _is_float_dtype(dtype) -> bool:
-    return jnp.issubdtype(dtype, jnp.floating)
 
 
 class Rewriter:
@@ -56,16 +48,13 @@ class Rewriter:
     rules it creates can run concurrently.
     """
 
-    def __init__(self, config: RewriteConfig, on_dot: Callable | None = None):
+    def __init__(self, config: RewriteConfig):
         """
         Arguments:
             config: the rewrite options.
-            on_dot: called as ``on_dot(eqn, scope, reason)`` for every float matmul met, ``reason`` being
-                ``None`` for a rewritten one and why it stays float otherwise (the report builds on it).
         """
         self.config = config
         self.backend = config.dot_backend
-        self.on_dot = on_dot
         self._rewritten: dict = {}
         self._rewrites: dict = {}
 
@@ -195,10 +184,7 @@ class Rewriter:
                 tangent_vars.update(eqn.outvars)
                 return bind(eqn, materialised(invals))
             if is_float_dot(eqn):
-                reason = skip_reason(eqn, self.config, here)
-                if self.on_dot is not None:
-                    self.on_dot(eqn, here, reason)
-                if reason is None:
+                if skip_reason(eqn, self.config, here) is None:
                     return [self.rewrite_matmul(eqn, invals, eqn_location(eqn, where), smoothed)]
                 return bind(eqn, materialised(invals))
             rule = rule_for(eqn.primitive.name)
@@ -222,55 +208,9 @@ class Rewriter:
 
     # -- one matmul ---------------------------------------------------------------------------------------------
     def rewrite_matmul(self, eqn, invals: Sequence, where: Location = UNKNOWN, smoothed: dict | None = None):
-        """The rewritten program for one float ``dot_general`` / ``ragged_dot_general`` equation.
-
-        Arguments:
-            eqn: the equation.
-            invals: its operand values; a :class:`~jaxpr_rewrite.quantized.QuantizedArray` is a pre-quantized
-                weight, used directly when its scales fit the contraction.
-            where: the user's source, for errors about equations JAX recorded none for.
-            smoothed: a per-program cache of activations rescaled by a smoothing group's factors, so weights of
-                one group reading the same activation share that rescaling (and XLA then its quantization).
-        """
-        for v in eqn.invars[:2]:
-            if jnp.issubdtype(v.aval.dtype, jnp.complexfloating):
-                raise Int8ifyError(
-                    f"{eqn.primitive.name} at {describe_source(eqn, where)} has complex operands "
-                    f"({_operand_types(eqn)}); the int8 contract is defined for real floating matmuls only"
-                )
-        float_params = tuple(sorted(eqn.params.items()))
-        out_dtype = eqn.outvars[0].aval.dtype
-        ragged = eqn.primitive.name == "ragged_dot_general"
-        if ragged:
-            self._check_ragged(eqn, where)
-        contractions = matmul_dimension_numbers(eqn)[0]
-        lhs, rhs = resolve_dot_operands(invals[:2], contractions, self.config.uses_per_channel_int8, smoothed)
-        # an integer operand of a mixed dot is quantized like a float one
-        lhs, rhs = (
-            x if is_quantized(x) or _is_float_dtype(v.aval.dtype) else lax.convert_element_type(x, np.float32)
-            for x, v in zip((lhs, rhs), eqn.invars)
-        )
-        if ragged:
-            return self.backend.ragged_dot(lhs, rhs, invals[2], float_params, out_dtype, self.config)
-
-        def program(lhs, rhs):
-            return self.backend.dot(lhs, rhs, float_params, out_dtype, self.config)
-
-        out_sharding = _explicit_sharding(eqn)
-        if out_sharding is not None:
-            # Under explicit sharding every intermediate would need its sharding spelled out; the int8 program
-            # runs with the mesh axes automatic inside and delivers the float dot's output sharding.
-            program = jax.sharding.auto_axes(program, axes=out_sharding.mesh.explicit_axes, out_sharding=out_sharding)
-        return program(lhs, rhs)
-
-    def _check_ragged(self, eqn, where):
-        if not supports_ragged(eqn.params) or self.backend.ragged_dot is None:
-            what = (f"backend {self.backend.name!r} has no ragged_dot_general rule" if supports_ragged(eqn.params)
-                    else "only a ragged non-contracting lhs dim with a group dim in the rhs is supported")
-            raise Int8ifyError(
-                f"ragged_dot_general at {describe_source(eqn, where)} ({_operand_types(eqn)}) cannot be rewritten: "
-                f"{what}. Keep it float with skip/skip_if."
-            )
+        """The rewritten program for one float matmul equation: :func:`~jaxpr_rewrite.rules.dots.rewrite_dot`
+        under this rewriter's options and backend."""
+        return rewrite_dot(self.config, self.backend, eqn, invals, where, smoothed)
 
 
 def _tangent_outputs(jaxpr: Jaxpr, tangents) -> list[bool]:
@@ -287,16 +227,3 @@ def _tangent_outputs(jaxpr: Jaxpr, tangents) -> list[bool]:
         else:
             dependent.update(eqn.outvars)
     return [isinstance(v, Var) and v in dependent for v in jaxpr.outvars]
-
-
-def _explicit_sharding(eqn):
-    """The output sharding of a matmul whose operands or result live on a mesh with explicit axes, else None."""
-    for v in (*eqn.invars[:2], *eqn.outvars):
-        mesh = getattr(getattr(v.aval, "sharding", None), "mesh", None)
-        if getattr(mesh, "explicit_axes", ()):
-            return eqn.outvars[0].aval.sharding
-    return None
-
-
-def _operand_types(eqn) -> str:
-    return ", ".join(v.aval.str_short() for v in eqn.invars[:2])

@@ -283,13 +283,9 @@ def _device_is_blackwell(device) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _default_device_is_blackwell() -> bool:
-    return _device_is_blackwell(jax.devices()[0])
-
-
 def is_blackwell() -> bool:
     """Whether the default device is an NVIDIA Blackwell GPU (compute capability >= 10)."""
-    return _default_device_is_blackwell()
+    return _device_is_blackwell(jax.devices()[0])
 
 
 @functools.lru_cache(maxsize=None)

@@ -28,7 +28,7 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, Var
 from .errors import TracedValueError
 from .jaxprs import forward_jaxprs, is_float_dot, is_matmul, open_jaxpr
 from .source import eqn_location
-from .tracing import target_of, trace
+from .tracing import Int8ifiedBase, target_of, trace
 
 __all__ = ["Finding", "assert_int8", "verify", "verify_jaxpr"]
 
@@ -185,7 +185,7 @@ def trace_program(fn, *args, **kwargs) -> ClosedJaxpr:
     An ``int8ify``-wrapped function gives its rewritten program. Array leaves (and ``jax.ShapeDtypeStruct``) are
     traced; every other leaf is a static Python value, as for ``int8ify``.
     """
-    if hasattr(fn, "rewritten_jaxpr"):  # an Int8ified
+    if isinstance(fn, Int8ifiedBase):
         return fn.rewritten_jaxpr(*args, **kwargs)
     function, _, signature_of = target_of(fn, "verify")
     return trace(function, *signature_of(args, kwargs))[0]
@@ -209,7 +209,7 @@ def verify(fn, *args, **kwargs) -> list[Finding]:
         closed = trace_program(fn, *args, **kwargs)
     except TracedValueError as exc:
         message = f"{exc.advice} ({exc.detail}" + (f"; at `{exc.text}`)" if exc.text else ")")
-        return [Finding(exc.code, message, exc.file, exc.line, exc.detail.split(":")[0])]
+        return [Finding(exc.code, message, exc.file, exc.line, exc.exception)]
     return verify_jaxpr(closed)
 
 

@@ -10,6 +10,7 @@ from jax import lax
 from helpers import away_from_ties, dot_eqns, reference_codes, reference_scales
 from jaxpr_rewrite import Int8ifyError, int8ify, quantize_params, report, verify
 from jaxpr_rewrite.quantized import QuantizedArray, quantize
+from jaxpr_rewrite.reasons import Why
 
 rng = np.random.default_rng(5)
 
@@ -104,4 +105,5 @@ def test_unsupported_ragged_layout_is_an_error_not_a_float_matmul():
         int8ify(f)(x, y, g)
     kept = int8ify(f, skip_if=lambda eqn: eqn.primitive.name == "ragged_dot_general")(x, y, g)
     np.testing.assert_allclose(kept, f(x, y, g), rtol=1e-6)
-    assert "unsupported ragged layout" in report(f, x, y, g)[0].reason
+    reason = report(f, x, y, g)[0].reason
+    assert reason.why is Why.UNSUPPORTED_RAGGED and "unsupported ragged layout" in str(reason)

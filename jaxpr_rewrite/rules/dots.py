@@ -1,0 +1,105 @@
+"""The dot rule: one float ``dot_general`` / ``ragged_dot_general`` becomes the configured backend's program (the
+int8 contract by default), its operands resolved first (a pre-quantized weight's codes used as they are when its
+scales fit; an integer operand of a mixed dot quantized like a float one)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..backends import Backend
+from ..config import RewriteConfig
+from ..errors import Int8ifyError
+from ..int8_dot import supports_ragged
+from ..jaxprs import matmul_dimension_numbers
+from ..quantized import is_quantized, resolve_dot_operands
+from ..source import UNKNOWN, Location, describe_source
+
+__all__ = ["is_plain_dot", "is_unsupported_ragged", "rewrite_dot"]
+
+
+def is_plain_dot(eqn) -> bool:
+    """Whether ``eqn`` is a ``dot_general`` (not a ragged one)."""
+    return eqn.primitive.name == "dot_general"
+
+
+def is_unsupported_ragged(eqn) -> bool:
+    """Whether ``eqn`` is a ``ragged_dot_general`` whose layout the int8 rewrite cannot express."""
+    return eqn.primitive.name == "ragged_dot_general" and not supports_ragged(eqn.params)
+
+
+def rewrite_dot(config: RewriteConfig, backend: Backend, eqn, invals, where: Location = UNKNOWN,
+                smoothed: dict | None = None):
+    """The rewritten program for one float ``dot_general`` / ``ragged_dot_general`` equation.
+
+    Arguments:
+        config: the rewrite options.
+        backend: what the dot becomes.
+        eqn: the equation.
+        invals: its operand values; a :class:`~jaxpr_rewrite.quantized.QuantizedArray` is a pre-quantized
+            weight, used directly when its scales fit the contraction.
+        where: the user's source, for errors about equations JAX recorded none for.
+        smoothed: a per-program cache of activations rescaled by a smoothing group's factors, so weights of
+            one group reading the same activation share that rescaling (and XLA then its quantization).
+
+    Returns:
+        The dot's result.
+
+    Raises:
+        Int8ifyError: complex operands, or a ragged dot the backend or the layout rules out.
+    """
+    for v in eqn.invars[:2]:
+        if jnp.issubdtype(v.aval.dtype, jnp.complexfloating):
+            raise Int8ifyError(
+                f"{eqn.primitive.name} at {describe_source(eqn, where)} has complex operands "
+                f"({_operand_types(eqn)}); the int8 contract is defined for real floating matmuls only"
+            )
+    float_params = tuple(sorted(eqn.params.items()))
+    out_dtype = eqn.outvars[0].aval.dtype
+    ragged = not is_plain_dot(eqn)
+    if ragged:
+        _check_ragged(backend, eqn, where)
+    contractions = matmul_dimension_numbers(eqn)[0]
+    lhs, rhs = resolve_dot_operands(invals[:2], contractions, config.uses_per_channel_int8, smoothed)
+    # an integer operand of a mixed dot is quantized like a float one
+    lhs, rhs = (
+        x if is_quantized(x) or jnp.issubdtype(v.aval.dtype, jnp.floating) else lax.convert_element_type(x, np.float32)
+        for x, v in zip((lhs, rhs), eqn.invars)
+    )
+    if ragged:
+        return backend.ragged_dot(lhs, rhs, invals[2], float_params, out_dtype, config)
+
+    def program(lhs, rhs):
+        return backend.dot(lhs, rhs, float_params, out_dtype, config)
+
+    out_sharding = _explicit_sharding(eqn)
+    if out_sharding is not None:
+        # Under explicit sharding every intermediate would need its sharding spelled out; the int8 program
+        # runs with the mesh axes automatic inside and delivers the float dot's output sharding.
+        program = jax.sharding.auto_axes(program, axes=out_sharding.mesh.explicit_axes, out_sharding=out_sharding)
+    return program(lhs, rhs)
+
+
+def _check_ragged(backend: Backend, eqn, where: Location):
+    if not supports_ragged(eqn.params) or backend.ragged_dot is None:
+        what = (f"backend {backend.name!r} has no ragged_dot_general rule" if supports_ragged(eqn.params)
+                else "only a ragged non-contracting lhs dim with a group dim in the rhs is supported")
+        raise Int8ifyError(
+            f"ragged_dot_general at {describe_source(eqn, where)} ({_operand_types(eqn)}) cannot be rewritten: "
+            f"{what}. Keep it float with skip/skip_if."
+        )
+
+
+def _explicit_sharding(eqn):
+    """The output sharding of a matmul whose operands or result live on a mesh with explicit axes, else None."""
+    for v in (*eqn.invars[:2], *eqn.outvars):
+        mesh = getattr(getattr(v.aval, "sharding", None), "mesh", None)
+        if getattr(mesh, "explicit_axes", ()):
+            return eqn.outvars[0].aval.sharding
+    return None
+
+
+def _operand_types(eqn) -> str:
+    return ", ".join(v.aval.str_short() for v in eqn.invars[:2])
