@@ -13,6 +13,7 @@ Public API (explicit re-exports):
 * :class:`Int8ifyError`, :class:`TracedValueError` -- raised for programs or options the rewrite cannot handle.
 """
 
+from . import int8_backend as _int8_backend  # noqa: F401  (registers the int8 backend)
 from . import scaled_matmul as _scaled_matmul  # noqa: F401  (registers the mxfp8/nvfp4/auto backends)
 from .api import Int8ified, int8ify
 from .backends import register_backend, register_backend_alias

@@ -2,7 +2,7 @@
 
 A :class:`Backend` says, as values, what it handles (pre-quantized weights, ragged dots), so no caller compares
 backend names. Backends are registered with :func:`register_backend` (the int8 contract in
-:mod:`~jaxpr_rewrite.int8_dot`, the block-scaled fp8/fp4 formats in :mod:`~jaxpr_rewrite.scaled_matmul`), and
+:mod:`~jaxpr_rewrite.int8_backend`, the block-scaled fp8/fp4 formats in :mod:`~jaxpr_rewrite.scaled_matmul`), and
 names resolved when a program is rewritten (``"auto"``) with :func:`register_backend_alias`.
 """
 

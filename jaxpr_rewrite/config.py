@@ -1,29 +1,17 @@
-"""The rewrite's policy: its options (:class:`RewriteConfig`) and which dots they keep in float
-(:func:`skip_reason`)."""
+"""The options of the rewrite: :class:`RewriteConfig` (which dots they keep in float: the dot rule's
+:func:`~jaxpr_rewrite.rules.dots.skip_reason`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import numbers
-import re
 from typing import Callable
 
 from .backends import BACKENDS, Backend, backend_names, resolve_backend_name
 from .errors import Int8ifyError
-from .reasons import KeptFloat, Why
-from .jaxprs import matmul_dimension_numbers
 from .quantize import MAX_INT32_SAFE_CONTRACTION
 
-__all__ = [
-    "GRANULARITIES",
-    "RewriteConfig",
-    "contraction_size",
-    "join_scope",
-    "matching_pattern",
-    "skip_reason",
-    "user_scope",
-]
+__all__ = ["GRANULARITIES", "RewriteConfig"]
 
 GRANULARITIES = ("per-channel", "per-tensor")
 
@@ -40,7 +28,8 @@ class RewriteConfig:
     Attributes:
         skip: name-scope patterns (``fnmatch`` syntax, e.g. ``"*attention*"``); a dot whose scope
             (``jax.named_scope`` / module path, nested scopes joined by ``/``) matches one stays float; JAX's
-            transform wrappers (``jvp(attn)`` under ``grad``) are matched through (see :func:`matching_pattern`).
+            transform wrappers (``jvp(attn)`` under ``grad``) are matched through (see
+            :func:`~jaxpr_rewrite.scopes.matching_pattern`).
         skip_if: a predicate on the ``dot_general`` equation; the dots it returns true for stay float.
         min_contracting_size: dots that sum fewer products than this stay float (tiny dots cost more to
             quantize than they save).
@@ -112,63 +101,3 @@ class RewriteConfig:
         """Whether dots become the plain per-channel int8 contract, the one pre-quantized weights are made for."""
         return (self.dot_backend.takes_prequantized and self.granularity == "per-channel"
                 and self.block_size is None)
-
-
-def join_scope(outer: str, inner) -> str:
-    """Nested name scopes joined by ``/``."""
-    inner = str(inner)
-    return f"{outer}/{inner}" if outer and inner else outer or inner
-
-
-# JAX names the scopes of a transformed function after the transform: ``jvp(attn)`` under grad, ``vmap(block)``
-# under vmap, ``transpose(jvp(attn))`` in a backward pass (``jax._src.source_info_util.Transform``).
-_TRANSFORM_WRAPPER = re.compile(r"^(?:jvp|transpose|vmap|pmap)\((.*)\)$")
-
-
-def user_scope(scope: str) -> str:
-    """``scope`` with JAX's transform wrappers taken off each name: ``vmap(jvp(block))/attn`` -> ``block/attn``."""
-    names = []
-    for name in scope.split("/"):
-        while (wrapped := _TRANSFORM_WRAPPER.match(name)) is not None:
-            name = wrapped.group(1)
-        names.append(name)
-    return "/".join(names)
-
-
-def matching_pattern(scope: str, patterns) -> str | None:
-    """The first of ``patterns`` (``fnmatch`` syntax) that matches ``scope``, as JAX wrote it or with the
-    transform wrappers off (so ``skip=["attn"]`` still matches under ``grad`` and ``vmap``), or ``None``."""
-    unwrapped = user_scope(scope)
-    for pattern in patterns:
-        if fnmatch.fnmatchcase(scope, pattern) or fnmatch.fnmatchcase(unwrapped, pattern):
-            return pattern
-    return None
-
-
-def contraction_size(shape, contracting) -> int:
-    """The number of products each output sums: the product of the contracting dims' sizes."""
-    size = 1
-    for a in contracting:
-        size *= int(shape[a])
-    return size
-
-
-def skip_reason(eqn, config: RewriteConfig, scope: str) -> KeptFloat | None:
-    """Why the float matmul ``eqn`` stays float under ``config``, or ``None`` when it is rewritten.
-
-    Arguments:
-        eqn: a float ``dot_general`` (or ``ragged_dot_general``) equation.
-        config: the rewrite options.
-        scope: the dot's full name scope (enclosing scopes included).
-    """
-    pattern = matching_pattern(scope, config.skip)
-    if pattern is not None:
-        return KeptFloat(Why.SKIP_PATTERN, f"name scope {scope!r} matches skip pattern {pattern!r}")
-    if config.skip_if is not None and config.skip_if(eqn):
-        return KeptFloat(Why.SKIP_IF, "skip_if returned True")
-    (lc, _), _ = matmul_dimension_numbers(eqn)
-    size = contraction_size(eqn.invars[0].aval.shape, lc)
-    if size < config.min_contracting_size:
-        return KeptFloat(Why.SMALL_CONTRACTION,
-                         f"contraction of {size} < min_contracting_size={config.min_contracting_size}")
-    return None

@@ -19,7 +19,6 @@ large in every token no longer dictates every token's scale.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import numbers
 import uuid
@@ -31,16 +30,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .config import RewriteConfig, join_scope, matching_pattern, skip_reason
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
-from .jaxprs import is_float_dot, matmul_dimension_numbers, open_jaxpr
 from .quantize import epilogue_factors, static_scale
 from .quantized import QuantizedArray, is_quantized, quantize, smoothed_activation
-from .rules import rule_for
 from .rules.dots import is_plain_dot
+from .scopes import matching_pattern
 from .source import describe_source
 from .tracing import target_of, trace
+from .weight_uses import plan_uses
 
 __all__ = ["ACTIVATION_MODES", "QuantizationWarning", "quantize_params", "smoothing_factors", "weight_absmax"]
 
@@ -49,114 +47,6 @@ ACTIVATION_MODES = ("dynamic", "static")
 
 class QuantizationWarning(UserWarning):
     """A parameter that feeds a matmul was left float by :func:`quantize_params`."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _Use:
-    """One use of a parameter as a matmul operand."""
-
-    from_end: tuple[int, ...]  # the contracting axes, counted from the end
-    casts: tuple  # the float dtypes it is cast to before the matmul, in order (a chain keeps every rounding)
-    direct: bool  # an operand of a top-level dot_general (SmoothQuant needs that)
-    eqn: object  # the matmul
-    side: int  # 0: lhs, 1: rhs
-    jaxpr: object  # the jaxpr holding the matmul
-
-
-@dataclasses.dataclass(frozen=True)
-class _Trail:
-    """Where a parameter is being followed: the state :func:`_uses` passes to each primitive's ``follow`` rule
-    (:mod:`jaxpr_rewrite.rules`).
-
-    Attributes:
-        config: the rewrite options (a use in a matmul they keep float refuses the leaf).
-        refused: every use that keeps the leaf float, described (shared by the whole walk).
-        jaxpr: the jaxpr holding the value followed.
-        scope: the name scope of the equation reading it.
-        casts: the float dtypes the value was cast to on the way, in order (a chain keeps every rounding).
-        top: whether the value is read at the traced program's top level.
-        axes: ``axes[i]`` is the parameter leaf's axis that axis ``i`` of the value is (a scan over stacked
-            layers slices the leading axes off, a transpose permutes them).
-    """
-
-    config: RewriteConfig
-    refused: list
-    jaxpr: object = None
-    scope: str = ""
-    casts: tuple = ()
-    top: bool = True
-    axes: tuple = ()
-
-    def follow(self, jaxpr, var, *, nested: bool = False, **changes) -> list[_Use]:
-        """The matmul uses of ``var`` in ``jaxpr``; ``nested``: ``jaxpr`` is a sub-jaxpr of the current one;
-        ``changes``: the fields that change on the way (``casts``, ``axes``)."""
-        return _uses(jaxpr, var, dataclasses.replace(self, top=self.top and not nested, **changes))
-
-    def refuse(self, why: str) -> None:
-        """Record a use that keeps the leaf float."""
-        self.refused.append(why)
-
-
-def _uses(jaxpr, var, trail: _Trail) -> list[_Use]:
-    """Every matmul use of ``var`` in ``jaxpr``, followed through the primitives whose rule says how (casts,
-    transposes, the higher-order primitives the rewrite carries pre-quantized weights through); every other use
-    is described in ``trail.refused``."""
-    jaxpr = open_jaxpr(jaxpr)
-    found: list[_Use] = []
-    if any(v is var for v in jaxpr.outvars):
-        trail.refuse("it is returned" + ("" if trail.top else " from a nested call or loop body"))
-    for eqn in jaxpr.eqns:
-        positions = [k for k, v in enumerate(eqn.invars) if v is var]
-        if not positions:
-            continue
-        here = dataclasses.replace(trail, jaxpr=jaxpr, scope=join_scope(trail.scope, eqn.source_info.name_stack))
-        where = describe_source(eqn)
-        if is_float_dot(eqn) and positions[0] < 2:
-            found += _matmul_use(eqn, positions, here, where)
-            continue
-        follow = rule_for(eqn.primitive.name).follow
-        uses = follow(here, eqn, positions, where) if follow is not None else None
-        if uses is None:
-            trail.refuse(f"it is used by {eqn.primitive.name} at {where}")
-        else:
-            found += uses
-    return found
-
-
-def _matmul_use(eqn, positions, trail: _Trail, where: str) -> list[_Use]:
-    """The use of a parameter as operand ``positions[0]`` of the float matmul ``eqn`` (none, refused, when it is
-    both operands or the options keep the matmul float)."""
-    if len(positions) > 1:
-        trail.refuse(f"it is both operands of the matmul at {where}")
-        return []
-    reason = skip_reason(eqn, trail.config, trail.scope)
-    if reason is not None:
-        trail.refuse(f"its matmul at {where} stays float ({reason})")
-        return []
-    dims = matmul_dimension_numbers(eqn)
-    side = positions[0]
-    axes = trail.axes
-    leaf_ndim = max(axes) + 1 if axes else 0  # axes are the leaf's trailing axes, permuted
-    from_end = tuple(sorted(axes[a] - leaf_ndim for a in dims[0][side]))
-    direct = trail.top and is_plain_dot(eqn) and axes == tuple(range(len(axes)))
-    return [_Use(from_end, trail.casts, direct, eqn, side, trail.jaxpr)]
-
-
-def _plan(jaxpr, var, config: RewriteConfig) -> tuple[list[_Use], str]:
-    """The uses of a parameter input and how it is quantized, or ``([], reason)`` when it stays float."""
-    if not jnp.issubdtype(var.aval.dtype, jnp.floating):
-        return [], f"not a float array ({var.aval.str_short()})"
-    refused: list[str] = []
-    uses = _uses(jaxpr, var, _Trail(config, refused, axes=tuple(range(len(var.aval.shape)))))
-    if not uses:
-        return [], "kept float: it feeds no matmul" + (f" ({refused[0]})" if refused else "")
-    if refused:
-        return [], f"kept float: {refused[0]}"
-    if len({u.from_end for u in uses}) > 1:
-        return [], "kept float: its matmuls contract different axes"
-    if len({u.casts for u in uses}) > 1:
-        return [], "kept float: it is cast to different dtypes before its matmuls"
-    return uses, ""
 
 
 # -- SmoothQuant -------------------------------------------------------------------------------------------------
@@ -300,7 +190,7 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
         if i not in inputs:
             explanation[path] = "static (not an array)"
             continue
-        uses, reason = _plan(jaxpr, jaxpr.invars[inputs[i]], config)
+        uses, reason = plan_uses(jaxpr, jaxpr.invars[inputs[i]], config)
         if not config.uses_per_channel_int8 and uses:
             uses, reason = [], "kept float: the options do not use per-channel int8 scales"
         if uses:
@@ -373,7 +263,7 @@ def _smoothing(plans, leaves, alpha, smooth_skip, calibration, traced) -> dict:
                 for eqn in closed.jaxpr.eqns:
                     positions = [k for k, v in enumerate(eqn.invars[:2])
                                  if v is closed.jaxpr.invars[call_inputs[i]]]
-                    if eqn.primitive.name == "dot_general" and positions:
+                    if is_plain_dot(eqn) and positions:
                         targets[id(eqn)] = (i, positions[0])
             measurers[id(closed)] = _activation_absmax(closed, targets)
         measured = measurers[id(closed)](closed.consts, jax.tree_util.tree_leaves(dynamic))
@@ -415,8 +305,8 @@ def _static_scales(plans, smooth, calibration, traced, config, percentile, paths
         if id(closed) not in measurers:
             targets, measurable = {}, set()
             for i in plans:
-                uses, _ = _plan(closed.jaxpr, closed.jaxpr.invars[call_inputs[i]], config)
-                top = [u for u in uses if u.jaxpr is closed.jaxpr and u.eqn.primitive.name == "dot_general"]
+                uses, _ = plan_uses(closed.jaxpr, closed.jaxpr.invars[call_inputs[i]], config)
+                top = [u for u in uses if u.jaxpr is closed.jaxpr and is_plain_dot(u.eqn)]
                 if uses and len(top) == len(uses):
                     measurable.add(i)
                     targets.update({id(u.eqn): (i, u.side) for u in top})

@@ -26,18 +26,19 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr
 
-from .config import RewriteConfig, join_scope, skip_reason
+from .config import RewriteConfig
 from .error_sums import ERR, REF, RUNS, add, measured_sums, zeros
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
-from .int8_dot import shared_jit
+from .compile_policy import shared_jit
 from .plotting import COLORS, bar_chart, new_figure, save
 from .jaxprs import derivative_jaxprs, is_float_dot, is_matmul, jaxpr_and_consts, matmul_dimension_numbers, sub_jaxprs
 from .quantized import is_quantized, materialise
 from .reasons import KeptFloat, Why
 from .rewrite import Rewriter
 from .rules import rule_for
-from .rules.dots import is_plain_dot, is_unsupported_ragged
+from .rules.dots import is_plain_dot, is_unsupported_ragged, skip_reason
+from .scopes import join_scope
 from .source import Location, eqn_location, short_path
 from .tracing import target_of, trace
 
@@ -268,7 +269,7 @@ class _Measurer:
     def measurement(self, eqn) -> Callable:
         """``fn(*invals) -> (float result, sums)`` for one matmul, shared by every matmul with the same primitive,
         params and operand types: its program is traced once however many layers call it (see
-        :func:`~jaxpr_rewrite.int8_dot.shared_jit` for how XLA compiles it)."""
+        :func:`~jaxpr_rewrite.compile_policy.shared_jit` for how XLA compiles it)."""
         key = (eqn.primitive, tuple(sorted(eqn.params.items())), tuple(v.aval for v in (*eqn.invars, *eqn.outvars)))
         try:
             hash(key)

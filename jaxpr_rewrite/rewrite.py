@@ -26,14 +26,15 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Var
 
 from . import _compat
-from .config import RewriteConfig, join_scope, skip_reason
+from .config import RewriteConfig
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .jaxprs import SUBJAXPR_PARAMS, forward_jaxprs, is_float_dot, jaxpr_and_consts, open_jaxpr
 from .quantized import is_quantized
 from .rules import RuleContext, rule_for
 from .rules.common import materialised
-from .rules.dots import rewrite_dot
+from .rules.dots import rewrite_dot, skip_reason
+from .scopes import join_scope
 from .source import UNKNOWN, Location, describe_source, eqn_location
 
 __all__ = ["Rewriter"]

@@ -47,9 +47,10 @@ from jax import lax
 
 from . import _compat
 from .backends import register_backend, register_backend_alias
-from .config import RewriteConfig, contraction_size
+from .config import RewriteConfig
 from .errors import Int8ifyError
-from .int8_dot import blocked, free_axes, straight_through
+from .layout import blocked, contraction_size, free_axes
+from .straight_through import straight_through
 from .quantize import absmax
 
 

@@ -1,6 +1,7 @@
-"""The dot rule: one float ``dot_general`` / ``ragged_dot_general`` becomes the configured backend's program (the
-int8 contract by default), its operands resolved first (a pre-quantized weight's codes used as they are when its
-scales fit; an integer operand of a mixed dot quantized like a float one)."""
+"""The dot rule: whether a float matmul is rewritten (:func:`skip_reason`), and how: one float ``dot_general`` /
+``ragged_dot_general`` becomes the configured backend's program (the int8 contract by default), its operands
+resolved first (a pre-quantized weight's codes used as they are when its scales fit; an integer operand of a mixed
+dot quantized like a float one)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ from jax import lax
 
 from ..backends import Backend
 from ..config import RewriteConfig
+from ..layout import contraction_size
 from ..errors import Int8ifyError
-from ..int8_dot import supports_ragged
+from ..ragged_dot import supports_ragged
 from ..jaxprs import matmul_dimension_numbers
 from ..quantized import is_quantized, resolve_dot_operands
+from ..reasons import KeptFloat, Why
+from ..scopes import matching_pattern
 from ..source import UNKNOWN, Location, describe_source
 
-__all__ = ["is_plain_dot", "is_unsupported_ragged", "rewrite_dot"]
+__all__ = ["is_plain_dot", "is_unsupported_ragged", "rewrite_dot", "skip_reason"]
 
 
 def is_plain_dot(eqn) -> bool:
@@ -28,6 +32,27 @@ def is_plain_dot(eqn) -> bool:
 def is_unsupported_ragged(eqn) -> bool:
     """Whether ``eqn`` is a ``ragged_dot_general`` whose layout the int8 rewrite cannot express."""
     return eqn.primitive.name == "ragged_dot_general" and not supports_ragged(eqn.params)
+
+
+def skip_reason(eqn, config: RewriteConfig, scope: str) -> KeptFloat | None:
+    """Why the float matmul ``eqn`` stays float under ``config``, or ``None`` when it is rewritten.
+
+    Arguments:
+        eqn: a float ``dot_general`` (or ``ragged_dot_general``) equation.
+        config: the rewrite options.
+        scope: the dot's full name scope (enclosing scopes included).
+    """
+    pattern = matching_pattern(scope, config.skip)
+    if pattern is not None:
+        return KeptFloat(Why.SKIP_PATTERN, f"name scope {scope!r} matches skip pattern {pattern!r}")
+    if config.skip_if is not None and config.skip_if(eqn):
+        return KeptFloat(Why.SKIP_IF, "skip_if returned True")
+    (lc, _), _ = matmul_dimension_numbers(eqn)
+    size = contraction_size(eqn.invars[0].aval.shape, lc)
+    if size < config.min_contracting_size:
+        return KeptFloat(Why.SMALL_CONTRACTION,
+                         f"contraction of {size} < min_contracting_size={config.min_contracting_size}")
+    return None
 
 
 def rewrite_dot(config: RewriteConfig, backend: Backend, eqn, invals, where: Location = UNKNOWN,
