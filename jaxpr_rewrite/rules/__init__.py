@@ -5,7 +5,8 @@ weight following, the report's measuring) in :data:`~jaxpr_rewrite.rules.registr
 Adding a higher-order primitive is one new module here, imported below (see docs/rules.md).
 """
 
-from . import calls, casts, cond, custom_derivatives, linear_solve, remat, scan, shard_map, while_loop  # noqa: F401
+from . import (calls, casts, cond, custom_derivatives, dots, linear_solve, remat, scan, shard_map,  # noqa: F401
+               shapes, while_loop)
 from .registry import RULES, PrimitiveRule, RuleContext, register, rule_for
 
 __all__ = ["RULES", "PrimitiveRule", "RuleContext", "register", "rule_for"]

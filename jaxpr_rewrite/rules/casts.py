@@ -44,5 +44,9 @@ def _follow_transpose(trail, eqn, positions, where):
     return trail.follow(trail.jaxpr, eqn.outvars[0], axes=permuted)
 
 
-register("convert_element_type", quantized=_convert_quantized, follow=_follow_convert)
+def _label_convert(params) -> list[str]:
+    return [f"new_dtype={np.dtype(params['new_dtype']).name}"]
+
+
+register("convert_element_type", quantized=_convert_quantized, follow=_follow_convert, label=_label_convert)
 register("transpose", quantized=_transpose_quantized, follow=_follow_transpose)

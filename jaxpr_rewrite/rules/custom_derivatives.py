@@ -74,7 +74,13 @@ def _custom_vmap_rule(context: RuleContext, params: dict) -> dict:
     return new_params
 
 
+def _label_primal_name(params) -> list[str]:
+    """The diff names a custom_jvp/custom_vjp function after its primal."""
+    func = getattr(getattr(params["call_jaxpr"].jaxpr, "debug_info", None), "func_name", None)
+    return [f"name={func}"] if func else []
+
+
 # the report measures a custom_jvp/custom_vjp through its primal, evaluated inline
-register("custom_jvp_call", rewrite=_custom_jvp_rule, measure=measure_inline)
-register("custom_vjp_call", rewrite=_custom_vjp_rule, measure=measure_inline)
+register("custom_jvp_call", rewrite=_custom_jvp_rule, measure=measure_inline, label=_label_primal_name)
+register("custom_vjp_call", rewrite=_custom_vjp_rule, measure=measure_inline, label=_label_primal_name)
 register("custom_vmap_call", rewrite=_custom_vmap_rule)

@@ -20,8 +20,22 @@ from ..quantized import is_quantized, resolve_dot_operands
 from ..reasons import KeptFloat, Why
 from ..scopes import matching_pattern
 from ..source import UNKNOWN, Location, describe_source
+from .registry import register
 
 __all__ = ["is_plain_dot", "is_unsupported_ragged", "rewrite_dot", "skip_reason"]
+
+
+def _label_dot(params) -> list[str]:
+    """The diff shows a dot's dimension numbers, and an integer result type."""
+    (lc, rc), (lb, rb) = params["dimension_numbers"]
+    parts = [f"dims=(({list(lc)}, {list(rc)}), ({list(lb)}, {list(rb)}))"]
+    preferred = params.get("preferred_element_type")
+    if preferred is not None and not jnp.issubdtype(preferred, jnp.inexact):
+        parts.append(f"preferred={np.dtype(preferred).name}")
+    return parts
+
+
+register("dot_general", label=_label_dot)
 
 
 def is_plain_dot(eqn) -> bool:

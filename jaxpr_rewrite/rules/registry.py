@@ -58,6 +58,10 @@ FollowRule = Callable[[Any, Any, list, str], "list | None"]
 ``positions`` (``where``: the equation's source), found through ``trail.follow``/``trail.refuse`` (see
 :mod:`jaxpr_rewrite.params`); ``None`` when the weight cannot be followed through ``eqn``."""
 
+LabelRule = Callable[[dict], "list[str]"]
+"""``label(params) -> parts``: the params the command line's side-by-side diff shows for an equation
+(``["length=3"]``)."""
+
 MeasureRule = Callable[[Any, Any, list, tuple], "tuple[list, dict]"]
 """``measure(measurer, eqn, invals, path) -> (outvals, sums)``: ``eqn`` evaluated in float with the matmuls inside
 it measured (see :mod:`jaxpr_rewrite.report`); ``path`` is the equation's position in the program."""
@@ -76,6 +80,7 @@ class PrimitiveRule:
         inline_call: a call that takes its operands one to one and that XLA inlines anyway, so the rewrite may
             evaluate it inline (to keep only the tangent matmuls of a jvp float); a remat keeps its boundary.
         branches: it runs one of its sub-jaxprs, so a matmul the report did not see run was in a branch not taken.
+        label: what the command line's diff shows of an equation's params (none: its ``axes`` or ``name``).
     """
 
     rewrite: RewriteRule | None = None
@@ -84,6 +89,7 @@ class PrimitiveRule:
     measure: MeasureRule | None = None
     inline_call: bool = False
     branches: bool = False
+    label: LabelRule | None = None
 
 
 RULES: dict[str, PrimitiveRule] = {}
@@ -94,12 +100,13 @@ _NO_RULE = PrimitiveRule()
 
 def register(*names: str, rewrite: RewriteRule | None = None, quantized: QuantizedRule | None = None,
              follow: FollowRule | None = None, measure: MeasureRule | None = None,
-             inline_call: bool = False, branches: bool = False) -> PrimitiveRule:
+             inline_call: bool = False, branches: bool = False, label: LabelRule | None = None) -> PrimitiveRule:
     """Register one :class:`PrimitiveRule` for the primitives ``names``.
 
     Arguments:
         names: primitive names (``eqn.primitive.name``).
-        rewrite, quantized, follow, measure, inline_call, branches: the rule's fields (see :class:`PrimitiveRule`).
+        rewrite, quantized, follow, measure, inline_call, branches, label: the rule's fields (see
+            :class:`PrimitiveRule`).
 
     Returns:
         The registered rule.
@@ -107,7 +114,7 @@ def register(*names: str, rewrite: RewriteRule | None = None, quantized: Quantiz
     Raises:
         Int8ifyError: a primitive already has a rule.
     """
-    rule = PrimitiveRule(rewrite, quantized, follow, measure, inline_call, branches)
+    rule = PrimitiveRule(rewrite, quantized, follow, measure, inline_call, branches, label)
     taken = sorted(name for name in names if name in RULES)
     if taken:
         raise Int8ifyError(f"primitive(s) {taken} already have a rule; a primitive is registered once")

@@ -68,5 +68,9 @@ def _measure_scan(measurer, eqn, invals, path):
     return [*carry, *ys], acc
 
 
+def _label_scan(params) -> list[str]:
+    return [f"length={params['length']}"]
+
+
 register("scan", rewrite=swap_forward_params("scan"), quantized=_scan_quantized, follow=_follow_scan,
-         measure=_measure_scan)
+         measure=_measure_scan, label=_label_scan)
