@@ -8,7 +8,8 @@ from .registry import RuleContext, register
 
 __all__ = ["CALLS", "follow_call"]
 
-CALLS = ("jit", "pjit", "closed_call", "core_call")
+# call primitive -> its one sub-jaxpr param
+CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr"}
 
 
 def _inline_quantized(context: RuleContext, eqn, invals):
@@ -24,6 +25,6 @@ def follow_call(trail, eqn, positions, where):
     return [use for k in positions for use in trail.follow(sub, sub.invars[k], nested=True)]
 
 
-for _name in CALLS:
-    register(_name, rewrite=swap_forward_params(_name), quantized=_inline_quantized, follow=follow_call,
-             measure=measure_inline, inline_call=True)
+for _name, _param in CALLS.items():
+    register(_name, subjaxprs=(_param,), rewrite=swap_forward_params(_name), quantized=_inline_quantized,
+             follow=follow_call, measure=measure_inline, inline_call=True)

@@ -46,5 +46,5 @@ def _measure_cond(measurer, eqn, invals, path):
     return list(outs), stats
 
 
-register("cond", rewrite=swap_forward_params("cond"), quantized=_cond_quantized, follow=_follow_cond,
-         measure=_measure_cond, branches=True)
+register("cond", subjaxprs=("branches",), rewrite=swap_forward_params("cond"), quantized=_cond_quantized,
+         follow=_follow_cond, measure=_measure_cond, branches=True)

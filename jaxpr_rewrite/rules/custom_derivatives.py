@@ -81,6 +81,8 @@ def _label_primal_name(params) -> list[str]:
 
 
 # the report measures a custom_jvp/custom_vjp through its primal, evaluated inline
-register("custom_jvp_call", rewrite=_custom_jvp_rule, measure=measure_inline, label=_label_primal_name)
-register("custom_vjp_call", rewrite=_custom_vjp_rule, measure=measure_inline, label=_label_primal_name)
-register("custom_vmap_call", rewrite=_custom_vmap_rule)
+register("custom_jvp_call", subjaxprs=("call_jaxpr",), rewrite=_custom_jvp_rule, measure=measure_inline,
+         label=_label_primal_name)
+register("custom_vjp_call", subjaxprs=("call_jaxpr",), rewrite=_custom_vjp_rule, measure=measure_inline,
+         label=_label_primal_name)
+register("custom_vmap_call", subjaxprs=("call",), rewrite=_custom_vmap_rule)

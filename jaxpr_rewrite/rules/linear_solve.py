@@ -1,6 +1,6 @@
-"""``lax.custom_linear_solve``: its forward pass is the ``solve`` jaxpr, rewritten in place; ``matvec``,
-``vecmat`` and ``transpose_solve`` only define derivatives and stay float
-(:data:`~jaxpr_rewrite.jaxprs.DERIVATIVE_ONLY_PARAMS`)."""
+"""``lax.custom_linear_solve`` (behind ``jnp.linalg.solve`` and ``jax.scipy.sparse.linalg.cg``): its ``jaxprs``
+param holds four sub-jaxprs; the forward pass is ``solve``, rewritten in place, while ``matvec``, ``vecmat`` and
+``transpose_solve`` only define derivatives and stay float."""
 
 from __future__ import annotations
 
@@ -9,4 +9,5 @@ from .registry import register
 
 __all__ = []
 
-register("custom_linear_solve", rewrite=swap_forward_params("custom_linear_solve"))
+register("custom_linear_solve", subjaxprs=("jaxprs",), derivative_only=("matvec", "vecmat", "transpose_solve"),
+         rewrite=swap_forward_params("custom_linear_solve"))

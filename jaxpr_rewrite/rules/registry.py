@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any, Callable
 
 from ..errors import Int8ifyError
+from ..jaxprs import DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS
 from ..source import UNKNOWN, Location
 
 __all__ = ["PrimitiveRule", "RuleContext", "RULES", "register", "rule_for"]
@@ -98,13 +99,18 @@ RULES: dict[str, PrimitiveRule] = {}
 _NO_RULE = PrimitiveRule()
 
 
-def register(*names: str, rewrite: RewriteRule | None = None, quantized: QuantizedRule | None = None,
+def register(*names: str, subjaxprs: tuple[str, ...] = (), derivative_only: tuple[str, ...] = (),
+             rewrite: RewriteRule | None = None, quantized: QuantizedRule | None = None,
              follow: FollowRule | None = None, measure: MeasureRule | None = None,
              inline_call: bool = False, branches: bool = False, label: LabelRule | None = None) -> PrimitiveRule:
     """Register one :class:`PrimitiveRule` for the primitives ``names``.
 
     Arguments:
         names: primitive names (``eqn.primitive.name``).
+        subjaxprs: the params holding the primitive's sub-jaxprs that run in the forward pass, recorded in
+            :data:`~jaxpr_rewrite.jaxprs.SUBJAXPR_PARAMS` for every walker of programs.
+        derivative_only: fields of those params that only define derivatives (their matmuls stay float),
+            recorded in :data:`~jaxpr_rewrite.jaxprs.DERIVATIVE_ONLY_PARAMS`.
         rewrite, quantized, follow, measure, inline_call, branches, label: the rule's fields (see
             :class:`PrimitiveRule`).
 
@@ -120,6 +126,10 @@ def register(*names: str, rewrite: RewriteRule | None = None, quantized: Quantiz
         raise Int8ifyError(f"primitive(s) {taken} already have a rule; a primitive is registered once")
     for name in names:
         RULES[name] = rule
+        if subjaxprs:
+            SUBJAXPR_PARAMS[name] = subjaxprs
+        if derivative_only:
+            DERIVATIVE_ONLY_PARAMS[name] = derivative_only
     return rule
 
 

@@ -21,5 +21,5 @@ def _remat_quantized(context: RuleContext, eqn, invals):
 
 
 for _name in ("remat2", "checkpoint"):
-    register(_name, rewrite=swap_forward_params(_name), quantized=_remat_quantized, follow=follow_call,
-             measure=measure_inline)
+    register(_name, subjaxprs=("jaxpr",), rewrite=swap_forward_params(_name), quantized=_remat_quantized,
+             follow=follow_call, measure=measure_inline)

@@ -72,5 +72,5 @@ def _label_scan(params) -> list[str]:
     return [f"length={params['length']}"]
 
 
-register("scan", rewrite=swap_forward_params("scan"), quantized=_scan_quantized, follow=_follow_scan,
-         measure=_measure_scan, label=_label_scan)
+register("scan", subjaxprs=("jaxpr",), rewrite=swap_forward_params("scan"), quantized=_scan_quantized,
+         follow=_follow_scan, measure=_measure_scan, label=_label_scan)

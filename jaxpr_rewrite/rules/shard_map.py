@@ -14,4 +14,4 @@ def _shard_map_rule(context: RuleContext, params: dict) -> dict:
     return new_params
 
 
-register("shard_map", rewrite=_shard_map_rule)
+register("shard_map", subjaxprs=("jaxpr",), rewrite=_shard_map_rule)

@@ -65,5 +65,5 @@ def _measure_while(measurer, eqn, invals, path):
     return list(carry), acc
 
 
-register("while", rewrite=swap_forward_params("while"), quantized=_while_quantized, follow=_follow_while,
-         measure=_measure_while)
+register("while", subjaxprs=("cond_jaxpr", "body_jaxpr"), rewrite=swap_forward_params("while"),
+         quantized=_while_quantized, follow=_follow_while, measure=_measure_while)
