@@ -59,10 +59,14 @@ def test_measured_error_is_the_int8_dot_against_the_float_dot():
     want = _rel(reference_dot(x, w1, MATMUL), x.astype(np.float64) @ w1.astype(np.float64))
     assert rep[0].error == pytest.approx(want, rel=1e-3)
     assert 1e-4 < rep[0].error < 5e-2
-    # the second dot sees the *float* program's hidden activations
-    h = np.maximum(np.asarray(jax.jit(lambda a, b: a @ b)(x, w1)), 0)
+    # the second dot sees the *float* program's hidden activations, after the relu
+    pre = np.asarray(jax.jit(lambda a, b: a @ b)(x, w1))
+    h = np.maximum(pre, 0)
     want = _rel(reference_dot(h, W2, MATMUL), h.astype(np.float64) @ W2.astype(np.float64))
     assert rep[1].error == pytest.approx(want, rel=1e-2)
+    # ... which the check tells apart from the activations before it
+    without_relu = _rel(reference_dot(pre, W2, MATMUL), pre.astype(np.float64) @ W2.astype(np.float64))
+    assert rep[1].error != pytest.approx(without_relu, rel=1e-2)
     assert rep.worst() in (rep[0], rep[1])
 
 
