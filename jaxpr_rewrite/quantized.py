@@ -27,8 +27,7 @@ from .errors import Int8ifyError
 from .quantize import (dequantize_codes, epilogue_factors, quantize_parts, quantize_static_parts, scale_values,
                        to_compute)
 
-__all__ = ["QuantizedArray", "is_quantized", "materialise", "quantize", "quantize_operand", "resolve_dot_operands",
-           "smoothed_activation"]
+__all__ = ["QuantizedArray", "is_quantized", "materialise", "quantize", "quantize_operand", "smoothed_activation"]
 
 
 @jax.tree_util.register_pytree_node_class
@@ -257,54 +256,3 @@ def smoothed_activation(activation, smooth, axis: int):
     inverse = lax.div(np.float32(1), to_compute(smooth, np.float32))
     inverse = lax.convert_element_type(inverse, activation.dtype)
     return lax.mul(activation, lax.broadcast_in_dim(inverse, activation.shape, (axis,)))
-
-
-def resolve_dot_operands(invals: Sequence, contractions, direct: bool, shared: dict | None) -> list:
-    """The operands a dot's program gets, from its operand values (the quantized-array rule of ``dot_general``).
-
-    A :class:`QuantizedArray` whose scales fit the dot (per-channel int8, ``direct``, same contraction) goes on
-    as itself: its codes feed the int8 dot. Any other is materialised. A usable smoothed weight stands for
-    ``smooth * w``, so the other operand is multiplied by ``1 / smooth`` first. The activation of a usable weight
-    with a static scale and an ``activation_group`` is quantized here, once for every weight of the group.
-
-    Arguments:
-        invals: the dot's two operand values.
-        contractions: the dot's ``(lhs_contracting, rhs_contracting)``.
-        direct: whether the rewrite uses the per-channel int8 contract (pre-quantized codes fit only that).
-        shared: a per-program cache ``(id(activation), axes, group) -> (activation, rescaled or quantized)``
-            shared by the weights of one smoothing or static-scale group, or ``None``.
-    """
-    usable = [
-        is_quantized(x) and direct and x.dot_operand(contract) is not None
-        for x, contract in zip(invals, contractions)
-    ]
-    for side, x in enumerate(invals):
-        if usable[side] and x.smooth is not None and is_quantized(invals[1 - side]):
-            usable[side] = False  # two weights: the smoothing cannot move into the other one
-    operands = [
-        x if use else materialise(x)
-        for x, use in zip(invals, usable)
-    ]
-    for side in (0, 1):
-        weight = invals[side]
-        if not usable[side] or weight.smooth is None:
-            continue
-        (other_axis,) = contractions[1 - side]
-        other = operands[1 - side]
-        key = (id(other), other_axis, weight.smooth_group)
-        shareable = weight.smooth_group is not None and shared is not None
-        if shareable and key in shared:
-            operands[1 - side] = shared[key][1]
-            continue
-        operands[1 - side] = smoothed_activation(other, weight.smooth, other_axis)
-        if shareable:
-            shared[key] = (other, operands[1 - side])  # holds `other`, so no other value reuses its id
-    for side in (0, 1):
-        weight, other = invals[side], operands[1 - side]
-        if not usable[side] or weight.activation_group is None or shared is None or is_quantized(other):
-            continue
-        key = (id(other), tuple(contractions[1 - side]), weight.activation_group)
-        if key not in shared:
-            shared[key] = (other, quantize_operand(other, contractions[1 - side], weight))
-        operands[1 - side] = shared[key][1]
-    return operands
