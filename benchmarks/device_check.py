@@ -206,7 +206,7 @@ def _late_inlined(model, *args):
     """``jit(int8ify(model))`` compiled with int8ify's shared bodies inlined late, as it does on CPU (JAX 0.11+):
     whether late inlining pays on this device too, where int8ify keeps XLA's default until it is measured."""
     default_backend = jax.default_backend
-    jax.default_backend = lambda: "cpu"  # what int8_dot.shared_jit reads to choose late inlining
+    jax.default_backend = lambda: "cpu"  # what compile_policy.shared_jit reads to choose late inlining
     try:
         return jax.jit(int8ify(model)).lower(*args).compile()
     finally:

@@ -32,8 +32,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "examples" / "minilm"))
 
 from jaxpr_rewrite import int8ify, quantize_params, register_backend  # noqa: E402
-from jaxpr_rewrite.config import prequantized_backends  # noqa: E402
-from jaxpr_rewrite.int8_dot import scale_to_output  # noqa: E402
+from jaxpr_rewrite.layout import scale_to_output  # noqa: E402
 from jaxpr_rewrite.quantize import scale_values  # noqa: E402
 from jaxpr_rewrite.quantized import is_quantized  # noqa: E402
 
@@ -41,7 +40,7 @@ import model as minilm  # noqa: E402  (examples/minilm/model.py)
 from mlp import init_mlp, mlp  # noqa: E402  (examples/mlp.py)
 
 
-@register_backend("int8-plain")
+@register_backend("int8-plain", takes_prequantized=True)
 def plain_backend(lhs, rhs, float_params, out_dtype, config):
     """The contract written the obvious way (per-channel scales, no exactness or range care)."""
     dims = dict(float_params)["dimension_numbers"]
@@ -62,9 +61,6 @@ def plain_backend(lhs, rhs, float_params, out_dtype, config):
     out = acc * scale_to_output(ls, lk, lq.ndim, dims, 0, acc.shape) * scale_to_output(rs, rk, rq.ndim, dims, 1,
                                                                                        acc.shape)
     return out.astype(out_dtype)
-
-
-prequantized_backends.add("int8-plain")
 
 
 def interleaved_ms(fns: dict, args: dict, repeats: int) -> dict:

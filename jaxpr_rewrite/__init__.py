@@ -13,14 +13,17 @@ Public API (explicit re-exports):
 * :class:`Int8ifyError`, :class:`TracedValueError` -- raised for programs or options the rewrite cannot handle.
 """
 
+from . import int8_backend as _int8_backend  # noqa: F401  (registers the int8 backend)
 from . import scaled_matmul as _scaled_matmul  # noqa: F401  (registers the mxfp8/nvfp4/auto backends)
 from .api import Int8ified, int8ify
-from .config import RewriteConfig, register_backend, register_backend_alias
+from .backends import register_backend, register_backend_alias
+from .config import RewriteConfig
 from .errors import Int8ifyError, TracedValueError
 from .jaxprs import dot_eqns, iter_eqns
 from .matmul import int8_matmul
 from .params import QuantizationWarning, quantize_params
-from .quantized import QuantizedArray, quantize
+from .operands import quantize
+from .quantized import QuantizedArray
 from .report import DotRow, Report, report
 from .verify import Finding, assert_int8, verify
 

@@ -14,11 +14,11 @@ from jax.extend.core import ClosedJaxpr
 
 from .config import RewriteConfig
 from .errors import Int8ifyError
-from .params import quantized_weight, weight_uses
+from .params import quantizable_uses, quantized_weight
 from .quantized import materialise
 from .report import Report, report
 from .rewrite import Rewriter
-from .tracing import Signature, resolve_static, split_call, trace
+from .tracing import Int8ifiedBase, Signature, resolve_static, split_call, trace
 
 __all__ = ["Int8ified", "int8ify"]
 
@@ -39,7 +39,7 @@ class _Program(NamedTuple):
         return [materialise(out) for out in outs]
 
 
-class Int8ified:
+class Int8ified(Int8ifiedBase):
     """A function whose float matmuls run as per-channel int8 matmuls.
 
     Calling it traces ``fn`` once per call signature (tree structure, shapes, dtypes, static values) and caches
@@ -136,7 +136,7 @@ class Int8ified:
         if uses is None:
             jaxpr = program.float_jaxpr.jaxpr
             uses = {i: found for i, var in enumerate(jaxpr.invars)
-                    if (found := weight_uses(jaxpr, var, self.config))}
+                    if (found := quantizable_uses(jaxpr, var, self.config))}
             with self._lock:
                 self._weight_uses[signature] = uses
         return [self._weights.get(x, uses[i]) if i in uses and _is_weight_array(x) else x

@@ -37,6 +37,7 @@ from .api import Int8ified, int8ify
 from .errors import Int8ifyError
 from .jaxprs import sub_jaxprs
 from .report import report
+from .rules import rule_for
 from .source import short_path
 from .verify import verify
 
@@ -179,28 +180,17 @@ def _short(aval) -> str:
 
 
 def _params(eqn) -> str:
-    p, name = eqn.params, eqn.primitive.name
-    parts = []
-    if name == "dot_general":
-        (lc, rc), (lb, rb) = p["dimension_numbers"]
-        parts.append(f"dims=(({list(lc)}, {list(rc)}), ({list(lb)}, {list(rb)}))")
-        if p.get("preferred_element_type") is not None and not jnp.issubdtype(p["preferred_element_type"], jnp.inexact):
-            parts.append(f"preferred={np.dtype(p['preferred_element_type']).name}")
-    elif name == "convert_element_type":
-        parts.append(f"new_dtype={np.dtype(p['new_dtype']).name}")
+    """The params the diff shows for ``eqn``: its primitive's ``label`` rule, else its ``axes`` or ``name``."""
+    p = eqn.params
+    label = rule_for(eqn.primitive.name).label
+    if label is not None:
+        parts = label(p)
     elif "axes" in p:
-        parts.append(f"axes={tuple(p['axes'])}")
-    elif name == "broadcast_in_dim":
-        parts.append(f"broadcast_dimensions={tuple(p['broadcast_dimensions'])}")
+        parts = [f"axes={tuple(p['axes'])}"]
     elif "name" in p and isinstance(p["name"], str):
-        parts.append(f"name={p['name']}")
-    elif name in ("custom_jvp_call", "custom_vjp_call"):
-        info = getattr(p["call_jaxpr"].jaxpr, "debug_info", None)
-        func = getattr(info, "func_name", None)
-        if func:
-            parts.append(f"name={func}")
-    elif name == "scan":
-        parts.append(f"length={p['length']}")
+        parts = [f"name={p['name']}"]
+    else:
+        parts = []
     return f"[{' '.join(parts)}]" if parts else ""
 
 

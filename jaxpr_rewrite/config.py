@@ -1,69 +1,19 @@
-"""The rewrite's policy: its options (:class:`RewriteConfig`), which dots they keep in float (:func:`skip_reason`),
-and the registry of backends a float dot can become (:func:`register_backend`, :func:`register_backend_alias`).
-"""
+"""The options of the rewrite: :class:`RewriteConfig` (which dots they keep in float: the dot rule's
+:func:`~jaxpr_rewrite.rules.dots.skip_reason`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import numbers
-import re
 from typing import Callable
 
+from .backends import BACKENDS, Backend, backend_names, resolve_backend_name
 from .errors import Int8ifyError
-from .jaxprs import matmul_dimension_numbers
 from .quantize import MAX_INT32_SAFE_CONTRACTION
 
-__all__ = [
-    "GRANULARITIES",
-    "RewriteConfig",
-    "backend_aliases",
-    "contraction_size",
-    "dot_backends",
-    "join_scope",
-    "matching_pattern",
-    "prequantized_backends",
-    "register_backend",
-    "register_backend_alias",
-    "registering",
-    "skip_reason",
-    "user_scope",
-]
+__all__ = ["GRANULARITIES", "RewriteConfig"]
 
 GRANULARITIES = ("per-channel", "per-tensor")
-
-# name -> backend(lhs, rhs, float_params, out_dtype, config): the program one float dot becomes.
-dot_backends: dict[str, Callable] = {}
-# name -> fn() -> backend name, resolved when a program is rewritten (e.g. "auto": the best for this machine).
-backend_aliases: dict[str, Callable[[], str]] = {}
-# Backends that take a pre-quantized weight (QuantizedArray, per-channel int8 codes) as a dot operand directly.
-prequantized_backends: set[str] = {"int8"}
-
-
-def registering(table: dict, doc: str):
-    """A decorator factory ``register(*names)`` that puts the decorated function into ``table`` under each name
-    (the one way every registry of the package is filled)."""
-
-    def register(*names: str):
-        def decorate(fn: Callable) -> Callable:
-            for name in names:
-                table[name] = fn
-            return fn
-
-        return decorate
-
-    register.__doc__ = doc
-    return register
-
-
-register_backend = registering(dot_backends, """Decorator: ``@register_backend(name)`` registers
-``backend(lhs, rhs, float_params, out_dtype, config)`` as ``int8ify(backend=name)``. ``lhs``/``rhs`` are the dot's
-operands (a :class:`~jaxpr_rewrite.quantized.QuantizedArray` for a pre-quantized weight only when ``name`` is in
-:data:`prequantized_backends`; any other backend gets it materialised), ``float_params`` the original
-``dot_general`` params as a sorted tuple of items.""")
-
-register_backend_alias = registering(backend_aliases, """Decorator: ``@register_backend_alias(name)`` registers
-``resolve() -> backend name`` as ``int8ify(backend=name)``, resolved when a program is rewritten.""")
 
 
 def _is_int(value) -> bool:
@@ -78,7 +28,8 @@ class RewriteConfig:
     Attributes:
         skip: name-scope patterns (``fnmatch`` syntax, e.g. ``"*attention*"``); a dot whose scope
             (``jax.named_scope`` / module path, nested scopes joined by ``/``) matches one stays float; JAX's
-            transform wrappers (``jvp(attn)`` under ``grad``) are matched through (see :func:`matching_pattern`).
+            transform wrappers (``jvp(attn)`` under ``grad``) are matched through (see
+            :func:`~jaxpr_rewrite.scopes.matching_pattern`).
         skip_if: a predicate on the ``dot_general`` equation; the dots it returns true for stay float.
         min_contracting_size: dots that sum fewer products than this stay float (tiny dots cost more to
             quantize than they save).
@@ -115,9 +66,8 @@ class RewriteConfig:
                 )
             if self.granularity != "per-channel":
                 raise Int8ifyError("block_size refines per-channel scales; it cannot be combined with per-tensor")
-        if self.backend not in dot_backends and self.backend not in backend_aliases:
-            known = sorted([*dot_backends, *backend_aliases])
-            raise Int8ifyError(f"backend must be one of {known}, got {self.backend!r}")
+        if self.backend not in backend_names():
+            raise Int8ifyError(f"backend must be one of {backend_names()}, got {self.backend!r}")
 
     @classmethod
     def from_options(cls, **options) -> "RewriteConfig":
@@ -138,79 +88,24 @@ class RewriteConfig:
 
     @property
     def resolved_backend(self) -> str:
-        """The backend dots are rewritten to, aliases such as ``"auto"`` resolved for this machine."""
-        alias = backend_aliases.get(self.backend)
-        return alias() if alias is not None else self.backend
+        """The name of the backend dots are rewritten to, aliases such as ``"auto"`` resolved for this machine."""
+        return resolve_backend_name(self.backend)
+
+    @property
+    def dot_backend(self) -> Backend:
+        """The :class:`~jaxpr_rewrite.backends.Backend` dots are rewritten to on this machine."""
+        return BACKENDS[self.resolved_backend]
 
     @property
     def int8_block_size(self) -> int | None:
         """The block length of block-scaled int8 dots (``block_size`` with the int8 backend), which weights
         quantized with that block length feed; ``None`` otherwise."""
-        if self.resolved_backend in prequantized_backends and self.granularity == "per-channel":
+        if self.dot_backend.takes_prequantized and self.granularity == "per-channel":
             return self.block_size
         return None
 
     @property
     def uses_per_channel_int8(self) -> bool:
         """Whether dots become the plain per-channel int8 contract, the one pre-quantized weights are made for."""
-        return (self.resolved_backend in prequantized_backends and self.granularity == "per-channel"
+        return (self.dot_backend.takes_prequantized and self.granularity == "per-channel"
                 and self.block_size is None)
-
-
-def join_scope(outer: str, inner) -> str:
-    """Nested name scopes joined by ``/``."""
-    inner = str(inner)
-    return f"{outer}/{inner}" if outer and inner else outer or inner
-
-
-# JAX names the scopes of a transformed function after the transform: ``jvp(attn)`` under grad, ``vmap(block)``
-# under vmap, ``transpose(jvp(attn))`` in a backward pass (``jax._src.source_info_util.Transform``).
-_TRANSFORM_WRAPPER = re.compile(r"^(?:jvp|transpose|vmap|pmap)\((.*)\)$")
-
-
-def user_scope(scope: str) -> str:
-    """``scope`` with JAX's transform wrappers taken off each name: ``vmap(jvp(block))/attn`` -> ``block/attn``."""
-    names = []
-    for name in scope.split("/"):
-        while (wrapped := _TRANSFORM_WRAPPER.match(name)) is not None:
-            name = wrapped.group(1)
-        names.append(name)
-    return "/".join(names)
-
-
-def matching_pattern(scope: str, patterns) -> str | None:
-    """The first of ``patterns`` (``fnmatch`` syntax) that matches ``scope``, as JAX wrote it or with the
-    transform wrappers off (so ``skip=["attn"]`` still matches under ``grad`` and ``vmap``), or ``None``."""
-    unwrapped = user_scope(scope)
-    for pattern in patterns:
-        if fnmatch.fnmatchcase(scope, pattern) or fnmatch.fnmatchcase(unwrapped, pattern):
-            return pattern
-    return None
-
-
-def contraction_size(shape, contracting) -> int:
-    """The number of products each output sums: the product of the contracting dims' sizes."""
-    size = 1
-    for a in contracting:
-        size *= int(shape[a])
-    return size
-
-
-def skip_reason(eqn, config: RewriteConfig, scope: str) -> str | None:
-    """Why the float matmul ``eqn`` stays float under ``config``, or ``None`` when it is rewritten.
-
-    Arguments:
-        eqn: a float ``dot_general`` (or ``ragged_dot_general``) equation.
-        config: the rewrite options.
-        scope: the dot's full name scope (enclosing scopes included).
-    """
-    pattern = matching_pattern(scope, config.skip)
-    if pattern is not None:
-        return f"name scope {scope!r} matches skip pattern {pattern!r}"
-    if config.skip_if is not None and config.skip_if(eqn):
-        return "skip_if returned True"
-    (lc, _), _ = matmul_dimension_numbers(eqn)
-    size = contraction_size(eqn.invars[0].aval.shape, lc)
-    if size < config.min_contracting_size:
-        return f"contraction of {size} < min_contracting_size={config.min_contracting_size}"
-    return None

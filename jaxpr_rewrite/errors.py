@@ -21,10 +21,13 @@ class TracedValueError(Int8ifyError):
         file, line: where in the user's code (``None`` when unknown).
         advice: what to write instead.
         detail: JAX's own error, in one line.
+        exception: the name of the exception JAX raised (``"TracerBoolConversionError"``).
     """
 
-    def __init__(self, code: str, file: str | None, line: int | None, text: str, advice: str, detail: str):
+    def __init__(self, code: str, file: str | None, line: int | None, text: str, advice: str, detail: str,
+                 exception: str):
         self.code, self.file, self.line, self.text, self.advice, self.detail = code, file, line, text, advice, detail
+        self.exception = exception
         where = f"{file}:{line}" if line is not None else "<unknown location>"
         at = f" at `{text}`" if text else ""
         super().__init__(f"{where}: {code} {advice} ({detail}{at})")

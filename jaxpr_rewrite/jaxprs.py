@@ -1,8 +1,9 @@
 """What a jaxpr holds: its equations, its matmuls, and where higher-order primitives keep their sub-jaxprs.
 
 One table, :data:`SUBJAXPR_PARAMS`, says which param of which higher-order primitive holds a sub-jaxpr that runs
-in the forward pass; the rewrite, the report, the verifier, the command line, the examples and the tests all walk
-programs through :func:`forward_jaxprs` / :func:`iter_eqns` / :func:`dot_eqns` instead of each knowing it.
+in the forward pass (filled by each primitive's rule, :func:`jaxpr_rewrite.rules.register`); the rewrite, the
+report, the verifier, the command line, the examples and the tests all walk programs through
+:func:`forward_jaxprs` / :func:`iter_eqns` / :func:`dot_eqns` instead of each knowing it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from jax.extend.core import ClosedJaxpr, Jaxpr
 from ._compat import scan_counts
 
 __all__ = [
-    "CALL_PRIMITIVES",
     "DERIVATIVE_ONLY_PARAMS",
     "MATMUL_PRIMITIVES",
     "SUBJAXPR_PARAMS",
@@ -31,37 +31,19 @@ __all__ = [
     "open_jaxpr",
     "scan_counts",
     "scan_operands",
+    "sub_index",
     "sub_jaxprs",
     "while_operands",
 ]
 
 # primitive name -> the params holding sub-jaxprs that run in the forward pass. Each value is a Jaxpr, a
-# ClosedJaxpr, or a tuple / named tuple of them (``cond``'s branches, ``custom_linear_solve``'s jaxprs).
-SUBJAXPR_PARAMS: dict[str, tuple[str, ...]] = {
-    "jit": ("jaxpr",),
-    "pjit": ("jaxpr",),
-    "closed_call": ("call_jaxpr",),
-    "core_call": ("call_jaxpr",),
-    "remat2": ("jaxpr",),
-    "checkpoint": ("jaxpr",),
-    "scan": ("jaxpr",),
-    "while": ("cond_jaxpr", "body_jaxpr"),
-    "cond": ("branches",),
-    "shard_map": ("jaxpr",),
-    "custom_jvp_call": ("call_jaxpr",),
-    "custom_vjp_call": ("call_jaxpr",),
-    "custom_linear_solve": ("jaxprs",),
-    "custom_vmap_call": ("call",),
-}
+# ClosedJaxpr, or a tuple / named tuple of them (``cond``'s branches, ``custom_linear_solve``'s jaxprs). Filled
+# by the rules (``register(name, subjaxprs=...)`` in ``jaxpr_rewrite/rules/``).
+SUBJAXPR_PARAMS: dict[str, tuple[str, ...]] = {}
 
-# Calls: one sub-jaxpr that takes the equation's operands one to one and gives its outputs (remat included).
-CALL_PRIMITIVES = frozenset({"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"})
-
-# Sub-jaxprs that only define derivatives: their dots never run in the forward pass, so they stay float
-# (like the tangent dots of a custom_jvp rule). custom_linear_solve's forward pass is its ``solve``.
-DERIVATIVE_ONLY_PARAMS: dict[str, tuple[str, ...]] = {
-    "custom_linear_solve": ("matvec", "vecmat", "transpose_solve"),
-}
+# Fields of those params that hold sub-jaxprs only defining derivatives: their dots never run in the forward pass,
+# so they stay float (like the tangent dots of a custom_jvp rule). Filled by the rules (``derivative_only=``).
+DERIVATIVE_ONLY_PARAMS: dict[str, tuple[str, ...]] = {}
 
 # Matrix-multiplying primitives: each is either rewritten to int8 or reported.
 MATMUL_PRIMITIVES = frozenset({"dot_general", "ragged_dot_general"})
@@ -100,6 +82,12 @@ def _sub_values(value) -> Iterator:
 def sub_jaxprs(eqn) -> list[Jaxpr]:
     """Every jaxpr held in ``eqn``'s params (derivative-only ones included), in param order."""
     return [open_jaxpr(sub) for value in eqn.params.values() for sub in _sub_values(value)]
+
+
+def sub_index(eqn, sub) -> int:
+    """The position of ``sub`` among :func:`sub_jaxprs` of ``eqn`` (the report's path of a nested matmul)."""
+    sub = open_jaxpr(sub)
+    return next(j for j, s in enumerate(sub_jaxprs(eqn)) if s is sub)
 
 
 def derivative_jaxprs(eqn) -> list[Jaxpr]:

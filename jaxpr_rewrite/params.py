@@ -19,7 +19,6 @@ large in every token no longer dictates every token's scale.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import numbers
 import uuid
@@ -31,15 +30,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .config import RewriteConfig, join_scope, matching_pattern, skip_reason
+from .config import RewriteConfig
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
-from .jaxprs import (CALL_PRIMITIVES, SUBJAXPR_PARAMS, is_float_dot, matmul_dimension_numbers, open_jaxpr,
-                     scan_counts)
 from .quantize import StaticScale, epilogue_factors
-from .quantized import CODE_LIMITS, QuantizedArray, is_quantized, quantize, smoothed_activation
-from .source import describe_source
+from .operands import quantize
+from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
+from .rules.dots import is_plain_dot
+from .scopes import matching_pattern
+from .static_scales import static_scales
 from .tracing import target_of, trace
+from .weight_uses import Use, plan_uses
 
 __all__ = ["ACTIVATION_MODES", "QuantizationWarning", "quantize_params", "smoothing_factors", "weight_absmax"]
 
@@ -50,123 +51,17 @@ class QuantizationWarning(UserWarning):
     """A parameter that feeds a matmul was left float by :func:`quantize_params`."""
 
 
-@dataclasses.dataclass(frozen=True)
-class _Use:
-    """One use of a parameter as a matmul operand."""
-
-    from_end: tuple[int, ...]  # the contracting axes, counted from the end
-    casts: tuple  # the float dtypes it is cast to before the matmul, in order (a chain keeps every rounding)
-    direct: bool  # an operand of a top-level dot_general (SmoothQuant needs that)
-    eqn: object  # the matmul
-    side: int  # 0: lhs, 1: rhs
-    jaxpr: object  # the jaxpr holding the matmul
-
-
-def _uses(jaxpr, var, config: RewriteConfig, scope: str, casts: tuple, top: bool, refused: list,
-          axes: tuple) -> list[_Use]:
-    """Every matmul use of ``var`` in ``jaxpr``, followed through casts, transposes and the higher-order
-    primitives the rewrite carries pre-quantized weights through; every other use is described in ``refused``.
-
-    ``axes[i]`` is the parameter leaf's axis that axis ``i`` of ``var`` is (a scan over stacked layers slices the
-    leading axes off, a transpose permutes them).
-    """
-    jaxpr = open_jaxpr(jaxpr)
-    found: list[_Use] = []
-    if any(v is var for v in jaxpr.outvars):
-        refused.append("it is returned" + ("" if top else " from a nested call or loop body"))
-    for eqn in jaxpr.eqns:
-        positions = [k for k, v in enumerate(eqn.invars) if v is var]
-        if not positions:
-            continue
-        here = join_scope(scope, eqn.source_info.name_stack)
-        name = eqn.primitive.name
-        where = describe_source(eqn)
-        if is_float_dot(eqn) and positions[0] < 2:
-            if len(positions) > 1:
-                refused.append(f"it is both operands of the matmul at {where}")
-                continue
-            reason = skip_reason(eqn, config, here)
-            if reason is not None:
-                refused.append(f"its matmul at {where} stays float ({reason})")
-                continue
-            dims = matmul_dimension_numbers(eqn)
-            side = positions[0]
-            leaf_ndim = max(axes) + 1 if axes else 0  # axes are the leaf's trailing axes, permuted
-            from_end = tuple(sorted(axes[a] - leaf_ndim for a in dims[0][side]))
-            direct = top and name == "dot_general" and axes == tuple(range(len(axes)))
-            found.append(_Use(from_end, casts, direct, eqn, side, jaxpr))
-        elif name == "convert_element_type" and jnp.issubdtype(eqn.params["new_dtype"], jnp.floating):
-            chain = casts + (np.dtype(eqn.params["new_dtype"]),)
-            found += _uses(jaxpr, eqn.outvars[0], config, here, chain, top, refused, axes)
-        elif name == "transpose":
-            permuted = tuple(axes[p] for p in eqn.params["permutation"])
-            found += _uses(jaxpr, eqn.outvars[0], config, here, casts, top, refused, permuted)
-        elif name in CALL_PRIMITIVES:
-            (param,) = SUBJAXPR_PARAMS[name]
-            sub = open_jaxpr(eqn.params[param])
-            for k in positions:
-                found += _uses(sub, sub.invars[k], config, here, casts, False, refused, axes)
-        elif name == "scan":
-            sub = open_jaxpr(eqn.params["jaxpr"])
-            n_consts, n_carry = scan_counts(eqn.params)
-            for k in positions:
-                if n_consts <= k < n_consts + n_carry:
-                    refused.append(f"it is carried through the scan at {where}")
-                    continue
-                sliced = axes if k < n_consts else axes[1:]  # xs lose their leading (stacked) axis
-                if k >= n_consts and axes[0] != min(axes):
-                    refused.append(f"the scan at {where} slices it along a transposed axis")
-                    continue
-                found += _uses(sub, sub.invars[k], config, here, casts, False, refused, sliced)
-        elif name == "while":
-            p = eqn.params
-            for k in positions:
-                if k < p["cond_nconsts"]:
-                    sub, index = open_jaxpr(p["cond_jaxpr"]), k
-                elif k < p["cond_nconsts"] + p["body_nconsts"]:
-                    sub, index = open_jaxpr(p["body_jaxpr"]), k - p["cond_nconsts"]
-                else:
-                    refused.append(f"it is carried through the while_loop at {where}")
-                    continue
-                found += _uses(sub, sub.invars[index], config, here, casts, False, refused, axes)
-        elif name == "cond" and 0 not in positions:
-            for branch in eqn.params["branches"]:
-                sub = open_jaxpr(branch)
-                for k in positions:
-                    found += _uses(sub, sub.invars[k - 1], config, here, casts, False, refused, axes)
-        else:
-            refused.append(f"it is used by {name} at {where}")
-    return found
-
-
-def _plan(jaxpr, var, config: RewriteConfig) -> tuple[list[_Use], str]:
-    """The uses of a parameter input and how it is quantized, or ``([], reason)`` when it stays float."""
-    if not jnp.issubdtype(var.aval.dtype, jnp.floating):
-        return [], f"not a float array ({var.aval.str_short()})"
-    refused: list[str] = []
-    uses = _uses(jaxpr, var, config, "", (), True, refused, tuple(range(len(var.aval.shape))))
-    if not uses:
-        return [], "kept float: it feeds no matmul" + (f" ({refused[0]})" if refused else "")
-    if refused:
-        return [], f"kept float: {refused[0]}"
-    if len({u.from_end for u in uses}) > 1:
-        return [], "kept float: its matmuls contract different axes"
-    if len({u.casts for u in uses}) > 1:
-        return [], "kept float: it is cast to different dtypes before its matmuls"
-    return uses, ""
-
-
-def weight_uses(jaxpr, var, config: RewriteConfig) -> list[_Use]:
+def quantizable_uses(jaxpr, var, config: RewriteConfig) -> list[Use]:
     """The matmul uses of the program input ``var`` when :func:`quantize_params` would quantize it under ``config``
     (the weights an eager call of ``int8ify`` quantizes once), ``[]`` when it stays float."""
     if not config.uses_per_channel_int8:
         return []
-    uses, _ = _plan(jaxpr, var, config)
+    uses, _ = plan_uses(jaxpr, var, config)
     return uses
 
 
-def quantized_weight(value, uses: list[_Use]) -> QuantizedArray:
-    """``value`` quantized for its matmul ``uses`` (from :func:`weight_uses`): after its casts, over their
+def quantized_weight(value, uses: list[Use]) -> QuantizedArray:
+    """``value`` quantized for its matmul ``uses`` (from :func:`quantizable_uses`): after its casts, over their
     contracting axes, with its epilogue factors; the codes and scales the rewritten dots would compute from it."""
     use = uses[0]
     cast = functools.reduce(lambda v, dtype: v.astype(dtype), use.casts, value)
@@ -176,7 +71,7 @@ def quantized_weight(value, uses: list[_Use]) -> QuantizedArray:
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def _quantize_weight(value, axes: tuple, bits: int, block_size: int | None) -> QuantizedArray:
-    """:func:`~jaxpr_rewrite.quantized.quantize` with the scales' epilogue factors, in one compiled pass."""
+    """:func:`~jaxpr_rewrite.operands.quantize` with the scales' epilogue factors, in one compiled pass."""
     q = quantize(value, axes, bits, block_size)
     factor, power = epilogue_factors(q.scales, q.exponents)
     return q.replace(epilogue_factor=factor, epilogue_power=power)
@@ -328,7 +223,7 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
         if i not in inputs:
             explanation[path] = "static (not an array)"
             continue
-        uses, reason = _plan(jaxpr, jaxpr.invars[inputs[i]], config)
+        uses, reason = plan_uses(jaxpr, jaxpr.invars[inputs[i]], config)
         if not (config.uses_per_channel_int8 or config.int8_block_size is not None) and uses:
             uses, reason = [], "kept float: the options do not use per-channel int8 scales"
         if uses:
@@ -342,7 +237,7 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
         smooth = _smoothing(plans, leaves, smooth_alpha, smooth_skip, calibration, traced)
     static: dict = {}
     if activations == "static":
-        static = _static_scales(plans, smooth, calibration, traced, config, activation_percentile, paths, explanation)
+        static = static_scales(plans, smooth, calibration, traced, config, activation_percentile, paths, explanation)
 
     new_leaves = []
     for i, leaf in enumerate(leaves):
@@ -407,7 +302,7 @@ def _smoothing(plans, leaves, alpha, smooth_skip, calibration, traced) -> dict:
                 for eqn in closed.jaxpr.eqns:
                     positions = [k for k, v in enumerate(eqn.invars[:2])
                                  if v is closed.jaxpr.invars[call_inputs[i]]]
-                    if eqn.primitive.name == "dot_general" and positions:
+                    if is_plain_dot(eqn) and positions:
                         targets[id(eqn)] = (i, positions[0])
             measurers[id(closed)] = _activation_absmax(closed, targets)
         measured = measurers[id(closed)](closed.consts, jax.tree_util.tree_leaves(dynamic))
@@ -430,90 +325,3 @@ def _smoothing(plans, leaves, alpha, smooth_skip, calibration, traced) -> dict:
         factors = smoothing_factors(absmax[group[0]], w_absmax, alpha)
         smooth.update({i: (factors, f"{token}-{number}") for i in group})
     return smooth
-
-
-# -- static activation scales ------------------------------------------------------------------------------------
-def _static_scales(plans, smooth, calibration, traced, config, percentile, paths, explanation) -> dict:
-    """Calibrated per-tensor activation absmaxes for the planned leaves whose every matmul is a top-level
-    ``dot_general``: ``leaf index -> (float32 scalar, group token)``, the largest over the calibration batches and
-    the leaf's dots of ``max|x|`` (or its ``percentile``) of the activation each dot quantizes (divided by the
-    leaf's smoothing factors, as the rewritten dot divides it). Leaves reading the same activation (with the same
-    smoothing) share one value and token, so the program quantizes it once for all of them. Leaves with another
-    use keep dynamic scales, said in ``explanation``."""
-    reads: dict = {}  # leaf index -> the activations its dots read, in the example program
-    measured: dict = {}
-    dynamic_leaves: set = set()
-    measurers: dict = {}  # id(program) -> (its jitted measuring function, the leaves it measures)
-    for args in calibration:
-        closed, call_inputs, dynamic = traced(args)
-        if id(closed) not in measurers:
-            targets, measurable = {}, set()
-            for i in plans:
-                uses, _ = _plan(closed.jaxpr, closed.jaxpr.invars[call_inputs[i]], config)
-                top = [u for u in uses if u.jaxpr is closed.jaxpr and u.eqn.primitive.name == "dot_general"]
-                if uses and len(top) == len(uses):
-                    measurable.add(i)
-                    targets.update({id(u.eqn): (i, u.side) for u in top})
-                    reads.setdefault(i, frozenset(
-                        (u.eqn.invars[1 - u.side], u.eqn.params["dimension_numbers"][0][1 - u.side]) for u in top))
-            measurers[id(closed)] = (_activation_statistic(closed, targets, smooth, percentile), measurable)
-        measure, measurable = measurers[id(closed)]
-        for i in set(plans) - measurable - dynamic_leaves:
-            dynamic_leaves.add(i)
-            explanation[paths[i]] = f"quantized with dynamic activation scales: {_not_top_level(plans[i])}"
-        for i, value in measure(closed.consts, jax.tree_util.tree_leaves(dynamic)).items():
-            measured[i] = value if i not in measured else jnp.maximum(measured[i], value)
-    for i, value in measured.items():
-        if not np.isfinite(float(value)):
-            raise Int8ifyError(f"quantize_params(activations='static'): the activations met by {paths[i]}'s matmuls "
-                               f"hold NaN or Inf on the calibration inputs, so no static scale can be calibrated")
-    groups: dict = {}
-    for i in measured:
-        if i not in dynamic_leaves:
-            groups.setdefault((reads[i], smooth.get(i, (None, None))[1]), []).append(i)
-    token = uuid.uuid4().hex[:12]
-    static = {}
-    for number, group in enumerate(groups.values()):
-        shared = functools.reduce(jnp.maximum, [measured[i] for i in group])
-        static.update({i: (shared, f"{token}-static-{number}") for i in group})
-    return static
-
-
-def _not_top_level(uses) -> str:
-    return f"its matmul at {describe_source(uses[0].eqn)} is not a top-level dot_general of the program"
-
-
-def _activation_statistic(closed, targets: dict, smooth: dict, percentile: float | None) -> Callable:
-    """A jitted function of ``(closed.consts, flat_args)`` giving, per parameter, the largest ``max|x|`` (or
-    ``percentile`` of ``|x|``) over the activations its dots quantize.
-
-    Arguments:
-        closed: the float program, traced for one calibration input signature.
-        targets: ``id(dot equation) -> (parameter index, side of the parameter)``.
-        smooth: ``parameter index -> (SmoothQuant factors, group)``: those activations are measured smoothed.
-    """
-
-    def run(consts, args):
-        stats: dict = {}
-
-        def step(eqn, invals):
-            target = targets.get(id(eqn))
-            if target is not None:
-                index, side = target
-                activation = invals[1 - side]
-                if index in smooth:
-                    (axis,) = eqn.params["dimension_numbers"][0][1 - side]
-                    activation = smoothed_activation(activation, smooth[index][0], axis)
-                magnitude = jnp.abs(activation.astype(jnp.float32))
-                magnitude = jnp.where(jnp.isnan(magnitude), jnp.inf, magnitude)  # XLA's CPU max drops NaN
-                if magnitude.size == 0:
-                    value = jnp.float32(0)
-                else:
-                    value = jnp.max(magnitude) if percentile is None else jnp.percentile(magnitude, percentile)
-                stats[index] = value if index not in stats else jnp.maximum(stats[index], value)
-            return bind(eqn, invals)
-
-        evaluate(closed.jaxpr, consts, args, step)
-        return stats
-
-    return jax.jit(run)

@@ -1,6 +1,6 @@
 """``QuantizedArray``: a float array held as int8 codes and per-slice scales, and everything it does.
 
-A ``QuantizedArray`` is both what :func:`quantize` returns inside a rewritten dot and what
+A ``QuantizedArray`` is both what :func:`~jaxpr_rewrite.operands.quantize` returns inside a rewritten dot and what
 :func:`~jaxpr_rewrite.quantize_params` puts into a parameter pytree. Its behaviour follows a small wrapped-value
 protocol (in the spirit of quax): wherever the rewrite meets one, it either
 
@@ -28,19 +28,18 @@ and runs the same int8 x int8 -> int32 dot.
 
 from __future__ import annotations
 
-import json
 from typing import Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from .errors import Int8ifyError
 from .blocks import from_blocks, n_blocks, to_blocks
-from .int4 import INT4_MAX, pack_int4, packed_length, unpack_int4
-from .quantize import (INT8_MAX, StaticScale, dequantize_codes, epilogue_factors, quantize_parts,
-                       quantize_static_parts, scale_values, to_compute)
+from .int4 import packed_length, unpack_int4
+from .quantize import StaticScale, dequantize_codes, epilogue_factors, scale_values, to_compute
+from .quantized_layout import (ARRAY_FIELDS, CODE_LIMITS, FIELD_AXES, LAYOUT_VERSION, METADATA_FIELDS,
+                               OPTIONAL_ARRAY_FIELDS, read_metadata, register_export)
 
 __all__ = [
     "ARRAY_FIELDS",
@@ -52,41 +51,7 @@ __all__ = [
     "QuantizedArray",
     "is_quantized",
     "materialise",
-    "quantize",
-    "quantize_operand",
-    "resolve_dot_operands",
-    "smoothed_activation",
 ]
-
-# The version of the layout below (children and metadata), stored with every serialized QuantizedArray: a reader
-# refuses another version instead of misreading it.
-LAYOUT_VERSION = 1
-# The array children, in flatten order (a new optional child is appended here and to OPTIONAL_ARRAY_FIELDS).
-ARRAY_FIELDS = ("codes", "scales", "exponents", "smooth", "epilogue_factor", "epilogue_power", "activation_scale")
-# The children that may be None (absent).
-OPTIONAL_ARRAY_FIELDS = frozenset({"smooth", "epilogue_factor", "epilogue_power", "activation_scale"})
-# Which axes of the array each child's axes run over (None: an axis of its own, the block index of block-scaled
-# scales), so it can be sharded like the float array it stands for; a child not listed is replicated.
-FIELD_AXES = {
-    "codes": lambda array: tuple(range(array.ndim)),
-    "scales": lambda array: array.scale_axes,
-    "exponents": lambda array: array.scale_axes,
-    "smooth": lambda array: array.contracting,
-    "epilogue_factor": lambda array: array.scale_axes,
-    "epilogue_power": lambda array: array.scale_axes,
-}
-# The metadata (pytree aux data), in order, each with how it is written as JSON and read back.
-METADATA_FIELDS = {
-    "from_end": (list, lambda value: tuple(int(a) for a in value)),
-    "dtype": (lambda dtype: dtype.name, jnp.dtype),
-    "smooth_group": (lambda group: group, lambda group: group),
-    "bits": (int, int),
-    "length": (lambda length: length, lambda length: length),
-    "block_size": (lambda block: block, lambda block: block),
-    "activation_group": (lambda group: group, lambda group: group),
-}
-# The code range of each supported width.
-CODE_LIMITS = {8: INT8_MAX, 4: INT4_MAX}
 
 
 @jax.tree_util.register_pytree_with_keys_class
@@ -385,7 +350,7 @@ class QuantizedArray:
         if missing or unknown:
             raise Int8ifyError(f"{where} is malformed: arrays missing {missing}, unknown {unknown} (layout "
                                f"version {LAYOUT_VERSION} has {list(ARRAY_FIELDS)})")
-        array = cls.tree_unflatten(_read_metadata(metadata, where), [arrays.get(name) for name in ARRAY_FIELDS])
+        array = cls.tree_unflatten(read_metadata(metadata, where), [arrays.get(name) for name in ARRAY_FIELDS])
         array.check(where)
         return array
 
@@ -400,31 +365,7 @@ class QuantizedArray:
                 f"dtype={self.dtype.name}{blocks}{smooth}{static})")
 
 
-def _read_metadata(metadata: Mapping, where: str) -> tuple:
-    """The pytree aux data from :meth:`QuantizedArray.metadata`'s JSON values, or an error naming ``where``."""
-    version = metadata.get("layout_version")
-    if version != LAYOUT_VERSION:
-        raise Int8ifyError(f"{where} is stored in QuantizedArray layout version {version!r}; this int8ify reads "
-                           f"version {LAYOUT_VERSION} (write it again with this int8ify, or quantize the float "
-                           "params again)")
-    missing = [name for name in METADATA_FIELDS if name not in metadata]
-    if missing:
-        raise Int8ifyError(f"{where} is malformed: metadata missing {missing}")
-    return tuple(read(metadata[name]) for name, (_, read) in METADATA_FIELDS.items())
-
-
-def _serialize_metadata(aux: tuple) -> bytes:
-    return json.dumps(QuantizedArray.tree_unflatten(aux, [None] * len(ARRAY_FIELDS)).metadata()).encode()
-
-
-def _deserialize_metadata(data: bytes) -> tuple:
-    return _read_metadata(json.loads(data), "a QuantizedArray of an exported program")
-
-
-# jax.export writes an exported function's argument and result structure; our metadata goes in as JSON.
-jax.export.register_pytree_node_serialization(
-    QuantizedArray, serialized_name="int8ify.QuantizedArray", serialize_auxdata=_serialize_metadata,
-    deserialize_auxdata=_deserialize_metadata)
+register_export(QuantizedArray)
 
 
 def _from_end(axes: Sequence[int], ndim: int) -> tuple[int, ...]:
@@ -438,125 +379,3 @@ def is_quantized(x) -> bool:
 def materialise(x):
     """``x`` as a plain array: a :class:`QuantizedArray` materialised, anything else as it is."""
     return x.materialise() if is_quantized(x) else x
-
-
-def quantize(x, reduce_axes: Sequence[int], bits: int = 8, block_size: int | None = None) -> QuantizedArray:
-    """Quantize ``x`` with one symmetric scale per slice over ``reduce_axes`` (the contract's rule).
-
-    Arguments:
-        x: a floating array (bfloat16 and float16 are upcast to float32 first).
-        reduce_axes: the axes one scale covers (for a dot operand: its contracting dims).
-        bits: 8 (codes in ``[-127, 127]``, scales ``absmax / 127``) or 4 (codes in ``[-7, 7]``, scales
-            ``absmax / 7``, packed two per byte along the last axis).
-        block_size: ``None``, or one scale per index of the kept axes and block of this many elements of the
-            flattened contraction (zero-padded to whole blocks), as a block-scaled dot quantizes its operands.
-
-    Returns:
-        A :class:`QuantizedArray` (``.codes``, ``.scales``, ``.exponents``) standing for ``x``.
-    """
-    if bits not in CODE_LIMITS:
-        raise Int8ifyError(f"bits must be one of {sorted(CODE_LIMITS)}, got {bits!r}")
-    x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
-    ndim = max(x.ndim, 1)
-    reduce_axes = tuple(sorted(a % ndim for a in reduce_axes))
-    if bits == 4 and x.ndim == 0:
-        raise Int8ifyError("4-bit codes are packed along the last axis; a scalar has none")
-    kept = tuple(a for a in range(x.ndim) if a not in reduce_axes)
-    if block_size is None:
-        codes, scales, exponents = quantize_parts(x, reduce_axes, CODE_LIMITS[bits])
-    else:
-        blocked = to_blocks(x, kept, reduce_axes, block_size)
-        codes, scales, exponents = quantize_parts(blocked, (blocked.ndim - 1,), CODE_LIMITS[bits])
-        codes = from_blocks(codes, x.shape, kept, reduce_axes)
-    if bits == 8:
-        return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, block_size=block_size)
-    return QuantizedArray(pack_int4(codes), scales, exponents, reduce_axes, x.dtype, bits=4, length=x.shape[-1],
-                          block_size=block_size)
-
-
-def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
-    """One operand of an int8 dot, quantized: as it is when it already is a :class:`QuantizedArray`; with the
-    static scale its ``partner`` (the dot's other operand) was calibrated with, when that is a pre-quantized weight
-    holding one; else with the contract's dynamic per-slice scales (:func:`quantize`)."""
-    if is_quantized(x):
-        return x
-    static = partner.activation_scale if is_quantized(partner) else None
-    if static is None:
-        return quantize(x, reduce_axes)
-    x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
-    reduce_axes = tuple(sorted(a % max(x.ndim, 1) for a in reduce_axes))
-    codes, scales, exponents, (factor, power) = quantize_static_parts(x, partner.static_scale, reduce_axes)
-    return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, epilogue_factor=factor,
-                          epilogue_power=power)
-
-
-def smoothed_activation(activation, smooth, axis: int):
-    """``activation / smooth`` along ``axis``, as a smoothed weight's dot computes it: the reciprocal is taken once on
-    the small factor vector (in float32, then cast to the activation's dtype), and each element costs one multiply."""
-    inverse = lax.div(np.float32(1), to_compute(smooth, np.float32))
-    inverse = lax.convert_element_type(inverse, activation.dtype)
-    return lax.mul(activation, lax.broadcast_in_dim(inverse, activation.shape, (axis,)))
-
-
-def resolve_dot_operands(invals: Sequence, contractions, direct: bool, shared: dict | None,
-                         block_size: int | None = None) -> list:
-    """The operands a dot's program gets, from its operand values (the quantized-array rule of ``dot_general``).
-
-    A :class:`QuantizedArray` whose scales fit the dot (per-channel int8, ``direct``, same contraction) goes on
-    as its :meth:`~QuantizedArray.dot_operand` (int8 codes, 4-bit ones unpacked): its codes feed the int8 dot.
-    Any other is materialised. A usable smoothed weight stands for ``smooth * w``, so the other operand is
-    multiplied by ``1 / smooth`` first. The activation of a usable weight with a static scale and an
-    ``activation_group`` is quantized here, once for every weight of the group.
-
-    Arguments:
-        invals: the dot's two operand values.
-        contractions: the dot's ``(lhs_contracting, rhs_contracting)``.
-        direct: whether the rewrite uses the per-channel int8 contract (pre-quantized codes fit only that).
-        shared: a per-program cache ``(id(activation), axes, group) -> (activation, rescaled or quantized)``
-            shared by the weights of one smoothing or static-scale group, or ``None``.
-        block_size: the block length of the dot (``int8ify(..., block_size=...)`` with int8), or ``None``: a
-            block-scaled weight goes on as itself (the dot reads its :meth:`~QuantizedArray.block_operand`).
-
-    Raises:
-        Int8ifyError: a block-scaled weight in a dot of another block length, or one without blocks.
-    """
-    for x in invals:
-        if is_quantized(x) and x.block_size is not None and x.block_size != block_size:
-            dot = f"block_size={block_size}" if block_size is not None else "no block_size"
-            raise Int8ifyError(f"a weight quantized with block_size={x.block_size} ({x!r}) meets a dot with {dot}; "
-                               f"quantize it with the same int8ify options the program runs with "
-                               f"(quantize_params(int8ify(fn, block_size=...), ...))")
-    usable = [
-        is_quantized(x) and (x.block_size is not None or (direct and x.dot_operand(contract) is not None))
-        for x, contract in zip(invals, contractions)
-    ]
-    for side, x in enumerate(invals):
-        if usable[side] and x.smooth is not None and is_quantized(invals[1 - side]):
-            usable[side] = False  # two weights: the smoothing cannot move into the other one
-    operands = [
-        (x if x.block_size is not None else x.dot_operand(contract)) if use else materialise(x)
-        for x, use, contract in zip(invals, usable, contractions)
-    ]
-    for side in (0, 1):
-        weight = invals[side]
-        if not usable[side] or weight.smooth is None:
-            continue
-        (other_axis,) = contractions[1 - side]
-        other = operands[1 - side]
-        key = (id(other), other_axis, weight.smooth_group)
-        shareable = weight.smooth_group is not None and shared is not None
-        if shareable and key in shared:
-            operands[1 - side] = shared[key][1]
-            continue
-        operands[1 - side] = smoothed_activation(other, weight.smooth, other_axis)
-        if shareable:
-            shared[key] = (other, operands[1 - side])  # holds `other`, so no other value reuses its id
-    for side in (0, 1):
-        weight, other = operands[side], operands[1 - side]
-        if not usable[side] or weight.activation_group is None or shared is None or is_quantized(other):
-            continue
-        key = (id(other), tuple(contractions[1 - side]), weight.activation_group)
-        if key not in shared:
-            shared[key] = (other, quantize_operand(other, contractions[1 - side], weight))
-        operands[1 - side] = shared[key][1]
-    return operands

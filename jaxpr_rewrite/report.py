@@ -24,18 +24,21 @@ import jax
 import jax.extend  # noqa: F401
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.extend.core import ClosedJaxpr, Jaxpr
 
-from .config import RewriteConfig, join_scope, skip_reason
+from .config import RewriteConfig
+from .error_sums import ERR, REF, RUNS, add, measured_sums, zeros
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
-from .int8_dot import shared_jit, supports_ragged
+from .compile_policy import shared_jit
 from .plotting import COLORS, bar_chart, new_figure, save
-from .jaxprs import (CALL_PRIMITIVES, SUBJAXPR_PARAMS, derivative_jaxprs, is_float_dot, is_matmul, jaxpr_and_consts,
-                     matmul_dimension_numbers, open_jaxpr, scan_operands, sub_jaxprs, while_operands)
+from .jaxprs import derivative_jaxprs, is_float_dot, is_matmul, jaxpr_and_consts, matmul_dimension_numbers, sub_jaxprs
 from .quantized import is_quantized, materialise
-from .rewrite import Rewriter, higher_order_rules
+from .reasons import KeptFloat, Why
+from .rewrite import Rewriter
+from .rules import rule_for
+from .rules.dots import is_plain_dot, is_unsupported_ragged, skip_reason
+from .scopes import join_scope
 from .source import Location, eqn_location, short_path
 from .tracing import target_of, trace
 
@@ -58,7 +61,8 @@ class DotRow:
         lhs, rhs, out: operand and result types in jaxpr notation (``f32[8,64]``).
         dimension_numbers: ``((lhs_contract, rhs_contract), (lhs_batch, rhs_batch))``.
         rewritten: whether the rewrite computes it in int8.
-        reason: why it is not rewritten (``"integer dot"``, a skip option), ``None`` when it is.
+        reason: why it is not rewritten (a :class:`~jaxpr_rewrite.reasons.KeptFloat`: an integer dot, a skip
+            option, ...; ``str()`` gives the sentence), ``None`` when it is.
         error: measured relative Frobenius error of the int8 result against the float result on the same
             operands (``None`` when not measured). For a float matmul that an option keeps in float, it is the
             error rewriting it *would* cost.
@@ -78,7 +82,7 @@ class DotRow:
     out: str
     dimension_numbers: Any
     rewritten: bool
-    reason: str | None
+    reason: KeptFloat | None
     error: float | None = None
     note: str | None = None
     primitive: str = "dot_general"
@@ -94,7 +98,7 @@ class DotRow:
 
     @property
     def is_float(self) -> bool:
-        return self.reason != "integer dot"
+        return self.reason is None or self.reason.why is not Why.INTEGER_DOT
 
 
 _COLUMNS = ("#", "source", "scope", "operands", "dimension numbers", "int8", "error", "why not")
@@ -138,7 +142,7 @@ class Report:
         else:
             error = "-"
         operands = f"{row.lhs} x {row.rhs} -> {row.out}"
-        if row.primitive != "dot_general":
+        if not is_plain_dot(row.eqn):
             operands = f"{row.primitive}: {operands}"
         return (
             str(row.index),
@@ -148,7 +152,7 @@ class Report:
             _format_dims(row.dimension_numbers),
             "yes" if row.rewritten else "no",
             error,
-            row.reason or "",
+            "" if row.reason is None else str(row.reason),
         )
 
     def summary(self) -> str:
@@ -200,7 +204,7 @@ class Report:
         bottom = ax.get_ylim()[0]
         for position, row in enumerate(self.rows):
             if not row.rewritten and row.error is not None:  # the option that kept it, written up the bar
-                ax.text(position, bottom * 1.15, row.reason, rotation=90, fontsize=6, ha="center", va="bottom",
+                ax.text(position, bottom * 1.15, str(row.reason), rotation=90, fontsize=6, ha="center", va="bottom",
                         clip_on=True)
         if path is not None:
             save(fig, path)
@@ -214,22 +218,23 @@ class _Site:
     eqn: Any
     scope: str
     enclosing: tuple[str, ...]  # primitive names of the enclosing higher-order equations
-    reason: str | None  # why it is not rewritten (None: rewritten)
+    reason: KeptFloat | None  # why it is not rewritten (None: rewritten)
     measurable: bool  # a float matmul of the forward program that the rewrite can express
 
 
 def _site(eqn, path, scope, enclosing, config: RewriteConfig, derivative_only: str | None,
           no_rule: str | None) -> _Site:
     if not is_float_dot(eqn):
-        return _Site(path, eqn, scope, enclosing, "integer dot", False)
+        return _Site(path, eqn, scope, enclosing, KeptFloat(Why.INTEGER_DOT, "integer dot"), False)
     if derivative_only is not None:
-        return _Site(path, eqn, scope, enclosing, f"runs only for derivatives ({derivative_only})", False)
+        return _Site(path, eqn, scope, enclosing,
+                     KeptFloat(Why.DERIVATIVE_ONLY, f"runs only for derivatives ({derivative_only})"), False)
     reason = skip_reason(eqn, config, scope)
-    if eqn.primitive.name == "ragged_dot_general" and not supports_ragged(eqn.params):
-        return _Site(path, eqn, scope, enclosing, reason or "unsupported ragged layout (int8ify raises an error)",
-                     False)
+    if is_unsupported_ragged(eqn):
+        unsupported = KeptFloat(Why.UNSUPPORTED_RAGGED, "unsupported ragged layout (int8ify raises an error)")
+        return _Site(path, eqn, scope, enclosing, reason or unsupported, False)
     if no_rule is not None and reason is None:
-        reason = f"inside {no_rule}, which int8ify has no rule for (int8ify raises an error)"
+        reason = KeptFloat(Why.NO_RULE, f"inside {no_rule}, which int8ify has no rule for (int8ify raises an error)")
     return _Site(path, eqn, scope, enclosing, reason, True)
 
 
@@ -245,59 +250,16 @@ def _sites(jaxpr: Jaxpr, config: RewriteConfig, scope: str = "", path: tuple = (
         name = eqn.primitive.name
         for j, sub in enumerate(sub_jaxprs(eqn)):
             sub_derivative = name if id(sub) in derivative_subs else derivative_only
-            sub_no_rule = no_rule if no_rule is not None or name in higher_order_rules else name
+            sub_no_rule = no_rule if no_rule is not None or rule_for(name).rewrite is not None else name
             sites += _sites(sub, config, here, path + (i, j), enclosing + (name,), sub_derivative, sub_no_rule)
     return sites
 
 
 # -- measuring ------------------------------------------------------------------------------------------------
-# Calls and custom derivatives are evaluated inline (a custom_jvp/custom_vjp through its primal).
-_INLINED = CALL_PRIMITIVES | {"custom_jvp_call", "custom_vjp_call"}
-MEASURED_PRIMITIVES = _INLINED | {"cond", "scan", "while"}
-
-
-def _sub_index(eqn, sub) -> int:
-    sub = open_jaxpr(sub)
-    return next(j for j, s in enumerate(sub_jaxprs(eqn)) if s is sub)
-
-
-# A matmul's measured sums, accumulated over every time it runs (loop bodies run many times), as float32
-# ``[sum((q - f)**2) / s**2, sum(f**2) / s**2, runs, s]``: the squares are taken of values divided by the largest
-# magnitude ``s`` met, so outputs above ~1e19 (whose squares overflow float32) or below ~1e-19 (whose squares flush
-# to zero) keep their error, which is scale-invariant (LAPACK's nrm2 does the same).
-_ERR, _REF, _RUNS, _SCALE = range(4)
-
-
-def _zeros(paths) -> dict:
-    return {p: jnp.zeros((4,), jnp.float32) for p in paths}
-
-
-def _measured_sums(quantized, reference):
-    """The sums of one run of a matmul: ``quantized`` its int8 result, ``reference`` its float one (float32)."""
-    diff = quantized - reference
-    magnitudes = jnp.concatenate([jnp.abs(reference).ravel(), jnp.abs(diff).ravel()])
-    scale = jnp.max(jnp.where(jnp.isfinite(magnitudes), magnitudes, 0), initial=0)
-    divisor = jnp.where(scale > 0, scale, 1)
-    return jnp.stack([jnp.sum(jnp.square(diff / divisor)), jnp.sum(jnp.square(reference / divisor)),
-                      jnp.float32(1), scale])
-
-
-def _combine(a, b):
-    """The sums of two sets of runs together, brought to the larger scale."""
-    scale = jnp.maximum(a[_SCALE], b[_SCALE])
-    divisor = jnp.where(scale > 0, scale, 1)
-    ratio_a, ratio_b = jnp.square(a[_SCALE] / divisor), jnp.square(b[_SCALE] / divisor)
-    return jnp.stack([a[_ERR] * ratio_a + b[_ERR] * ratio_b, a[_REF] * ratio_a + b[_REF] * ratio_b,
-                      a[_RUNS] + b[_RUNS], scale])
-
-
-def _add(a: dict, b: dict) -> dict:
-    return {p: _combine(a[p], b[p]) if p in b else a[p] for p in a}
-
-
 class _Measurer:
     """Evaluates the float program under ``jax.jit`` and sums, per measured matmul, the squared error of its
-    rewritten form, the squared float result, and how many times it ran."""
+    rewritten form, the squared float result, and how many times it ran; a higher-order equation holding a
+    measured matmul is evaluated by its primitive's ``measure`` rule (:mod:`jaxpr_rewrite.rules`)."""
 
     def __init__(self, rewriter: Rewriter, measured: set):
         self.rewriter = rewriter
@@ -307,7 +269,7 @@ class _Measurer:
     def measurement(self, eqn) -> Callable:
         """``fn(*invals) -> (float result, sums)`` for one matmul, shared by every matmul with the same primitive,
         params and operand types: its program is traced once however many layers call it (see
-        :func:`~jaxpr_rewrite.int8_dot.shared_jit` for how XLA compiles it)."""
+        :func:`~jaxpr_rewrite.compile_policy.shared_jit` for how XLA compiles it)."""
         key = (eqn.primitive, tuple(sorted(eqn.params.items())), tuple(v.aval for v in (*eqn.invars, *eqn.outvars)))
         try:
             hash(key)
@@ -319,96 +281,44 @@ class _Measurer:
                 float_out = bind(eqn, invals)[0]
                 f32 = float_out.astype(jnp.float32)
                 q32 = self.rewriter.rewrite_matmul(eqn, invals).astype(jnp.float32)
-                return float_out, _measured_sums(q32, f32)
+                return float_out, measured_sums(q32, f32)
 
             fn = self.measurements[key] = shared_jit(measure)
         return fn
 
     def paths_under(self, prefix: tuple) -> list:
+        """The measured matmuls at or below ``prefix``."""
         return [p for p in self.measured if p[:len(prefix)] == prefix]
 
     def run(self, closed, args, prefix: tuple = ()) -> tuple[list, dict]:
+        """``closed`` evaluated on ``args``; returns its outputs and the sums of the matmuls below ``prefix``."""
         jaxpr, consts = jaxpr_and_consts(closed)
-        stats = _zeros(self.paths_under(prefix))
+        stats = zeros(self.paths_under(prefix))
         index = iter(range(len(jaxpr.eqns)))
 
         def step(eqn, invals):
             here = prefix + (next(index),)
             outs, found = self.eqn(eqn, invals, here)
-            stats.update(_add({p: stats[p] for p in found}, found))
+            stats.update(add({p: stats[p] for p in found}, found))
             return outs
 
         return evaluate(jaxpr, consts, args, step), stats
 
     def eqn(self, eqn, invals, here) -> tuple[list, dict]:
-        name = eqn.primitive.name
         if here in self.measured:
             float_out, sums = self.measurement(eqn)(*invals)
             return [float_out], {here: sums}
-        if name in _INLINED and self.paths_under(here):
-            sub = eqn.params[SUBJAXPR_PARAMS[name][0]]
-            return self.run(sub, invals, here + (_sub_index(eqn, sub),))
-        if name == "cond" and self.paths_under(here):
-            return self._cond(eqn, invals, here)
-        if name == "scan" and self.paths_under(here):
-            return self._scan(eqn, invals, here)
-        if name == "while" and self.paths_under(here):
-            return self._while(eqn, invals, here)
+        measure = rule_for(eqn.primitive.name).measure
+        if measure is not None and self.paths_under(here):
+            return measure(self, eqn, invals, here)
         return bind(eqn, invals), {}
-
-    def _cond(self, eqn, invals, here):
-        index, *operands = invals
-        branches = eqn.params["branches"]
-        every = self.paths_under(here)
-
-        def branch_fn(branch):
-            def fn(ops):
-                outs, stats = self.run(branch, list(ops), here + (_sub_index(eqn, branch),))
-                return outs, _add(_zeros(every), stats)
-            return fn
-
-        outs, stats = lax.switch(index, [branch_fn(b) for b in branches], operands)
-        return list(outs), stats
-
-    def _scan(self, eqn, invals, here):
-        p = eqn.params
-        consts, init, xs = scan_operands(p, invals)
-        n_carry = len(init)
-        body = p["jaxpr"]
-        sub = here + (_sub_index(eqn, body),)
-
-        def step(state, x):
-            carry, acc = state
-            outs, stats = self.run(body, [*consts, *carry, *x], sub)
-            return (outs[:n_carry], _add(acc, stats)), outs[n_carry:]
-
-        (carry, acc), ys = lax.scan(step, (init, _zeros(self.paths_under(sub))), xs,
-                                    length=p["length"], reverse=p["reverse"], unroll=p["unroll"])
-        return [*carry, *ys], acc
-
-    def _while(self, eqn, invals, here):
-        p = eqn.params
-        cond_consts, body_consts, init = while_operands(p, invals)
-        cond, body = p["cond_jaxpr"], p["body_jaxpr"]
-        sub = here + (_sub_index(eqn, body),)
-
-        def keep_going(state):
-            return evaluate(cond.jaxpr, cond.consts, [*cond_consts, *state[0]])[0]
-
-        def step(state):
-            carry, acc = state
-            outs, stats = self.run(body, [*body_consts, *carry], sub)
-            return outs, _add(acc, stats)
-
-        carry, acc = lax.while_loop(keep_going, step, (init, _zeros(self.paths_under(sub))))
-        return list(carry), acc
 
 
 def _missing_note(site: _Site, ran_zero_times: bool) -> str:
     for name in site.enclosing:
-        if name not in MEASURED_PRIMITIVES:
+        if rule_for(name).measure is None:
             return f"n/a (inside {name})"
-    if ran_zero_times and site.enclosing and site.enclosing[-1] == "cond":
+    if ran_zero_times and site.enclosing and rule_for(site.enclosing[-1]).branches:
         return "n/a (branch not taken)"
     return "n/a (not executed)"
 
@@ -453,8 +363,8 @@ def report(fn, *args, **kwargs) -> Report:
         error = note = None
         if concrete and site.measurable:
             sums = stats.get(site.path)
-            if sums is not None and sums[_RUNS] > 0:
-                err2, ref2 = sums[_ERR], sums[_REF]  # both relative to the same scale, which cancels
+            if sums is not None and sums[RUNS] > 0:
+                err2, ref2 = sums[ERR], sums[REF]  # both relative to the same scale, which cancels
                 error = float(np.sqrt(err2 / ref2)) if ref2 > 0 else (0.0 if err2 == 0 else float("inf"))
             else:
                 note = _missing_note(site, sums is not None)

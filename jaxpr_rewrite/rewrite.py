@@ -1,16 +1,16 @@
 """The jaxpr -> jaxpr rewrite: an interpreter that re-traces a jaxpr with every float matmul replaced.
 
-Like JAX's own interpreters (``batching.py``, ``ad.py``) this is one registry of per-primitive rules:
+Like JAX's own interpreters (``batching.py``, ``ad.py``) it looks each equation's primitive up in one registry of
+per-primitive rules (:mod:`jaxpr_rewrite.rules`), calls the rule, or falls back:
 
-* ``dot_general`` / ``ragged_dot_general`` go to :meth:`Rewriter.rewrite_matmul` (the configured backend, the int8
-  contract by default);
-* each higher-order primitive (``jit``, ``scan``, ``cond``, ...) has a rule in :data:`higher_order_rules` that
-  receives the equation's params and returns a copy in which only the sub-jaxprs are swapped for their rewritten
-  versions, so donation, shardings, names and remat policies survive untouched; primitives listed in
-  :data:`~jaxpr_rewrite.jaxprs.SUBJAXPR_PARAMS` get the generic rule;
-* a pre-quantized weight (:class:`~jaxpr_rewrite.quantized.QuantizedArray`) that flows into ``scan``,
-  ``while_loop``, ``cond`` or a nested ``jit`` is carried inside with JAX's public API (:data:`quantized_rules`),
-  so the loop body's dot uses the codes; anywhere else it is materialised;
+* ``dot_general`` / ``ragged_dot_general`` go to the dot rule (:func:`~jaxpr_rewrite.rules.dots.rewrite_dot`: the
+  configured backend, the int8 contract by default);
+* a higher-order primitive (``jit``, ``scan``, ``cond``, ...) goes to its rule's ``rewrite``, which returns the
+  equation's params with only the sub-jaxprs swapped for their rewritten versions, so donation, shardings, names
+  and remat policies survive untouched;
+* a pre-quantized weight (:class:`~jaxpr_rewrite.quantized.QuantizedArray`) goes to its reader's ``quantized`` rule
+  (``scan``, ``while_loop``, ``cond``, a nested ``jit``, a cast, a transpose carry it inside with JAX's public API,
+  so the loop body's dot uses the codes); anywhere else it is materialised;
 * every other equation is bound again as it is.
 
 A higher-order primitive without a rule is an error when its sub-jaxprs hold a float matmul that the options do
@@ -19,41 +19,25 @@ not skip: a matmul is never left in float silently.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
-import jax
 import jax.extend  # noqa: F401  (makes jax.extend.core importable)
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.extend.core import ClosedJaxpr, Jaxpr, Var
 
 from . import _compat
-from .config import RewriteConfig, dot_backends, join_scope, registering, skip_reason
+from .config import RewriteConfig
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
-from .int8_dot import Scheme, int8_ragged_dot_general, supports_ragged
-from .jaxprs import (CALL_PRIMITIVES, DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS, forward_jaxprs, is_float_dot,
-                     jaxpr_and_consts, matmul_dimension_numbers, open_jaxpr, scan_operands, while_operands)
-from .quantized import is_quantized, materialise, resolve_dot_operands
+from .jaxprs import SUBJAXPR_PARAMS, forward_jaxprs, is_float_dot, jaxpr_and_consts, open_jaxpr
+from .quantized import is_quantized
+from .rules import RuleContext, rule_for
+from .rules.common import materialised
+from .rules.dots import rewrite_dot, skip_reason
+from .scopes import join_scope
 from .source import UNKNOWN, Location, describe_source, eqn_location
 
-__all__ = [
-    "HigherOrderRule",
-    "Rewriter",
-    "higher_order_rules",
-    "quantized_rules",
-    "register_quantized_rule",
-    "register_rule",
-]
-
-
-def _materialised(values) -> list:
-    return [materialise(v) for v in values]
-
-
-def _is_float_dtype(dtype) -> bool:
-    return jnp.issubdtype(dtype, jnp.floating)
+__all__ = ["Rewriter"]
 
 
 class Rewriter:
@@ -65,17 +49,13 @@ class Rewriter:
     rules it creates can run concurrently.
     """
 
-    def __init__(self, config: RewriteConfig, on_dot: Callable | None = None):
+    def __init__(self, config: RewriteConfig):
         """
         Arguments:
             config: the rewrite options.
-            on_dot: called as ``on_dot(eqn, scope, reason)`` for every float matmul met, ``reason`` being
-                ``None`` for a rewritten one and why it stays float otherwise (the report builds on it).
         """
         self.config = config
-        self.backend = config.resolved_backend
-        self.scheme = Scheme.of(config)
-        self.on_dot = on_dot
+        self.backend = config.dot_backend
         self._rewritten: dict = {}
         self._rewrites: dict = {}
 
@@ -125,7 +105,7 @@ class Rewriter:
         consts = closed_jaxpr.consts
 
         def interpret(*args):
-            return _materialised(self.interpret(jaxpr, consts, args, scope, tangents, where))
+            return materialised(self.interpret(jaxpr, consts, args, scope, tangents, where))
 
         in_avals = [v.aval for v in jaxpr.invars]
         if context is None:
@@ -193,7 +173,7 @@ class Rewriter:
             here = join_scope(scope, eqn.source_info.name_stack)
             reads_tangents = [isinstance(v, Var) and v in tangent_vars for v in eqn.invars] if tangent_vars else ()
             if any(reads_tangents):
-                if eqn.primitive.name in INLINED_CALLS and self.rewrites_at(eqn, scope):
+                if rule_for(eqn.primitive.name).inline_call and self.rewrites_at(eqn, scope):
                     # a nested call computing primal and tangent together (jax.jvp of a jitted function, a
                     # jitted helper in the rule) is inlined, so that only its tangent matmuls stay float
                     sub, sub_consts = jaxpr_and_consts(eqn.params[SUBJAXPR_PARAMS[eqn.primitive.name][0]])
@@ -203,91 +183,35 @@ class Rewriter:
                                         if dependent)
                     return outs
                 tangent_vars.update(eqn.outvars)
-                return bind(eqn, _materialised(invals))
+                return bind(eqn, materialised(invals))
             if is_float_dot(eqn):
-                reason = skip_reason(eqn, self.config, here)
-                if self.on_dot is not None:
-                    self.on_dot(eqn, here, reason)
-                if reason is None:
+                if skip_reason(eqn, self.config, here) is None:
                     return [self.rewrite_matmul(eqn, invals, eqn_location(eqn, where), smoothed)]
-                return bind(eqn, _materialised(invals))
+                return bind(eqn, materialised(invals))
+            rule = rule_for(eqn.primitive.name)
             if any(is_quantized(v) for v in invals):
-                rule = quantized_rules.get(eqn.primitive.name)
-                if rule is not None:
-                    outs = rule(self, eqn, invals, here, eqn_location(eqn, where))
+                if rule.quantized is not None:
+                    outs = rule.quantized(RuleContext(self, here, eqn_location(eqn, where)), eqn, invals)
                     if outs is not None:
                         return outs
-                invals = _materialised(invals)
+                invals = materialised(invals)
             if not self.rewrites_at(eqn, scope):
                 return bind(eqn, invals)
-            rule = higher_order_rules.get(eqn.primitive.name)
-            if rule is None:
+            if rule.rewrite is None:
                 raise Int8ifyError(
                     f"primitive '{eqn.primitive.name}' at {describe_source(eqn, where)} holds a float matmul in a "
                     "sub-jaxpr, and int8ify has no rule for it; leaving that matmul in float would break the int8 "
                     "contract. Move the matmul out of it, keep it float with skip/skip_if, or report it."
                 )
-            return bind(eqn, invals, rule(self, eqn.params, here, eqn_location(eqn, where)))
+            return bind(eqn, invals, rule.rewrite(RuleContext(self, here, eqn_location(eqn, where)), eqn.params))
 
         return evaluate(jaxpr, consts, args, step)
 
     # -- one matmul ---------------------------------------------------------------------------------------------
     def rewrite_matmul(self, eqn, invals: Sequence, where: Location = UNKNOWN, smoothed: dict | None = None):
-        """The rewritten program for one float ``dot_general`` / ``ragged_dot_general`` equation.
-
-        Arguments:
-            eqn: the equation.
-            invals: its operand values; a :class:`~jaxpr_rewrite.quantized.QuantizedArray` is a pre-quantized
-                weight, used directly when its scales fit the contraction.
-            where: the user's source, for errors about equations JAX recorded none for.
-            smoothed: a per-program cache of activations rescaled by a smoothing group's factors, so weights of
-                one group reading the same activation share that rescaling (and XLA then its quantization).
-        """
-        for v in eqn.invars[:2]:
-            if jnp.issubdtype(v.aval.dtype, jnp.complexfloating):
-                raise Int8ifyError(
-                    f"{eqn.primitive.name} at {describe_source(eqn, where)} has complex operands "
-                    f"({_operand_types(eqn)}); the int8 contract is defined for real floating matmuls only"
-                )
-        float_params = tuple(sorted(eqn.params.items()))
-        out_dtype = eqn.outvars[0].aval.dtype
-        ragged = eqn.primitive.name == "ragged_dot_general"
-        if ragged:
-            self._check_ragged(eqn, where)
-        contractions = matmul_dimension_numbers(eqn)[0]
-        lhs, rhs = resolve_dot_operands(invals[:2], contractions, self.config.uses_per_channel_int8, smoothed,
-                                        self.config.int8_block_size)
-        # an integer operand of a mixed dot is quantized like a float one
-        lhs, rhs = (
-            x if is_quantized(x) or _is_float_dtype(v.aval.dtype) else lax.convert_element_type(x, np.float32)
-            for x, v in zip((lhs, rhs), eqn.invars)
-        )
-        if ragged:
-            return int8_ragged_dot_general(lhs, rhs, invals[2], float_params, out_dtype, self.scheme)
-        backend = dot_backends[self.backend]
-
-        def program(lhs, rhs):
-            return backend(lhs, rhs, float_params, out_dtype, self.config)
-
-        out_sharding = _explicit_sharding(eqn)
-        if out_sharding is not None:
-            # Under explicit sharding every intermediate would need its sharding spelled out; the int8 program
-            # runs with the mesh axes automatic inside and delivers the float dot's output sharding.
-            program = jax.sharding.auto_axes(program, axes=out_sharding.mesh.explicit_axes, out_sharding=out_sharding)
-        return program(lhs, rhs)
-
-    def _check_ragged(self, eqn, where):
-        if not supports_ragged(eqn.params) or self.backend != "int8":
-            what = (f"backend {self.backend!r} has no ragged_dot_general rule" if supports_ragged(eqn.params)
-                    else "only a ragged non-contracting lhs dim with a group dim in the rhs is supported")
-            raise Int8ifyError(
-                f"ragged_dot_general at {describe_source(eqn, where)} ({_operand_types(eqn)}) cannot be rewritten: "
-                f"{what}. Keep it float with skip/skip_if."
-            )
-
-
-INLINED_CALLS = CALL_PRIMITIVES - {"remat2", "checkpoint"}
-"""Call primitives the rewrite may evaluate inline (XLA inlines them anyway); a remat keeps its boundary."""
+        """The rewritten program for one float matmul equation: :func:`~jaxpr_rewrite.rules.dots.rewrite_dot`
+        under this rewriter's options and backend."""
+        return rewrite_dot(self.config, self.backend, eqn, invals, where, smoothed)
 
 
 def _tangent_outputs(jaxpr: Jaxpr, tangents) -> list[bool]:
@@ -297,221 +221,10 @@ def _tangent_outputs(jaxpr: Jaxpr, tangents) -> list[bool]:
         reads = [isinstance(v, Var) and v in dependent for v in eqn.invars]
         if not any(reads):
             continue
-        if eqn.primitive.name in INLINED_CALLS:
+        if rule_for(eqn.primitive.name).inline_call:
             sub = open_jaxpr(eqn.params[SUBJAXPR_PARAMS[eqn.primitive.name][0]])
             flags = _tangent_outputs(sub, {v for v, read in zip(sub.invars, reads) if read})
             dependent.update(v for v, flag in zip(eqn.outvars, flags) if flag)
         else:
             dependent.update(eqn.outvars)
     return [isinstance(v, Var) and v in dependent for v in jaxpr.outvars]
-
-
-def _explicit_sharding(eqn):
-    """The output sharding of a matmul whose operands or result live on a mesh with explicit axes, else None."""
-    for v in (*eqn.invars[:2], *eqn.outvars):
-        mesh = getattr(getattr(v.aval, "sharding", None), "mesh", None)
-        if getattr(mesh, "explicit_axes", ()):
-            return eqn.outvars[0].aval.sharding
-    return None
-
-
-def _operand_types(eqn) -> str:
-    return ", ".join(v.aval.str_short() for v in eqn.invars[:2])
-
-
-# -- higher-order primitives ------------------------------------------------------------------------------
-HigherOrderRule = Callable[[Rewriter, dict, str, Location], dict]
-"""``rule(rewriter, params, scope, where) -> new params``: the params of a higher-order equation with its
-sub-jaxprs swapped for rewritten ones (``scope``: the equation's name scope; ``where``: its user source)."""
-
-higher_order_rules: dict[str, HigherOrderRule] = {}
-register_rule = registering(higher_order_rules, "Decorator: ``@register_rule(*names)`` registers a "
-                                                ":data:`HigherOrderRule` for the primitives ``names``.")
-
-
-def _swap_forward_params(name: str) -> HigherOrderRule:
-    """The generic rule: copy the params and swap the forward sub-jaxprs listed for ``name`` in
-    :data:`~jaxpr_rewrite.jaxprs.SUBJAXPR_PARAMS`; derivative-only ones stay as they are."""
-
-    def rule(rewriter: Rewriter, params: dict, scope: str, where: Location) -> dict:
-        new_params = dict(params)
-        keep = DERIVATIVE_ONLY_PARAMS.get(name, ())
-        for param in SUBJAXPR_PARAMS[name]:
-            new_params[param] = rewriter.swap(params[param], scope, where=where, keep=keep)
-        return new_params
-
-    return rule
-
-
-for _name in SUBJAXPR_PARAMS:
-    register_rule(_name)(_swap_forward_params(_name))
-
-
-@register_rule("shard_map")
-def _shard_map_rule(rewriter: Rewriter, params: dict, scope: str, where: Location) -> dict:
-    """The body is traced in the mesh's axis environment, as ``shard_map`` itself traces it."""
-    new_params = dict(params)
-    context = _compat.shard_map_body_context(params)
-    new_params["jaxpr"] = rewriter.swap(params["jaxpr"], scope, context=context, where=where)
-    return new_params
-
-
-@register_rule("custom_jvp_call")
-def _custom_jvp_rule(rewriter: Rewriter, params: dict, scope: str, where: Location) -> dict:
-    """Rewrite the primal, and the primal part of the user's jvp rule; its tangent matmuls stay float.
-
-    Under differentiation JAX takes the primal output from the jvp rule, so rewriting only ``call_jaxpr`` would
-    make ``grad`` run the float forward pass. The jvp rule is wrapped lazily (at differentiation time), which
-    also keeps a rule that calls its own primal from recursing.
-    """
-    new_params = dict(params)
-    call_jaxpr = params["call_jaxpr"]
-    new_params["call_jaxpr"] = rewriter.closed(call_jaxpr, scope, where=where)
-    n_primals = len(call_jaxpr.in_avals) - params["num_consts"]
-
-    def rewrite_jvp(result):
-        jvp_jaxpr, jvp_consts, *rest = result
-        new = rewriter.closed(ClosedJaxpr(jvp_jaxpr, jvp_consts), scope, keep_float_from=n_primals, where=where)
-        return (new.jaxpr, new.consts, *rest)
-
-    new_params["jvp_jaxpr_fun"] = _compat.wrap_jaxpr_thunk(params["jvp_jaxpr_fun"], rewrite_jvp)
-    return new_params
-
-
-@register_rule("custom_vjp_call")
-def _custom_vjp_rule(rewriter: Rewriter, params: dict, scope: str, where: Location) -> dict:
-    """Rewrite the primal and the user's ``fwd`` (the forward pass under ``grad``); ``bwd`` stays as written."""
-    new_params = dict(params)
-    new_params["call_jaxpr"] = rewriter.closed(params["call_jaxpr"], scope, where=where)
-
-    def rewrite_fwd(result):
-        fwd_jaxpr, fwd_consts, *rest = result
-        new = rewriter.closed(ClosedJaxpr(fwd_jaxpr, fwd_consts), scope, where=where)
-        return (new.jaxpr, new.consts, *rest)
-
-    new_params["fwd_jaxpr_thunk"] = _compat.wrap_jaxpr_thunk(params["fwd_jaxpr_thunk"], rewrite_fwd)
-    return new_params
-
-
-@register_rule("custom_vmap_call")
-def _custom_vmap_rule(rewriter: Rewriter, params: dict, scope: str, where: Location) -> dict:
-    """Rewrite the primal, and the user's batching rule when ``vmap`` calls it: the rule is Python code run at
-    batching time, so it is traced there and its matmuls rewritten, as for a custom_jvp rule."""
-    new_params = dict(params)
-    new_params["call"] = rewriter.closed(params["call"], scope, where=where)
-    rule = params["rule"]
-
-    def rewritten_rule(axis_size, in_batched, *args):
-        leaves, args_tree = jax.tree_util.tree_flatten(args)
-        results = []
-
-        def flat_rule(*flat):
-            out, out_batched = rule(axis_size, in_batched, *jax.tree_util.tree_unflatten(args_tree, flat))
-            out_leaves, out_tree = jax.tree_util.tree_flatten(out)
-            results.append((out_tree, out_batched))
-            return out_leaves
-
-        traced = jax.make_jaxpr(flat_rule)(*leaves)
-        outs = rewriter.interpret(traced.jaxpr, traced.consts, leaves, scope, where=where)
-        out_tree, out_batched = results[-1]
-        return jax.tree_util.tree_unflatten(out_tree, _materialised(outs)), out_batched
-
-    new_params["rule"] = rewritten_rule
-    return new_params
-
-
-# -- pre-quantized weights through higher-order primitives -------------------------------------------------
-QuantizedRule = Callable[[Rewriter, object, list, str, Location], "list | None"]
-"""``rule(rewriter, eqn, invals, scope, where) -> outvals``, for an equation with a pre-quantized operand; it
-returns ``None`` to have the operands materialised instead."""
-
-quantized_rules: dict[str, QuantizedRule] = {}
-register_quantized_rule = registering(
-    quantized_rules, "Decorator: ``@register_quantized_rule(*names)`` registers a :data:`QuantizedRule` for the "
-                     "primitives ``names``.")
-
-
-def _sub_interpreter(rewriter: Rewriter, closed, scope: str, where: Location):
-    """A function evaluating a (closed) sub-jaxpr through ``rewriter`` on a flat list of values."""
-    jaxpr, consts = jaxpr_and_consts(closed)
-    return lambda values: rewriter.interpret(jaxpr, consts, values, scope, where=where)
-
-
-@register_quantized_rule("convert_element_type")
-def _convert_quantized(rewriter, eqn, invals, scope, where):
-    """A float-to-float cast of a pre-quantized weight keeps its codes (``Dense(dtype=bfloat16)``)."""
-    (value,) = invals
-    new_dtype = eqn.params["new_dtype"]
-    if not _is_float_dtype(new_dtype):
-        return None
-    return [value.astype(new_dtype)]
-
-
-@register_quantized_rule("transpose")
-def _transpose_quantized(rewriter, eqn, invals, scope, where):
-    """A transposed pre-quantized weight (``x @ w.T``) keeps its codes, transposed."""
-    (value,) = invals
-    if value.smooth is not None:
-        return None  # smoothing factors follow the contracting axis of the untransposed layout
-    return [value.transpose(eqn.params["permutation"])]
-
-
-@register_quantized_rule(*INLINED_CALLS)
-def _inline_call(rewriter, eqn, invals, scope, where):
-    """A nested call reading a pre-quantized weight is evaluated inline (XLA inlines it anyway)."""
-    (param,) = SUBJAXPR_PARAMS[eqn.primitive.name]
-    return _sub_interpreter(rewriter, eqn.params[param], scope, where)(invals)
-
-
-@register_quantized_rule("scan")
-def _scan_quantized(rewriter, eqn, invals, scope, where):
-    """``lax.scan`` again, with pre-quantized consts closed over and pre-quantized ``xs`` sliced per step (an ``xs``
-    scanned along an axis its scales cover has no per-step scales, and is materialised)."""
-    p = eqn.params
-    consts, init, xs = scan_operands(p, invals)
-    n_carry = len(init)
-    init = _materialised(init)
-    xs = [materialise(x) if is_quantized(x) and 0 in x.contracting else x for x in xs]
-    body = _sub_interpreter(rewriter, p["jaxpr"], scope, where)
-
-    def step(carry, x):
-        outs = _materialised(body([*consts, *carry, *x]))
-        return outs[:n_carry], outs[n_carry:]
-
-    carry, ys = lax.scan(step, init, xs, length=p["length"], reverse=p["reverse"], unroll=p["unroll"])
-    return [*carry, *ys]
-
-
-@register_quantized_rule("while")
-def _while_quantized(rewriter, eqn, invals, scope, where):
-    """``lax.while_loop`` again, with pre-quantized consts closed over (decode loops reading the weights)."""
-    p = eqn.params
-    cond_consts, body_consts, init = while_operands(p, invals)
-    init = _materialised(init)
-    cond = _sub_interpreter(rewriter, p["cond_jaxpr"], scope, where)
-    body = _sub_interpreter(rewriter, p["body_jaxpr"], scope, where)
-    out = lax.while_loop(
-        lambda carry: materialise(cond([*cond_consts, *carry])[0]),
-        lambda carry: _materialised(body([*body_consts, *carry])),
-        init,
-    )
-    return list(out)
-
-
-@register_quantized_rule("cond")
-def _cond_quantized(rewriter, eqn, invals, scope, where):
-    """``lax.switch`` again, each branch reading the pre-quantized operands."""
-    index, *operands = invals
-    branches = [_sub_interpreter(rewriter, branch, scope, where) for branch in eqn.params["branches"]]
-    fns = [lambda ops, b=b: _materialised(b(list(ops))) for b in branches]
-    return list(lax.switch(materialise(index), fns, operands))
-
-
-@register_quantized_rule("remat2", "checkpoint")
-def _remat_quantized(rewriter, eqn, invals, scope, where):
-    """``jax.checkpoint`` again (same policy), with the pre-quantized weights passed in."""
-    p = eqn.params
-    body = _sub_interpreter(rewriter, p["jaxpr"], scope, where)
-    run = jax.checkpoint(lambda *values: _materialised(body(list(values))), prevent_cse=p["prevent_cse"],
-                         policy=p["policy"])
-    return list(run(*invals))

@@ -1,6 +1,6 @@
 """Block-scaled fp8/fp4 backends: each float ``dot_general`` becomes one ``jax.nn.scaled_matmul`` call.
 
-Backends registered into :data:`jaxpr_rewrite.rewrite.dot_backends` at import:
+Backends registered into :data:`jaxpr_rewrite.backends.BACKENDS` at import:
 
 * ``"mxfp8"``: float8_e4m3fn values, float8_e8m0fnu (power-of-two) scales, one per block of 32 along K.
 * ``"nvfp4"``: float4_e2m1fn values, float8_e4m3fn scales, one per block of 16 along K, and a second-level
@@ -46,9 +46,11 @@ import numpy as np
 from jax import lax
 
 from . import _compat
-from .config import RewriteConfig, contraction_size, register_backend, register_backend_alias
+from .backends import register_backend, register_backend_alias
+from .config import RewriteConfig
 from .errors import Int8ifyError
-from .int8_dot import blocked, free_axes, straight_through
+from .layout import blocked, contraction_size, free_axes
+from .straight_through import straight_through
 from .quantize import absmax
 
 
@@ -195,7 +197,7 @@ def quantize_nvfp4(x3) -> BlockQuantized:
 
 def quantize_blocks(x3, fmt: BlockFormat) -> BlockQuantized:
     """Quantize a float32 ``(B, M, K)`` operand (K a multiple of ``fmt.block_size``) to ``fmt``."""
-    return quantize_mxfp8(x3) if fmt.name == "mxfp8" else quantize_nvfp4(x3)
+    return quantize_nvfp4(x3) if fmt.tensor_scale else quantize_mxfp8(x3)
 
 
 # -- the rewritten dot ----------------------------------------------------------------------------------
@@ -282,13 +284,9 @@ def _device_is_blackwell(device) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _default_device_is_blackwell() -> bool:
-    return _device_is_blackwell(jax.devices()[0])
-
-
 def is_blackwell() -> bool:
     """Whether the default device is an NVIDIA Blackwell GPU (compute capability >= 10)."""
-    return _default_device_is_blackwell()
+    return _device_is_blackwell(jax.devices()[0])
 
 
 @functools.lru_cache(maxsize=None)

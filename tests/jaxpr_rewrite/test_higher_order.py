@@ -10,6 +10,8 @@ from jax import lax
 
 from helpers import assert_all_dots_int8, away_from_ties, dot_eqns, iter_eqns, reference_dot
 from jaxpr_rewrite import Int8ifyError, int8ify
+from jaxpr_rewrite.reasons import Why
+from jaxpr_rewrite.rules import RULES, register
 
 MATMUL = (((1,), (0,)), ((), ()))
 rng = np.random.default_rng(0)
@@ -156,19 +158,19 @@ def _per_row_reference():
     return WANT
 
 
-def test_unknown_higher_order_primitive_with_float_dot_is_an_error():
-    from jax.extend.core import Primitive
-
-    from jaxpr_rewrite.rewrite import higher_order_rules
-
+def test_unknown_higher_order_primitive_with_float_dot_is_an_error(monkeypatch):
     # Pretend a primitive we do not know: hide the 'scan' rule for this test.
-    rule = higher_order_rules.pop("scan")
-    try:
-        with pytest.raises(Int8ifyError, match=r"primitive 'scan' at .*test_higher_order.py:\d+.*no rule"):
-            int8ify(lambda x, w: lax.scan(lambda c, _: (c, c @ w), x, None, length=1)[1])(X, W)
-    finally:
-        higher_order_rules["scan"] = rule
-    del Primitive
+    monkeypatch.delitem(RULES, "scan")
+    with pytest.raises(Int8ifyError, match=r"primitive 'scan' at .*test_higher_order.py:\d+.*no rule"):
+        int8ify(lambda x, w: lax.scan(lambda c, _: (c, c @ w), x, None, length=1)[1])(X, W)
+
+
+def test_a_primitive_is_registered_once():
+    """Registering a second rule for a primitive is an error, not a silent replacement of the first."""
+    scan_rule = RULES["scan"]
+    with pytest.raises(Int8ifyError, match=r"\['scan'\] already have a rule"):
+        register("scan", rewrite=lambda context, params: params)
+    assert RULES["scan"] is scan_rule
 
 
 def test_higher_order_primitive_without_dots_passes_through():
@@ -243,7 +245,8 @@ def test_linear_solves_are_rewritten_not_refused(name):
     from jaxpr_rewrite import report, verify
 
     rows = report(fn, a, b, w)
-    assert all(r.rewritten or r.reason.startswith("runs only for derivatives") for r in rows), rows
+    assert all(r.rewritten or (r.reason.why is Why.DERIVATIVE_ONLY and str(r.reason).startswith(
+        "runs only for derivatives")) for r in rows), rows
     assert verify(int8ify(fn), a, b, w) == []
 
 
@@ -263,29 +266,19 @@ def test_custom_vmap_rule_is_rewritten_too():
                                np.stack([reference_dot(x, W, MATMUL) for x in xs]), rtol=1e-5)
 
 
-def test_skipped_dots_inside_a_primitive_without_a_rule_are_fine():
+def test_skipped_dots_inside_a_primitive_without_a_rule_are_fine(monkeypatch):
     """A primitive int8ify has no rule for is an error only when it holds a dot the options rewrite."""
-    from jaxpr_rewrite.rewrite import higher_order_rules
-
-    rule = higher_order_rules.pop("scan")
-    try:
-        f = lambda x, w: lax.scan(lambda c, _: (c, c @ w), x, None, length=1)[1]  # noqa: E731
-        got = int8ify(f, skip_if=lambda eqn: True)(X, W)
-        np.testing.assert_allclose(got, f(X, W), rtol=1e-6)
-    finally:
-        higher_order_rules["scan"] = rule
+    monkeypatch.delitem(RULES, "scan")
+    f = lambda x, w: lax.scan(lambda c, _: (c, c @ w), x, None, length=1)[1]  # noqa: E731
+    got = int8ify(f, skip_if=lambda eqn: True)(X, W)
+    np.testing.assert_allclose(got, f(X, W), rtol=1e-6)
 
 
-def test_errors_inside_library_code_point_at_the_users_call():
+def test_errors_inside_library_code_point_at_the_users_call(monkeypatch):
     """Equations built inside a library function (jnp.linalg.solve's custom_linear_solve) carry no user frame;
     the error names the user's call instead of a blank location."""
-    from jaxpr_rewrite.rewrite import higher_order_rules
-
-    rule = higher_order_rules.pop("custom_linear_solve")
-    try:
-        a = np.eye(8, dtype=np.float32) * 2
-        cg = lambda a, b: jax.scipy.sparse.linalg.cg(lambda v: a @ v, b)[0]  # noqa: E731
-        with pytest.raises(Int8ifyError, match=r"'custom_linear_solve' at .*test_higher_order.py:\d+"):
-            int8ify(cg)(a, np.ones(8, np.float32))
-    finally:
-        higher_order_rules["custom_linear_solve"] = rule
+    monkeypatch.delitem(RULES, "custom_linear_solve")
+    a = np.eye(8, dtype=np.float32) * 2
+    cg = lambda a, b: jax.scipy.sparse.linalg.cg(lambda v: a @ v, b)[0]  # noqa: E731
+    with pytest.raises(Int8ifyError, match=r"'custom_linear_solve' at .*test_higher_order.py:\d+"):
+        int8ify(cg)(a, np.ones(8, np.float32))

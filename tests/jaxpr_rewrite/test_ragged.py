@@ -9,9 +9,14 @@ from jax import lax
 
 from helpers import away_from_ties, dot_eqns, reference_codes, reference_scales
 from jaxpr_rewrite import Int8ifyError, int8ify, quantize_params, report, verify
-from jaxpr_rewrite.quantized import QuantizedArray, quantize
+from jaxpr_rewrite import QuantizedArray, quantize
+from jaxpr_rewrite.reasons import Why
 
 rng = np.random.default_rng(5)
+# a small mixture-of-experts layer: 32 tokens of width 16, 3 experts of 16 -> 8, tokens routed 10 / 12 / 10
+MOE_X = jnp.asarray(rng.normal(size=(32, 16)), jnp.float32)
+MOE_W = jnp.asarray(rng.normal(size=(3, 16, 8)), jnp.float32)
+MOE_GROUPS = jnp.array([10, 12, 10], jnp.int32)
 
 
 def reference_ragged(x, w, group_sizes):
@@ -41,9 +46,7 @@ def test_moe_grouped_matmul_matches_the_reference(sizes):
 
 
 def test_ragged_gradients_are_straight_through_and_weights_quantize_once():
-    x = jnp.asarray(rng.normal(size=(32, 16)), jnp.float32)
-    w = jnp.asarray(rng.normal(size=(3, 16, 8)), jnp.float32)
-    g = jnp.array([10, 12, 10], jnp.int32)
+    x, w, g = MOE_X, MOE_W, MOE_GROUPS
 
     def moe(params, x, g):
         return lax.ragged_dot(x, params["experts"], g)
@@ -73,9 +76,7 @@ def test_smoothed_prequantized_experts_follow_the_dot_rule():
 
 
 def test_report_verify_and_assert_int8_know_ragged_dots():
-    x = jnp.asarray(rng.normal(size=(32, 16)), jnp.float32)
-    w = jnp.asarray(rng.normal(size=(3, 16, 8)), jnp.float32)
-    g = jnp.array([10, 12, 10], jnp.int32)
+    x, w, g = MOE_X, MOE_W, MOE_GROUPS
 
     def moe(x, w, g):
         return lax.ragged_dot(x, w, g)  # RAGGED
@@ -104,4 +105,5 @@ def test_unsupported_ragged_layout_is_an_error_not_a_float_matmul():
         int8ify(f)(x, y, g)
     kept = int8ify(f, skip_if=lambda eqn: eqn.primitive.name == "ragged_dot_general")(x, y, g)
     np.testing.assert_allclose(kept, f(x, y, g), rtol=1e-6)
-    assert "unsupported ragged layout" in report(f, x, y, g)[0].reason
+    reason = report(f, x, y, g)[0].reason
+    assert reason.why is Why.UNSUPPORTED_RAGGED and "unsupported ragged layout" in str(reason)

@@ -10,6 +10,7 @@ import pytest
 
 from helpers import away_from_ties, dense_with_custom_jvp, reference_dot
 from jaxpr_rewrite import int8ify
+from jaxpr_rewrite.reasons import KeptFloat, Why
 from jaxpr_rewrite.report import DotRow, Report, report
 
 MATMUL = (((1,), (0,)), ((), ()))
@@ -58,10 +59,14 @@ def test_measured_error_is_the_int8_dot_against_the_float_dot():
     want = _rel(reference_dot(x, w1, MATMUL), x.astype(np.float64) @ w1.astype(np.float64))
     assert rep[0].error == pytest.approx(want, rel=1e-3)
     assert 1e-4 < rep[0].error < 5e-2
-    # the second dot sees the *float* program's hidden activations
-    h = np.maximum(np.asarray(jax.jit(lambda a, b: a @ b)(x, w1)), 0)
+    # the second dot sees the *float* program's hidden activations, after the relu
+    pre = np.asarray(jax.jit(lambda a, b: a @ b)(x, w1))
+    h = np.maximum(pre, 0)
     want = _rel(reference_dot(h, W2, MATMUL), h.astype(np.float64) @ W2.astype(np.float64))
     assert rep[1].error == pytest.approx(want, rel=1e-2)
+    # ... which the check tells apart from the activations before it
+    without_relu = _rel(reference_dot(pre, W2, MATMUL), pre.astype(np.float64) @ W2.astype(np.float64))
+    assert rep[1].error != pytest.approx(without_relu, rel=1e-2)
     assert rep.worst() in (rep[0], rep[1])
 
 
@@ -85,12 +90,12 @@ def test_matmuls_that_share_params_but_not_types_are_measured_each_as_itself():
 def test_options_of_an_int8ified_function_decide():
     rep = report(int8ify(model, skip=["head*"]), X, W1, W2)
     assert [r.rewritten for r in rep] == [True, False]
-    assert rep[1].reason == "name scope 'head' matches skip pattern 'head*'"
+    assert rep[1].reason == KeptFloat(Why.SKIP_PATTERN, "name scope 'head' matches skip pattern 'head*'")
     assert rep[1].error is not None  # what rewriting it would cost
     rep = report(int8ify(model, min_contracting_size=20), X, W1, W2)
-    assert "min_contracting_size=20" in rep[1].reason
+    assert rep[1].reason.why is Why.SMALL_CONTRACTION and "min_contracting_size=20" in str(rep[1].reason)
     rep = report(int8ify(model, skip_if=lambda eqn: eqn.invars[0].aval.shape[-1] == 32), X, W1, W2)
-    assert rep[0].reason == "skip_if returned True"
+    assert rep[0].reason == KeptFloat(Why.SKIP_IF, "skip_if returned True")
 
 
 def test_abstract_inputs_trace_only():
@@ -117,7 +122,8 @@ def test_nested_dots_are_listed_and_measured():
     rep = report(nested, X, W1, W2, codes)
     assert len(rep) == 10
     assert [r.rewritten for r in rep] == [True] * 9 + [False]
-    assert rep[9].reason == "integer dot" and rep[9].lhs == "i8[4,6]" and rep[9].out == "i32[4,4]"
+    assert rep[9].reason == KeptFloat(Why.INTEGER_DOT, "integer dot")
+    assert rep[9].lhs == "i8[4,6]" and rep[9].out == "i32[4,4]"
     errors = [r.error for r in rep]
     # cond: branch 0 is the false branch, not taken
     assert errors[2] is None and rep[2].note == "n/a (branch not taken)"

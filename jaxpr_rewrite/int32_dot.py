@@ -1,0 +1,83 @@
+"""The int8 x int8 -> int32 dot with exact sums: a contraction that could overflow int32 is chunked, and the XLA
+paths that give wrong sums (GPU contraction lengths not a multiple of 4) or run slowly (CPU one-row lhs) are
+worked around."""
+
+from __future__ import annotations
+
+import numpy as np
+from jax import lax
+
+from .layout import blocked, blocked_dimension_numbers, contraction_size, free_axes
+from .quantize import MAX_INT32_SAFE_CONTRACTION
+
+__all__ = ["int32_dot"]
+
+# XLA's GPU int8 GEMM (the Triton emitter, JAX 0.11) returns doubled sums when the contraction length is not a
+# multiple of 4 and the lhs has more than one row; zero padding to a multiple of 4 keeps the sums exact there.
+_CONTRACTION_MULTIPLE = 4
+
+
+def _pad_contraction(lhs_codes, rhs_codes, dimension_numbers):
+    """Zero-pad the last contracting dim of both operands so the contraction length is a multiple of 4."""
+    (lc, rc), _ = dimension_numbers
+    if not lc:
+        return lhs_codes, rhs_codes
+    others = contraction_size(lhs_codes.shape, lc[:-1])
+    last = lhs_codes.shape[lc[-1]]
+    pad = 0
+    while (others * (last + pad)) % _CONTRACTION_MULTIPLE:
+        pad += 1
+    if pad == 0 or others * last == 0:
+        return lhs_codes, rhs_codes
+
+    def padded(codes, axis):
+        return lax.pad(codes, np.int8(0), [(0, pad if a == axis else 0, 0) for a in range(codes.ndim)])
+
+    return padded(lhs_codes, lc[-1]), padded(rhs_codes, rc[-1])
+
+
+def _matrix_vector_safe_dot(lhs_codes, rhs_codes, dimension_numbers):
+    """The int8 x int8 -> int32 dot, with a one-row lhs padded to two rows.
+
+    XLA's CPU backend runs an s8 x s8 -> s32 dot with a single lhs row (batch-1 inference) on a slow
+    matrix-vector path, about 3x slower than the same dot with two rows (benchmarks/speed.py). Padding the row
+    with zeros and slicing it off again keeps one int8 dot and exact sums.
+    """
+    (lc, rc), (lb, rb) = dimension_numbers
+    lhs_codes, rhs_codes = _pad_contraction(lhs_codes, rhs_codes, dimension_numbers)
+    lhs_free = free_axes(lhs_codes.ndim, lc, lb)
+    rhs_free = free_axes(rhs_codes.ndim, rc, rb)
+    one_row = lhs_free and all(lhs_codes.shape[a] == 1 for a in lhs_free)
+    if not one_row or contraction_size(rhs_codes.shape, rhs_free) <= 1:
+        return lax.dot_general(lhs_codes, rhs_codes, dimension_numbers, preferred_element_type=np.int32)
+    padding = [(0, 1 if a == lhs_free[0] else 0, 0) for a in range(lhs_codes.ndim)]
+    padded = lax.pad(lhs_codes, np.int8(0), padding)
+    acc = lax.dot_general(padded, rhs_codes, dimension_numbers, preferred_element_type=np.int32)
+    return lax.slice_in_dim(acc, 0, 1, axis=len(lb))
+
+
+def int32_dot(lhs_codes, rhs_codes, dimension_numbers, dtype):
+    """``dot_general`` of int8 codes into int32, split along the contraction when it could overflow.
+
+    A contraction longer than ``MAX_INT32_SAFE_CONTRACTION`` is flattened, zero-padded and cut into chunks that
+    become one extra batch dim of the same single int8 dot; each chunk sums exactly in int32 and the chunk sums
+    are added in float32.
+
+    Returns:
+        the sums in the dot's output layout, as ``dtype`` (the compute dtype).
+    """
+    (lc, rc), (lb, rb) = dimension_numbers
+    contraction = contraction_size(lhs_codes.shape, lc)
+    if contraction <= MAX_INT32_SAFE_CONTRACTION:
+        return lax.convert_element_type(_matrix_vector_safe_dot(lhs_codes, rhs_codes, dimension_numbers), dtype)
+    n_chunks = -(-contraction // MAX_INT32_SAFE_CONTRACTION)
+    chunk = -(-contraction // n_chunks)
+    chunk += -chunk % _CONTRACTION_MULTIPLE
+    lhs3 = blocked(lhs_codes, lc, lb, n_chunks, chunk)
+    rhs3 = blocked(rhs_codes, rc, rb, n_chunks, chunk)
+    acc = lax.dot_general(
+        lhs3, rhs3, blocked_dimension_numbers(dimension_numbers, lhs_codes.ndim, rhs_codes.ndim),
+        preferred_element_type=np.int32,
+    )
+    # acc is (batch..., chunk, lhs free..., rhs free...): sum the chunks in the compute dtype.
+    return lax.reduce_sum(lax.convert_element_type(acc, dtype), (len(lb),))

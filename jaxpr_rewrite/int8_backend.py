@@ -1,0 +1,37 @@
+"""The ``"int8"`` backend (the contract, the default): the int8 programs of :mod:`~jaxpr_rewrite.int8_dot` and
+:mod:`~jaxpr_rewrite.ragged_dot` with straight-through gradients, registered with what they can take."""
+
+from __future__ import annotations
+
+from .backends import register_backend
+from .config import RewriteConfig
+from .int8_dot import Scheme, int8_dot_general_impl
+from .ragged_dot import int8_ragged_dot_general_impl, ragged_dot_float
+from .straight_through import straight_through
+
+__all__ = ["int8_backend", "int8_dot_general", "int8_ragged_dot_general"]
+
+
+def _dot_impl(lhs, rhs, float_params, out_dtype, scheme):
+    return int8_dot_general_impl(lhs, rhs, dict(float_params)["dimension_numbers"], out_dtype, scheme)
+
+
+_dot_impl.__name__ = "int8_dot_general_impl"
+int8_dot_general = straight_through(_dot_impl)
+"""``int8_dot_general(lhs, rhs, float_params, out_dtype, scheme)``: one float ``dot_general`` computed in int8
+under :class:`Scheme` ``scheme``, as ``int32_sum * lhs_scale * rhs_scale`` in ``out_dtype``, with a
+straight-through gradient. ``lhs``/``rhs`` may be :class:`QuantizedArray` (pre-quantized weights, no gradient)."""
+
+int8_ragged_dot_general = straight_through(int8_ragged_dot_general_impl, ragged_dot_float, n_extra=1)
+"""``int8_ragged_dot_general(lhs, rhs, group_sizes, float_params, out_dtype, scheme)``: one float
+``ragged_dot_general`` in int8, with a straight-through gradient."""
+
+
+def _int8_ragged_backend(lhs, rhs, group_sizes, float_params, out_dtype, config: RewriteConfig):
+    return int8_ragged_dot_general(lhs, rhs, group_sizes, float_params, out_dtype, Scheme.of(config))
+
+
+@register_backend("int8", ragged_dot=_int8_ragged_backend, takes_prequantized=True)
+def int8_backend(lhs, rhs, float_params, out_dtype, config: RewriteConfig):
+    """The int8 contract (the default backend)."""
+    return int8_dot_general(lhs, rhs, float_params, out_dtype, Scheme.of(config))

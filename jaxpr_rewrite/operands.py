@@ -1,0 +1,76 @@
+"""Arrays quantized (:func:`quantize`, the contract's rule), and a dot's operands on their way in: one quantized
+with its partner's static scale or the contract's dynamic ones, one divided by a smoothed weight's factors."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .blocks import from_blocks, to_blocks
+from .errors import Int8ifyError
+from .int4 import pack_int4
+from .quantize import quantize_parts, quantize_static_parts, to_compute
+from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
+
+__all__ = ["quantize", "quantize_operand", "smoothed_activation"]
+
+
+def quantize(x, reduce_axes: Sequence[int], bits: int = 8, block_size: int | None = None) -> QuantizedArray:
+    """Quantize ``x`` with one symmetric scale per slice over ``reduce_axes`` (the contract's rule).
+
+    Arguments:
+        x: a floating array (bfloat16 and float16 are upcast to float32 first).
+        reduce_axes: the axes one scale covers (for a dot operand: its contracting dims).
+        bits: 8 (codes in ``[-127, 127]``, scales ``absmax / 127``) or 4 (codes in ``[-7, 7]``, scales
+            ``absmax / 7``, packed two per byte along the last axis).
+        block_size: ``None``, or one scale per index of the kept axes and block of this many elements of the
+            flattened contraction (zero-padded to whole blocks), as a block-scaled dot quantizes its operands.
+
+    Returns:
+        A :class:`QuantizedArray` (``.codes``, ``.scales``, ``.exponents``) standing for ``x``.
+    """
+    if bits not in CODE_LIMITS:
+        raise Int8ifyError(f"bits must be one of {sorted(CODE_LIMITS)}, got {bits!r}")
+    x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
+    ndim = max(x.ndim, 1)
+    reduce_axes = tuple(sorted(a % ndim for a in reduce_axes))
+    if bits == 4 and x.ndim == 0:
+        raise Int8ifyError("4-bit codes are packed along the last axis; a scalar has none")
+    kept = tuple(a for a in range(x.ndim) if a not in reduce_axes)
+    if block_size is None:
+        codes, scales, exponents = quantize_parts(x, reduce_axes, CODE_LIMITS[bits])
+    else:
+        blocked = to_blocks(x, kept, reduce_axes, block_size)
+        codes, scales, exponents = quantize_parts(blocked, (blocked.ndim - 1,), CODE_LIMITS[bits])
+        codes = from_blocks(codes, x.shape, kept, reduce_axes)
+    if bits == 8:
+        return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, block_size=block_size)
+    return QuantizedArray(pack_int4(codes), scales, exponents, reduce_axes, x.dtype, bits=4, length=x.shape[-1],
+                          block_size=block_size)
+
+
+def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
+    """One operand of an int8 dot, quantized: as it is when it already is a :class:`QuantizedArray`; with the
+    static scale its ``partner`` (the dot's other operand) was calibrated with, when that is a pre-quantized weight
+    holding one; else with the contract's dynamic per-slice scales (:func:`quantize`)."""
+    if is_quantized(x):
+        return x
+    static = partner.activation_scale if is_quantized(partner) else None
+    if static is None:
+        return quantize(x, reduce_axes)
+    x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
+    reduce_axes = tuple(sorted(a % max(x.ndim, 1) for a in reduce_axes))
+    codes, scales, exponents, (factor, power) = quantize_static_parts(x, partner.static_scale, reduce_axes)
+    return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, epilogue_factor=factor,
+                          epilogue_power=power)
+
+
+def smoothed_activation(activation, smooth, axis: int):
+    """``activation / smooth`` along ``axis``, as a smoothed weight's dot computes it: the reciprocal is taken once on
+    the small factor vector (in float32, then cast to the activation's dtype), and each element costs one multiply."""
+    inverse = lax.div(np.float32(1), to_compute(smooth, np.float32))
+    inverse = lax.convert_element_type(inverse, activation.dtype)
+    return lax.mul(activation, lax.broadcast_in_dim(inverse, activation.shape, (axis,)))

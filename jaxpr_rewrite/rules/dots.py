@@ -1,0 +1,212 @@
+"""The dot rule: whether a float matmul is rewritten (:func:`skip_reason`), and how: one float ``dot_general`` /
+``ragged_dot_general`` becomes the configured backend's program (the int8 contract by default), its operands
+resolved first (a pre-quantized weight's codes used as they are when its scales fit; an integer operand of a mixed
+dot quantized like a float one)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..backends import Backend
+from ..config import RewriteConfig
+from ..layout import contraction_size
+from ..errors import Int8ifyError
+from ..ragged_dot import supports_ragged
+from ..jaxprs import matmul_dimension_numbers
+from ..operands import quantize_operand, smoothed_activation
+from ..quantized import is_quantized, materialise
+from ..reasons import KeptFloat, Why
+from ..scopes import matching_pattern
+from ..source import UNKNOWN, Location, describe_source
+from .registry import register
+
+__all__ = ["is_plain_dot", "is_unsupported_ragged", "resolve_dot_operands", "rewrite_dot", "skip_reason"]
+
+
+def _label_dot(params) -> list[str]:
+    """The diff shows a dot's dimension numbers, and an integer result type."""
+    (lc, rc), (lb, rb) = params["dimension_numbers"]
+    parts = [f"dims=(({list(lc)}, {list(rc)}), ({list(lb)}, {list(rb)}))"]
+    preferred = params.get("preferred_element_type")
+    if preferred is not None and not jnp.issubdtype(preferred, jnp.inexact):
+        parts.append(f"preferred={np.dtype(preferred).name}")
+    return parts
+
+
+register("dot_general", label=_label_dot)
+
+
+def is_plain_dot(eqn) -> bool:
+    """Whether ``eqn`` is a ``dot_general`` (not a ragged one)."""
+    return eqn.primitive.name == "dot_general"
+
+
+def is_unsupported_ragged(eqn) -> bool:
+    """Whether ``eqn`` is a ``ragged_dot_general`` whose layout the int8 rewrite cannot express."""
+    return eqn.primitive.name == "ragged_dot_general" and not supports_ragged(eqn.params)
+
+
+def skip_reason(eqn, config: RewriteConfig, scope: str) -> KeptFloat | None:
+    """Why the float matmul ``eqn`` stays float under ``config``, or ``None`` when it is rewritten.
+
+    Arguments:
+        eqn: a float ``dot_general`` (or ``ragged_dot_general``) equation.
+        config: the rewrite options.
+        scope: the dot's full name scope (enclosing scopes included).
+    """
+    pattern = matching_pattern(scope, config.skip)
+    if pattern is not None:
+        return KeptFloat(Why.SKIP_PATTERN, f"name scope {scope!r} matches skip pattern {pattern!r}")
+    if config.skip_if is not None and config.skip_if(eqn):
+        return KeptFloat(Why.SKIP_IF, "skip_if returned True")
+    (lc, _), _ = matmul_dimension_numbers(eqn)
+    size = contraction_size(eqn.invars[0].aval.shape, lc)
+    if size < config.min_contracting_size:
+        return KeptFloat(Why.SMALL_CONTRACTION,
+                         f"contraction of {size} < min_contracting_size={config.min_contracting_size}")
+    return None
+
+
+def resolve_dot_operands(invals: Sequence, contractions, direct: bool, shared: dict | None,
+                         block_size: int | None = None) -> list:
+    """The operands a dot's program gets, from its operand values (how a pre-quantized weight enters a dot).
+
+    A :class:`QuantizedArray` whose scales fit the dot (per-channel int8, ``direct``, same contraction) goes on
+    as its :meth:`~QuantizedArray.dot_operand` (int8 codes, 4-bit ones unpacked): its codes feed the int8 dot.
+    Any other is materialised. A usable smoothed weight stands for ``smooth * w``, so the other operand is
+    multiplied by ``1 / smooth`` first. The activation of a usable weight with a static scale and an
+    ``activation_group`` is quantized here, once for every weight of the group.
+
+    Arguments:
+        invals: the dot's two operand values.
+        contractions: the dot's ``(lhs_contracting, rhs_contracting)``.
+        direct: whether the rewrite uses the per-channel int8 contract (pre-quantized codes fit only that).
+        shared: a per-program cache ``(id(activation), axes, group) -> (activation, rescaled or quantized)``
+            shared by the weights of one smoothing or static-scale group, or ``None``.
+        block_size: the block length of the dot (``int8ify(..., block_size=...)`` with int8), or ``None``: a
+            block-scaled weight goes on as itself (the dot reads its :meth:`~QuantizedArray.block_operand`).
+
+    Raises:
+        Int8ifyError: a block-scaled weight in a dot of another block length, or one without blocks.
+    """
+    for x in invals:
+        if is_quantized(x) and x.block_size is not None and x.block_size != block_size:
+            dot = f"block_size={block_size}" if block_size is not None else "no block_size"
+            raise Int8ifyError(f"a weight quantized with block_size={x.block_size} ({x!r}) meets a dot with {dot}; "
+                               f"quantize it with the same int8ify options the program runs with "
+                               f"(quantize_params(int8ify(fn, block_size=...), ...))")
+    usable = [
+        is_quantized(x) and (x.block_size is not None or (direct and x.dot_operand(contract) is not None))
+        for x, contract in zip(invals, contractions)
+    ]
+    for side, x in enumerate(invals):
+        if usable[side] and x.smooth is not None and is_quantized(invals[1 - side]):
+            usable[side] = False  # two weights: the smoothing cannot move into the other one
+    operands = [
+        (x if x.block_size is not None else x.dot_operand(contract)) if use else materialise(x)
+        for x, use, contract in zip(invals, usable, contractions)
+    ]
+    for side in (0, 1):
+        weight = invals[side]
+        if not usable[side] or weight.smooth is None:
+            continue
+        (other_axis,) = contractions[1 - side]
+        other = operands[1 - side]
+        key = (id(other), other_axis, weight.smooth_group)
+        shareable = weight.smooth_group is not None and shared is not None
+        if shareable and key in shared:
+            operands[1 - side] = shared[key][1]
+            continue
+        operands[1 - side] = smoothed_activation(other, weight.smooth, other_axis)
+        if shareable:
+            shared[key] = (other, operands[1 - side])  # holds `other`, so no other value reuses its id
+    for side in (0, 1):
+        weight, other = operands[side], operands[1 - side]
+        if not usable[side] or weight.activation_group is None or shared is None or is_quantized(other):
+            continue
+        key = (id(other), tuple(contractions[1 - side]), weight.activation_group)
+        if key not in shared:
+            shared[key] = (other, quantize_operand(other, contractions[1 - side], weight))
+        operands[1 - side] = shared[key][1]
+    return operands
+
+
+def rewrite_dot(config: RewriteConfig, backend: Backend, eqn, invals, where: Location = UNKNOWN,
+                smoothed: dict | None = None):
+    """The rewritten program for one float ``dot_general`` / ``ragged_dot_general`` equation.
+
+    Arguments:
+        config: the rewrite options.
+        backend: what the dot becomes.
+        eqn: the equation.
+        invals: its operand values; a :class:`~jaxpr_rewrite.quantized.QuantizedArray` is a pre-quantized
+            weight, used directly when its scales fit the contraction.
+        where: the user's source, for errors about equations JAX recorded none for.
+        smoothed: a per-program cache of activations rescaled by a smoothing group's factors, so weights of
+            one group reading the same activation share that rescaling (and XLA then its quantization).
+
+    Returns:
+        The dot's result.
+
+    Raises:
+        Int8ifyError: complex operands, or a ragged dot the backend or the layout rules out.
+    """
+    for v in eqn.invars[:2]:
+        if jnp.issubdtype(v.aval.dtype, jnp.complexfloating):
+            raise Int8ifyError(
+                f"{eqn.primitive.name} at {describe_source(eqn, where)} has complex operands "
+                f"({_operand_types(eqn)}); the int8 contract is defined for real floating matmuls only"
+            )
+    float_params = tuple(sorted(eqn.params.items()))
+    out_dtype = eqn.outvars[0].aval.dtype
+    ragged = not is_plain_dot(eqn)
+    if ragged:
+        _check_ragged(backend, eqn, where)
+    contractions = matmul_dimension_numbers(eqn)[0]
+    lhs, rhs = resolve_dot_operands(invals[:2], contractions, config.uses_per_channel_int8, smoothed,
+                                    config.int8_block_size)
+    # an integer operand of a mixed dot is quantized like a float one
+    lhs, rhs = (
+        x if is_quantized(x) or jnp.issubdtype(v.aval.dtype, jnp.floating) else lax.convert_element_type(x, np.float32)
+        for x, v in zip((lhs, rhs), eqn.invars)
+    )
+    if ragged:
+        return backend.ragged_dot(lhs, rhs, invals[2], float_params, out_dtype, config)
+
+    def program(lhs, rhs):
+        return backend.dot(lhs, rhs, float_params, out_dtype, config)
+
+    out_sharding = _explicit_sharding(eqn)
+    if out_sharding is not None:
+        # Under explicit sharding every intermediate would need its sharding spelled out; the int8 program
+        # runs with the mesh axes automatic inside and delivers the float dot's output sharding.
+        program = jax.sharding.auto_axes(program, axes=out_sharding.mesh.explicit_axes, out_sharding=out_sharding)
+    return program(lhs, rhs)
+
+
+def _check_ragged(backend: Backend, eqn, where: Location):
+    if not supports_ragged(eqn.params) or backend.ragged_dot is None:
+        what = (f"backend {backend.name!r} has no ragged_dot_general rule" if supports_ragged(eqn.params)
+                else "only a ragged non-contracting lhs dim with a group dim in the rhs is supported")
+        raise Int8ifyError(
+            f"ragged_dot_general at {describe_source(eqn, where)} ({_operand_types(eqn)}) cannot be rewritten: "
+            f"{what}. Keep it float with skip/skip_if."
+        )
+
+
+def _explicit_sharding(eqn):
+    """The output sharding of a matmul whose operands or result live on a mesh with explicit axes, else None."""
+    for v in (*eqn.invars[:2], *eqn.outvars):
+        mesh = getattr(getattr(v.aval, "sharding", None), "mesh", None)
+        if getattr(mesh, "explicit_axes", ()):
+            return eqn.outvars[0].aval.sharding
+    return None
+
+
+def _operand_types(eqn) -> str:
+    return ", ".join(v.aval.str_short() for v in eqn.invars[:2])

@@ -1,0 +1,76 @@
+"""``lax.scan``: its body is rewritten in place; pre-quantized consts are closed over and pre-quantized ``xs``
+sliced per step; the report sums a body matmul's error over every step in the carry."""
+
+from __future__ import annotations
+
+from jax import lax
+
+from ..error_sums import add, zeros
+from ..jaxprs import open_jaxpr, scan_counts, scan_operands, sub_index
+from ..quantized import is_quantized, materialise
+from .common import materialised, sub_interpreter, swap_forward_params
+from .registry import RuleContext, register
+
+__all__ = []
+
+
+def _scan_quantized(context: RuleContext, eqn, invals):
+    """``lax.scan`` again, with pre-quantized consts closed over and pre-quantized ``xs`` sliced per step (an ``xs``
+    scanned along an axis its scales cover has no per-step scales, and is materialised)."""
+    p = eqn.params
+    consts, init, xs = scan_operands(p, invals)
+    n_carry = len(init)
+    init = materialised(init)
+    xs = [materialise(x) if is_quantized(x) and 0 in x.contracting else x for x in xs]
+    body = sub_interpreter(context, p["jaxpr"])
+
+    def step(carry, x):
+        outs = materialised(body([*consts, *carry, *x]))
+        return outs[:n_carry], outs[n_carry:]
+
+    carry, ys = lax.scan(step, init, xs, length=p["length"], reverse=p["reverse"], unroll=p["unroll"])
+    return [*carry, *ys]
+
+
+def _follow_scan(trail, eqn, positions, where):
+    """A weight that is a scan const is followed into the body; one scanned as ``xs`` too, with its leading
+    (stacked-layers) axis sliced off; a carried one stays float."""
+    sub = open_jaxpr(eqn.params["jaxpr"])
+    n_consts, n_carry = scan_counts(eqn.params)
+    found = []
+    for k in positions:
+        if n_consts <= k < n_consts + n_carry:
+            trail.refuse(f"it is carried through the scan at {where}")
+            continue
+        sliced = trail.axes if k < n_consts else trail.axes[1:]  # xs lose their leading (stacked) axis
+        if k >= n_consts and trail.axes[0] != min(trail.axes):
+            trail.refuse(f"the scan at {where} slices it along a transposed axis")
+            continue
+        found += trail.follow(sub, sub.invars[k], nested=True, axes=sliced)
+    return found
+
+
+def _measure_scan(measurer, eqn, invals, path):
+    """The body run by ``lax.scan`` with the measured sums accumulated in the carry."""
+    p = eqn.params
+    consts, init, xs = scan_operands(p, invals)
+    n_carry = len(init)
+    body = p["jaxpr"]
+    sub = path + (sub_index(eqn, body),)
+
+    def step(state, x):
+        carry, acc = state
+        outs, stats = measurer.run(body, [*consts, *carry, *x], sub)
+        return (outs[:n_carry], add(acc, stats)), outs[n_carry:]
+
+    (carry, acc), ys = lax.scan(step, (init, zeros(measurer.paths_under(sub))), xs,
+                                length=p["length"], reverse=p["reverse"], unroll=p["unroll"])
+    return [*carry, *ys], acc
+
+
+def _label_scan(params) -> list[str]:
+    return [f"length={params['length']}"]
+
+
+register("scan", subjaxprs=("jaxpr",), rewrite=swap_forward_params("scan"), quantized=_scan_quantized,
+         follow=_follow_scan, measure=_measure_scan, label=_label_scan)

@@ -1,0 +1,126 @@
+"""How :func:`~jaxpr_rewrite.quantize_params` follows a parameter through a traced program to the matmuls it
+feeds: through the primitives whose rule says how (:mod:`jaxpr_rewrite.rules`: casts, transposes, calls, loops,
+branches), every other use keeping the parameter float, with the reason."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from .config import RewriteConfig
+from .jaxprs import is_float_dot, matmul_dimension_numbers, open_jaxpr
+from .rules import rule_for
+from .rules.dots import is_plain_dot, skip_reason
+from .scopes import join_scope
+from .source import describe_source
+
+__all__ = ["Use", "plan_uses"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Use:
+    """One use of a parameter as a matmul operand."""
+
+    from_end: tuple[int, ...]  # the contracting axes, counted from the end
+    casts: tuple  # the float dtypes it is cast to before the matmul, in order (a chain keeps every rounding)
+    direct: bool  # an operand of a top-level dot_general (SmoothQuant needs that)
+    eqn: object  # the matmul
+    side: int  # 0: lhs, 1: rhs
+    jaxpr: object  # the jaxpr holding the matmul
+
+
+@dataclasses.dataclass(frozen=True)
+class _Trail:
+    """Where a parameter is being followed: the state :func:`_uses` passes to each primitive's ``follow`` rule
+    (:mod:`jaxpr_rewrite.rules`).
+
+    Attributes:
+        config: the rewrite options (a use in a matmul they keep float refuses the leaf).
+        refused: every use that keeps the leaf float, described (shared by the whole walk).
+        jaxpr: the jaxpr holding the value followed.
+        scope: the name scope of the equation reading it.
+        casts: the float dtypes the value was cast to on the way, in order (a chain keeps every rounding).
+        top: whether the value is read at the traced program's top level.
+        axes: ``axes[i]`` is the parameter leaf's axis that axis ``i`` of the value is (a scan over stacked
+            layers slices the leading axes off, a transpose permutes them).
+    """
+
+    config: RewriteConfig
+    refused: list
+    jaxpr: object = None
+    scope: str = ""
+    casts: tuple = ()
+    top: bool = True
+    axes: tuple = ()
+
+    def follow(self, jaxpr, var, *, nested: bool = False, **changes) -> list[Use]:
+        """The matmul uses of ``var`` in ``jaxpr``; ``nested``: ``jaxpr`` is a sub-jaxpr of the current one;
+        ``changes``: the fields that change on the way (``casts``, ``axes``)."""
+        return _uses(jaxpr, var, dataclasses.replace(self, top=self.top and not nested, **changes))
+
+    def refuse(self, why: str) -> None:
+        """Record a use that keeps the leaf float."""
+        self.refused.append(why)
+
+
+def _uses(jaxpr, var, trail: _Trail) -> list[Use]:
+    """Every matmul use of ``var`` in ``jaxpr``, followed through the primitives whose rule says how (casts,
+    transposes, the higher-order primitives the rewrite carries pre-quantized weights through); every other use
+    is described in ``trail.refused``."""
+    jaxpr = open_jaxpr(jaxpr)
+    found: list[Use] = []
+    if any(v is var for v in jaxpr.outvars):
+        trail.refuse("it is returned" + ("" if trail.top else " from a nested call or loop body"))
+    for eqn in jaxpr.eqns:
+        positions = [k for k, v in enumerate(eqn.invars) if v is var]
+        if not positions:
+            continue
+        here = dataclasses.replace(trail, jaxpr=jaxpr, scope=join_scope(trail.scope, eqn.source_info.name_stack))
+        where = describe_source(eqn)
+        if is_float_dot(eqn) and positions[0] < 2:
+            found += _matmul_use(eqn, positions, here, where)
+            continue
+        follow = rule_for(eqn.primitive.name).follow
+        uses = follow(here, eqn, positions, where) if follow is not None else None
+        if uses is None:
+            trail.refuse(f"it is used by {eqn.primitive.name} at {where}")
+        else:
+            found += uses
+    return found
+
+
+def _matmul_use(eqn, positions, trail: _Trail, where: str) -> list[Use]:
+    """The use of a parameter as operand ``positions[0]`` of the float matmul ``eqn`` (none, refused, when it is
+    both operands or the options keep the matmul float)."""
+    if len(positions) > 1:
+        trail.refuse(f"it is both operands of the matmul at {where}")
+        return []
+    reason = skip_reason(eqn, trail.config, trail.scope)
+    if reason is not None:
+        trail.refuse(f"its matmul at {where} stays float ({reason})")
+        return []
+    dims = matmul_dimension_numbers(eqn)
+    side = positions[0]
+    axes = trail.axes
+    leaf_ndim = max(axes) + 1 if axes else 0  # axes are the leaf's trailing axes, permuted
+    from_end = tuple(sorted(axes[a] - leaf_ndim for a in dims[0][side]))
+    direct = trail.top and is_plain_dot(eqn) and axes == tuple(range(len(axes)))
+    return [Use(from_end, trail.casts, direct, eqn, side, trail.jaxpr)]
+
+
+def plan_uses(jaxpr, var, config: RewriteConfig) -> tuple[list[Use], str]:
+    """The uses of a parameter input and how it is quantized, or ``([], reason)`` when it stays float."""
+    if not jnp.issubdtype(var.aval.dtype, jnp.floating):
+        return [], f"not a float array ({var.aval.str_short()})"
+    refused: list[str] = []
+    uses = _uses(jaxpr, var, _Trail(config, refused, axes=tuple(range(len(var.aval.shape)))))
+    if not uses:
+        return [], "kept float: it feeds no matmul" + (f" ({refused[0]})" if refused else "")
+    if refused:
+        return [], f"kept float: {refused[0]}"
+    if len({u.from_end for u in uses}) > 1:
+        return [], "kept float: its matmuls contract different axes"
+    if len({u.casts for u in uses}) > 1:
+        return [], "kept float: it is cast to different dtypes before its matmuls"
+    return uses, ""
