@@ -32,13 +32,12 @@ from jax import lax
 
 from .config import RewriteConfig
 from .errors import Int8ifyError
-from .evaluate import bind, evaluate
+from .calibration import measure_activations, static_scales
 from .quantize import StaticScale, epilogue_factors
 from .operands import quantize
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
 from .rules.dots import is_plain_dot
 from .scopes import matching_pattern
-from .static_scales import static_scales
 from .tracing import target_of, trace
 from .weight_uses import Use, plan_uses
 
@@ -102,31 +101,15 @@ def smoothing_factors(activation_absmax, weight_absmax, alpha: float):
 
 
 def _activation_absmax(closed, targets: dict) -> Callable:
-    """A jitted function of ``(closed.consts, flat_args)`` giving, per parameter, the absmax of the activations
-    its top-level dots meet, per contracting index.
+    """:func:`~jaxpr_rewrite.calibration.measure_activations` of each parameter's activations' absmax per
+    contracting index (what SmoothQuant's factors are made from)."""
 
-    Arguments:
-        closed: the float program, traced for one calibration input signature.
-        targets: ``id(dot equation) -> (parameter index, side of the parameter)``.
-    """
+    def statistic(eqn, activation, index, side):
+        magnitude = jnp.abs(activation.astype(jnp.float32))
+        (contract,) = eqn.params["dimension_numbers"][0][1 - side]
+        return jnp.max(magnitude, axis=tuple(a for a in range(magnitude.ndim) if a != contract))
 
-    def run(consts, args):
-        stats: dict = {}
-
-        def step(eqn, invals):
-            target = targets.get(id(eqn))
-            if target is not None:
-                index, side = target
-                activation = jnp.abs(invals[1 - side].astype(jnp.float32))
-                (contract,) = eqn.params["dimension_numbers"][0][1 - side]
-                amax = jnp.max(activation, axis=tuple(a for a in range(activation.ndim) if a != contract))
-                stats[index] = amax if index not in stats else jnp.maximum(stats[index], amax)
-            return bind(eqn, invals)
-
-        evaluate(closed.jaxpr, consts, args, step)
-        return stats
-
-    return jax.jit(run)
+    return measure_activations(closed, targets, statistic)
 
 
 # -- entry point ------------------------------------------------------------------------------------------------

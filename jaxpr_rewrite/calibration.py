@@ -1,5 +1,6 @@
-"""Static activation scales for :func:`~jaxpr_rewrite.quantize_params`: one per-tensor scale per weight, calibrated
-on the activations its top-level dots quantize."""
+"""Calibration for :func:`~jaxpr_rewrite.quantize_params`: measuring the activations a weight's dots meet
+(:func:`measure_activations`, for SmoothQuant and static scales), and static activation scales: one per-tensor
+scale per weight, calibrated on the activations its top-level dots quantize."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from .rules.dots import is_plain_dot
 from .source import describe_source
 from .weight_uses import plan_uses
 
-__all__ = ["static_scales"]
+__all__ = ["measure_activations", "static_scales"]
 
 
 def static_scales(plans, smooth, calibration, traced, config, percentile, paths, explanation) -> dict:
@@ -71,14 +72,15 @@ def _not_top_level(uses) -> str:
     return f"its matmul at {describe_source(uses[0].eqn)} is not a top-level dot_general of the program"
 
 
-def _activation_statistic(closed, targets: dict, smooth: dict, percentile: float | None) -> Callable:
-    """A jitted function of ``(closed.consts, flat_args)`` giving, per parameter, the largest ``max|x|`` (or
-    ``percentile`` of ``|x|``) over the activations its dots quantize.
+def measure_activations(closed, targets: dict, statistic: Callable) -> Callable:
+    """A jitted function of ``(closed.consts, flat_args)`` running the float program ``closed`` and giving, per
+    parameter, the elementwise maximum of ``statistic(eqn, activation, index)`` over the activations its target
+    dots meet (the calibration pass of SmoothQuant and of static scales).
 
     Arguments:
         closed: the float program, traced for one calibration input signature.
         targets: ``id(dot equation) -> (parameter index, side of the parameter)``.
-        smooth: ``parameter index -> (SmoothQuant factors, group)``: those activations are measured smoothed.
+        statistic: what to measure of one dot's other operand.
     """
 
     def run(consts, args):
@@ -88,16 +90,7 @@ def _activation_statistic(closed, targets: dict, smooth: dict, percentile: float
             target = targets.get(id(eqn))
             if target is not None:
                 index, side = target
-                activation = invals[1 - side]
-                if index in smooth:
-                    (axis,) = eqn.params["dimension_numbers"][0][1 - side]
-                    activation = smoothed_activation(activation, smooth[index][0], axis)
-                magnitude = jnp.abs(activation.astype(jnp.float32))
-                magnitude = jnp.where(jnp.isnan(magnitude), jnp.inf, magnitude)  # XLA's CPU max drops NaN
-                if magnitude.size == 0:
-                    value = jnp.float32(0)
-                else:
-                    value = jnp.max(magnitude) if percentile is None else jnp.percentile(magnitude, percentile)
+                value = statistic(eqn, invals[1 - side], index, side)
                 stats[index] = value if index not in stats else jnp.maximum(stats[index], value)
             return bind(eqn, invals)
 
@@ -105,3 +98,20 @@ def _activation_statistic(closed, targets: dict, smooth: dict, percentile: float
         return stats
 
     return jax.jit(run)
+
+
+def _activation_statistic(closed, targets: dict, smooth: dict, percentile: float | None) -> Callable:
+    """:func:`measure_activations` of the largest ``max|x|`` (or ``percentile`` of ``|x|``) over the activations
+    each parameter's dots quantize (smoothed, for ``smooth``'s ``parameter index -> (factors, group)``)."""
+
+    def statistic(eqn, activation, index, side):
+        if index in smooth:
+            (axis,) = eqn.params["dimension_numbers"][0][1 - side]
+            activation = smoothed_activation(activation, smooth[index][0], axis)
+        magnitude = jnp.abs(activation.astype(jnp.float32))
+        magnitude = jnp.where(jnp.isnan(magnitude), jnp.inf, magnitude)  # XLA's CPU max drops NaN
+        if magnitude.size == 0:
+            return jnp.float32(0)
+        return jnp.max(magnitude) if percentile is None else jnp.percentile(magnitude, percentile)
+
+    return measure_activations(closed, targets, statistic)
