@@ -60,7 +60,6 @@ __all__ = [
     "StaticScale",
     "scale_values",
     "scale_product",
-    "scales_from_absmax",
     "to_compute",
     "true_divide",
 ]
@@ -132,30 +131,23 @@ def absmax(x, reduce_axes: Sequence[int]):
     return amax
 
 
-def scales_from_absmax(amax):
-    """The contract's scales from slice absmaxes, as ``scales * 2**exponents``.
+def _scale_parts(amax, limit: int = INT8_MAX):
+    """The contract's scales from slice absmaxes, as ``scales * 2**exponents``, and ``2**-exponents``.
 
     Arguments:
         amax: absmaxes (from :func:`absmax`), float32 or float64.
+        limit: the largest code: 127 for int8, 7 for int4 weights.
 
     Returns:
-        ``(scales, exponents)``: ``exponents`` (int32) is the power of two of the absmax and ``scales`` (the
-        absmax's dtype) is its mantissa divided by 127, in ``[1/127, 2/127)`` (``[2/127, 4/127)`` in the top
-        binade, where the exponent is kept one lower so ``2**-exponents`` is a normal float; below ``1/127`` for a
-        subnormal absmax, on a device that does not read it as zero); an all-zero slice has scale 1 (``scales`` 1,
-        ``exponents`` 0) and a slice holding NaN or Inf an infinite scale, which makes every output it feeds
-        infinite or NaN.
-
-    The mantissa is ``amax * 2**-exponents``, a multiply by a power of two and so exact, with ``2**-exponents``
-    built from the absmax's exponent field.
+        ``(scales, exponents, prescale)``: ``exponents`` (int32) is the power of two of the absmax and ``scales``
+        (the absmax's dtype) its mantissa divided by ``limit``, in ``[1/limit, 2/limit)`` (``[2/limit, 4/limit)``
+        in the top binade, where the exponent is kept one lower so ``2**-exponents`` is a normal float; below that
+        for a subnormal absmax, on a device that does not read it as zero); an all-zero slice has scale 1
+        (``scales`` 1, ``exponents`` 0) and a slice holding NaN or Inf an infinite scale, which makes every output
+        it feeds infinite or NaN. ``prescale = 2**-exponents`` is the codes' exact prescale (any value for an
+        all-zero slice, whose elements are all zero). The mantissa is ``amax * 2**-exponents``, a multiply by a
+        power of two and so exact, with ``2**-exponents`` built from the absmax's exponent field.
     """
-    scales, exponents, _ = _scale_parts(amax)
-    return scales, exponents
-
-
-def _scale_parts(amax, limit: int = INT8_MAX):
-    """:func:`scales_from_absmax` (the mantissa divided by ``limit``, the largest code), and ``2**-exponents``
-    (the codes' exact prescale; any value for an all-zero slice, whose elements are all zero)."""
     fmt = _format(amax)
     field = lax.shift_right_logical(lax.bitcast_convert_type(amax, fmt.bits), fmt.bits(fmt.mantissa_bits))
     # 2**-e must be a normal float for the prescale: the top binade (and Inf) keeps e = bias - 1; a subnormal

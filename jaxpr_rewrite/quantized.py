@@ -64,7 +64,7 @@ class QuantizedArray:
         scales: float32 (float64 for float64 arrays), one per index of the axes not in ``contracting``, in order;
             with ``exponents`` the scale of a slice is ``scales * 2**exponents``.
         exponents: int32, shaped like ``scales``: the power of two of each slice's absmax, so ``scales`` is its
-            mantissa / 127 (see :func:`jaxpr_rewrite.quantize.scales_from_absmax`).
+            mantissa / 127 (see "How a scale is held" in :mod:`jaxpr_rewrite.quantize`).
         contracting: the axes one scale covers (the contracting dims of the dot it feeds). They are stored counted
             from the end, so slicing leading axes (``lax.scan`` over stacked layers) keeps them right.
         dtype: the float dtype of the array it stands for, which the traced program sees.

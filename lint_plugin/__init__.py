@@ -6,7 +6,7 @@ rules and their documentation are in :mod:`lint_plugin.rules`; ``docs/lint.md`` 
 
 from .engine import PARSE_ERROR_CODE, Violation, lint_source
 from .plugin import Int8Checker, __version__
-from .rules import RULES, Invalid, Rule, all_rules, get_rule
+from .rules import RULES, Invalid, Rule, get_rule
 
 __all__ = [
     "PARSE_ERROR_CODE",
@@ -16,7 +16,6 @@ __all__ = [
     "Rule",
     "Violation",
     "__version__",
-    "all_rules",
     "get_rule",
     "lint_source",
 ]

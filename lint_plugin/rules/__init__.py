@@ -3,7 +3,7 @@ traced values, JX30x host callbacks. ``RULES`` maps code -> rule class, in code 
 
 from __future__ import annotations
 
-from typing import Dict, List, Type
+from typing import Dict, Type
 
 from ._base import ANYWHERE, PLAIN, TRACED, Invalid, Rule, example_source
 from .callbacks import DebugCallback, HostCallback
@@ -25,7 +25,6 @@ __all__ = [
     "Invalid",
     "Rule",
     "TracedCondition",
-    "all_rules",
     "example_source",
     "get_rule",
 ]
@@ -45,10 +44,6 @@ RULES: Dict[str, Type[Rule]] = _registry(
     TracedCondition, Concretization,
     HostCallback, DebugCallback,
 )
-
-
-def all_rules() -> List[Type[Rule]]:
-    return list(RULES.values())
 
 
 def get_rule(code: str) -> Type[Rule]:

@@ -168,7 +168,7 @@ class FloatMatmul(_MatmulRule):
         """,
         """
         import jax
-        from int8ify import int8ify
+        from jaxpr_rewrite import int8ify
 
         @jax.jit
         @int8ify
