@@ -278,7 +278,7 @@ class _Measurer:
         fn = self.measurements.get(key)
         if fn is None:
             def measure(*invals):
-                float_out = bind(eqn, invals)[0]
+                float_out = bind(eqn, [materialise(v) for v in invals])[0]
                 f32 = float_out.astype(jnp.float32)
                 q32 = self.rewriter.rewrite_matmul(eqn, invals).astype(jnp.float32)
                 return float_out, measured_sums(q32, f32)
@@ -305,9 +305,10 @@ class _Measurer:
         return evaluate(jaxpr, consts, args, step), stats
 
     def eqn(self, eqn, invals, here) -> tuple[list, dict]:
-        if here in self.measured:
+        if here in self.measured:  # a weight with a static activation scale reaches its dot as it is
             float_out, sums = self.measurement(eqn)(*invals)
             return [float_out], {here: sums}
+        invals = [materialise(v) for v in invals]
         measure = rule_for(eqn.primitive.name).measure
         if measure is not None and self.paths_under(here):
             return measure(self, eqn, invals, here)
@@ -328,6 +329,12 @@ def _is_concrete(leaf) -> bool:
     return not isinstance(leaf, (jax.ShapeDtypeStruct, jax.core.Tracer))
 
 
+def _as_reported(leaf):
+    if is_quantized(leaf) and leaf.activation_scale is not None:
+        return leaf
+    return materialise(leaf)
+
+
 def report(fn, *args, **kwargs) -> Report:
     """One row per matmul of ``fn``'s program, with the rewrite's decision for each.
 
@@ -336,13 +343,15 @@ def report(fn, *args, **kwargs) -> Report:
             (reported under the default options).
         *args, **kwargs: the arguments of a call. Arrays give measured errors; ``jax.ShapeDtypeStruct`` leaves
             trace only (no errors). A :class:`~jaxpr_rewrite.quantized.QuantizedArray` is reported through its
-            materialised value. Non-array leaves are static, as for ``int8ify``.
+            materialised value, except one with a static activation scale: its dots are measured as the program
+            runs them (its codes, and the activation quantized with that scale). Non-array leaves are static, as
+            for ``int8ify``.
 
     Returns:
         A :class:`Report`; ``print`` it for the table.
     """
     function, config, signature_of = target_of(fn, "report")
-    args, kwargs = jax.tree_util.tree_map(materialise, (args, kwargs), is_leaf=is_quantized)
+    args, kwargs = jax.tree_util.tree_map(_as_reported, (args, kwargs), is_leaf=is_quantized)
     signature, dynamic = signature_of(args, kwargs)
     closed, _ = trace(function, signature, dynamic)
     concrete = all(_is_concrete(x) for x in dynamic)

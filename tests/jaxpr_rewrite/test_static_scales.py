@@ -176,3 +176,19 @@ def test_nan_in_the_calibration_data_is_an_error_naming_the_leaf():
     bad[0, 0] = np.nan
     with pytest.raises(Int8ifyError, match=r"\['w'\].*NaN or Inf"):
         quantize_params(dense, params, bad, activations="static")
+
+
+def test_report_measures_the_static_scale_error_per_dot():
+    from jaxpr_rewrite import report
+
+    params, calibration = make_dense()
+    static = quantize_params(dense, params, *calibration[0], activations="static", calibration=calibration)
+    x = calibration[1][0]
+    x[:4] *= 10  # beyond the calibrated range: the static program saturates there, the dynamic one does not
+    (dynamic_row,) = report(int8ify(dense), params, x).rows
+    (static_row,) = report(int8ify(dense), static, x).rows
+    amax = float(static["w"].static_scale.absmax)
+    reference = x.astype(np.float64) @ np.asarray(static["w"].materialise()).astype(np.float64)
+    want = np.linalg.norm(static_reference(x, params["w"], amax) - reference) / np.linalg.norm(reference)
+    np.testing.assert_allclose(static_row.error, want, rtol=1e-3)
+    assert static_row.error > 3 * dynamic_row.error
