@@ -308,16 +308,7 @@ def test_partially_manual_shard_map_on_an_explicit_mesh():
     assert_float32_close(out, want)  # float32 adds the two halves
 
 
-# -- 13. clear errors for options; plots of infinite errors -------------------------------------------------------
-@pytest.mark.parametrize("options, option", [
-    ({"skip": None}, "skip"), ({"skip": 3}, "skip"), ({"skip": [3]}, "skip"),
-    ({"static_argnames": 1}, "static_argnames"), ({"static_argnums": "x"}, "static_argnums"),
-])
-def test_bad_option_types_name_the_option(options, option):
-    with pytest.raises(Int8ifyError, match=option):
-        int8ify(lambda x, w: x @ w, **options)
-
-
+# -- 13. option errors (in tests/jaxpr_rewrite/test_options.py); plots of infinite errors -----------------------------
 def test_numpy_scalar_smooth_alpha_is_accepted():
     x, w = data()
     x[:, 3] *= 30  # an outlier channel, so smoothing changes the numbers
