@@ -58,12 +58,12 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     holding one; else with the contract's dynamic per-slice scales (:func:`quantize`)."""
     if is_quantized(x):
         return x
-    static = partner.activation_scale if is_quantized(partner) else None
+    static = partner.static_scale if is_quantized(partner) else None
     if static is None:
         return quantize(x, reduce_axes)
     x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
     reduce_axes = tuple(sorted(a % max(x.ndim, 1) for a in reduce_axes))
-    codes, scales, exponents, (factor, power) = quantize_static_parts(x, partner.static_scale, reduce_axes)
+    codes, scales, exponents, (factor, power) = quantize_static_parts(x, static, reduce_axes)
     return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, epilogue_factor=factor,
                           epilogue_power=power)
 

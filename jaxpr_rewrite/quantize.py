@@ -300,13 +300,7 @@ def epilogue_factors(scales, exponents) -> tuple:
     fmt = _format(scales)
     window = (fmt.bias - 7) // 2
     clipped = lax.clamp(np.int32(-window), exponents, np.int32(window))
-    # scales * 2**clipped by adding to the exponent field (the result is a normal float: scales is one, within a
-    # few binades of 1/127): fewer operations than a multiply by a built power of two, so XLA recomputes the
-    # factors inside the kernel that uses them instead of launching one for them. Inf and NaN pass as they are.
-    shifted = lax.add(lax.bitcast_convert_type(scales, fmt.bits),
-                      lax.shift_left(lax.convert_element_type(clipped, fmt.bits), fmt.bits(fmt.mantissa_bits)))
-    factor = lax.select(lax.is_finite(scales), lax.bitcast_convert_type(shifted, fmt.dtype), scales)
-    return factor, pow2(lax.sub(exponents, clipped), fmt.dtype)
+    return lax.mul(scales, pow2(clipped, fmt.dtype)), pow2(lax.sub(exponents, clipped), fmt.dtype)
 
 
 def scale_product(acc, lhs: Sequence, rhs: Sequence):
