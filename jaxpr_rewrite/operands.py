@@ -3,6 +3,7 @@ with its partner's static scale or the contract's dynamic ones, one divided by a
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ from jax import lax
 from .blocks import from_blocks, to_blocks
 from .errors import Int8ifyError
 from .int4 import pack_int4
-from .quantize import quantize_parts, quantize_static_parts, to_compute
+from .quantize import epilogue_factors, quantize_dynamic_parts, quantize_parts, quantize_static_parts, to_compute
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
 
 __all__ = ["quantize", "quantize_operand", "smoothed_activation"]
@@ -55,17 +56,35 @@ def quantize(x, reduce_axes: Sequence[int], bits: int = 8, block_size: int | Non
 def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     """One operand of an int8 dot, quantized: as it is when it already is a :class:`QuantizedArray`; with the
     static scale its ``partner`` (the dot's other operand) was calibrated with, when that is a pre-quantized weight
-    holding one; else with the contract's dynamic per-slice scales (:func:`quantize`)."""
+    holding one; else with the contract's dynamic per-slice scales.
+
+    The dynamic scales are lowered per platform (``lax.platform_dependent``), the same codes and scales for every
+    finite slice either way. On CPU, :func:`~jaxpr_rewrite.quantize.quantize_dynamic_parts`: XLA:CPU's reduction
+    cannot fuse :func:`~jaxpr_rewrite.quantize.absmax`'s NaN-to-Inf select, which then writes a temporary as large
+    as the operand, so NaN and Inf are caught on the int8 codes instead. Elsewhere
+    :func:`~jaxpr_rewrite.quantize.quantize_parts`: GPU and TPU fuse that select into the reduction, and the extra
+    reduction over the codes costs TPU cycles (``benchmarks/accelerators.py``).
+    """
     if is_quantized(x):
         return x
     static = partner.static_scale if is_quantized(partner) else None
-    if static is None:
-        return quantize(x, reduce_axes)
     x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
     reduce_axes = tuple(sorted(a % max(x.ndim, 1) for a in reduce_axes))
-    codes, scales, exponents, (factor, power) = quantize_static_parts(x, static, reduce_axes)
+    if static is None:
+        codes, scales, exponents, (factor, power) = lax.platform_dependent(
+            x, cpu=functools.partial(quantize_dynamic_parts, reduce_axes=reduce_axes),
+            default=functools.partial(_quantize_with_factors, reduce_axes=reduce_axes))
+    else:
+        codes, scales, exponents, (factor, power) = quantize_static_parts(x, static, reduce_axes)
     return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, epilogue_factor=factor,
                           epilogue_power=power)
+
+
+def _quantize_with_factors(x, reduce_axes):
+    """:func:`~jaxpr_rewrite.quantize.quantize_parts` and the epilogue factors of its scales, laid out as
+    :func:`~jaxpr_rewrite.quantize.quantize_dynamic_parts` returns them."""
+    codes, scales, exponents = quantize_parts(x, reduce_axes)
+    return codes, scales, exponents, epilogue_factors(scales, exponents)
 
 
 def smoothed_activation(activation, smooth, axis: int):

@@ -23,8 +23,10 @@ this representation plus two small devices handle all four:
   differ from the division by one ulp and move values that sit on a rounding tie (integers, dyadic values,
   bfloat16 data) to the other code. Both divisions use :func:`true_divide`, which XLA keeps a division.
 * **NaN and Inf.** XLA's CPU ``reduce_max`` drops NaN. :func:`absmax` turns NaN into Inf before reducing (in
-  the same fused pass); a slice holding NaN or Inf gets an infinite scale, so every output that depends on it
-  comes out non-finite (Inf or NaN).
+  the same fused pass on GPU and TPU); a slice holding NaN or Inf gets an infinite scale, so every output that
+  depends on it comes out non-finite (Inf or NaN). The rewritten program on CPU, whose reduction cannot fuse that
+  select, uses :func:`quantize_dynamic_parts` instead: NaN and Inf get the code -128 and make their slice's scale
+  NaN.
 * **Tiny slices.** XLA flushes subnormal floats to zero, so ``a / 127`` for ``a < 127 * 2**-126`` cannot be
   represented as one float. Held as ``scales * 2**exponents`` it needs no special case: the codes of such a slice
   use the full +-127 range like any other.
@@ -55,6 +57,7 @@ __all__ = [
     "epilogue_factors",
     "ldexp_exact",
     "pow2",
+    "quantize_dynamic_parts",
     "quantize_parts",
     "quantize_static_parts",
     "StaticScale",
@@ -200,6 +203,45 @@ def _codes(values, rounded, reduce_axes):
     return codes, lax.eq(lowest, np.int8(-INT8_MAX - 1))
 
 
+def _poison(nonfinite_slices, values):
+    """NaN where a slice holds NaN or Inf, 0 elsewhere: added to a per-slice scale, it makes that slice's outputs
+    NaN and leaves every other scale exactly as it is."""
+    return lax.select(nonfinite_slices, lax.full_like(values, np.nan), lax.full_like(values, 0))
+
+
+def quantize_dynamic_parts(x, reduce_axes: Sequence[int]):
+    """The contract's quantization of a dot operand in the rewritten program: :func:`quantize_parts`' codes and
+    scales, bit for bit, for every finite slice, in the passes XLA makes cheapest.
+
+    The absmax is a plain ``max|x|``, which XLA fuses into its reduction kernel (on CPU, one YNNPACK reduction
+    reading ``x``, where :func:`absmax`'s NaN-to-Inf select writes a temporary as large as ``x`` first). NaN and Inf
+    are caught in the quantization pass instead, as with static scales: they get the code ``-128``, which no finite
+    value gets, and a minimum over each slice's int8 codes makes that slice's scale NaN, so every output it feeds
+    is NaN (its ``max|x|`` may have dropped a NaN; its other codes are then meaningless). The per-slice factors of
+    the epilogue are computed here, on the small per-slice arrays, so the epilogue only multiplies.
+
+    Arguments:
+        x: a floating array.
+        reduce_axes: the axes one scale covers (the dot's contracting dims).
+
+    Returns:
+        ``(codes, scales, exponents, factors)``: as :func:`quantize_static_parts` returns them.
+    """
+    reduce_axes = tuple(reduce_axes)
+    kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
+    values = to_compute(x)
+    amax = lax.reduce_max(lax.abs(values), reduce_axes)
+    if any(x.shape[a] == 0 for a in reduce_axes):
+        amax = lax.max(amax, values.dtype.type(0))  # reduce_max of an empty slice is -inf: it is an all-zero slice
+    scales, exponents, prescale = _scale_parts(amax)
+    prescaled = lax.mul(values, lax.broadcast_in_dim(prescale, x.shape, kept_axes))
+    quotient = true_divide(prescaled, lax.broadcast_in_dim(scales, x.shape, kept_axes))
+    codes, poisoned = _codes(values, lax.round(quotient, lax.RoundingMethod.TO_NEAREST_EVEN), reduce_axes)
+    nonfinite = _poison(poisoned, scales)
+    factor, power = epilogue_factors(scales, exponents)
+    return codes, lax.add(scales, nonfinite), exponents, (lax.add(factor, nonfinite), power)
+
+
 class StaticScale(NamedTuple):
     """A calibrated per-tensor activation scale ``absmax / 127``, with what the hot path needs precomputed (0-d
     arrays in the compute dtype). A weight stores it as one vector (:meth:`stored`), so it travels, is checkpointed
@@ -262,7 +304,7 @@ def quantize_static_parts(x, static: StaticScale, reduce_axes: Sequence[int]):
     rounded = lax.round(lax.mul(values, to_compute(static.reciprocal, values.dtype)),
                         lax.RoundingMethod.TO_NEAREST_EVEN)
     codes, poisoned = _codes(values, rounded, reduce_axes)
-    nonfinite = lax.select(poisoned, lax.full(kept_shape, np.nan, values.dtype), lax.full(kept_shape, 0, values.dtype))
+    nonfinite = _poison(poisoned, lax.full(kept_shape, 0, values.dtype))
 
     def per_slice(value):
         return lax.broadcast(to_compute(value, values.dtype), kept_shape)

@@ -141,6 +141,25 @@ def assert_all_dots_int8(jaxpr, expected_count=None):
     return dots
 
 
+def platform_eqns(jaxpr, branch: int):
+    """The equations of ``jaxpr`` (nested ones included) as one platform compiles them: of each
+    ``lax.platform_dependent`` choice (a ``cond`` on a ``platform_index``) only branch ``branch``, as the rewrite
+    orders them (0: CPU, 1: every other platform)."""
+    from jaxpr_rewrite.jaxprs import open_jaxpr, sub_jaxprs
+
+    platform_vars = set()
+    for eqn in open_jaxpr(jaxpr).eqns:
+        if eqn.primitive.name == "platform_index":
+            platform_vars.update(map(id, eqn.outvars))
+            continue
+        yield eqn
+        if eqn.primitive.name == "cond" and id(eqn.invars[0]) in platform_vars:
+            yield from platform_eqns(eqn.params["branches"][branch], branch)
+        else:
+            for sub in sub_jaxprs(eqn):
+                yield from platform_eqns(sub, branch)
+
+
 def assert_close_to_reference(got, want, rtol=1e-6, atol=0.0):
     """Each entry within ``rtol`` relative of the float64 reference (so a zero reference is exactly zero)."""
     got = np.asarray(got, np.float64)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import assert_all_dots_int8, iter_eqns
+from helpers import assert_all_dots_int8, platform_eqns
 from jaxpr_rewrite import Int8ifyError, QuantizationWarning, QuantizedArray, int8ify, quantize_params
 
 
@@ -45,8 +45,9 @@ def test_program_quantizes_only_activations(mlp):
     q = quantize_params(mlp, PARAMS, X)
     jaxpr = jax.make_jaxpr(int8ify(mlp))(q, X)
     assert_all_dots_int8(jaxpr, 3)
-    # one absmax per dot: the activation's; none for the weights
-    assert sum(e.primitive.name == "reduce_max" for e in iter_eqns(jaxpr)) == 3
+    # one absmax per dot, on every platform: the activation's; none for the weights
+    for platform in (0, 1):
+        assert sum(e.primitive.name == "reduce_max" for e in platform_eqns(jaxpr, platform)) == 3
     int8_inputs = [v for v in jaxpr.jaxpr.invars if v.aval.dtype == jnp.int8]
     assert len(int8_inputs) == 3
 
@@ -215,8 +216,9 @@ def _assert_codes_consumed(fn, qparams, *args, n_dots):
     reductions are the activations' (one per dot)."""
     jaxpr = jax.make_jaxpr(int8ify(fn))(qparams, *args)
     assert_all_dots_int8(jaxpr)
-    float_weights = [e for e in iter_eqns(jaxpr) if e.primitive.name == "reduce_max"]
-    assert len(float_weights) == n_dots, len(float_weights)
+    for platform in (0, 1):
+        float_weights = [e for e in platform_eqns(jaxpr, platform) if e.primitive.name == "reduce_max"]
+        assert len(float_weights) == n_dots, len(float_weights)
 
 
 def test_scan_over_stacked_layers_consumes_the_codes():

@@ -1,0 +1,68 @@
+"""The rewritten program's dynamic quantization on CPU (``quantize_dynamic_parts``) against the contract's
+(``quantize_parts``) and a numpy reference: the same codes and scales, bit for bit, for every finite slice; NaN
+scales for a slice holding NaN or Inf."""
+
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers import platform_eqns, reference_codes, reference_scale_parts
+from jaxpr_rewrite import int8ify
+
+qz = importlib.import_module("jaxpr_rewrite.quantize")
+
+
+@st.composite
+def operands(draw):
+    rows, cols = draw(st.integers(1, 6)), draw(st.integers(1, 300))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    kind = draw(st.sampled_from(["normal", "integers", "tiny", "huge", "zeros"]))
+    x = {"normal": lambda: rng.normal(size=(rows, cols)),
+         "integers": lambda: rng.integers(-300, 300, size=(rows, cols)).astype(float),  # rounding ties
+         "tiny": lambda: rng.normal(size=(rows, cols)) * 2.0**-120,
+         "huge": lambda: rng.normal(size=(rows, cols)) * 2.0**120,
+         "zeros": lambda: np.zeros((rows, cols))}[kind]().astype(np.float32)
+    if draw(st.booleans()):
+        x[draw(st.integers(0, rows - 1))] = 0.0  # an all-zero slice
+    bad_rows = draw(st.sets(st.integers(0, rows - 1), max_size=rows))
+    for r in bad_rows:
+        x[r, draw(st.integers(0, cols - 1))] = draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    return x, sorted(bad_rows)
+
+
+@settings(max_examples=60, deadline=None)
+@given(operands(), st.booleans())
+def test_codes_and_scales_match_the_contract_on_finite_slices(case, transposed):
+    x, bad_rows = case
+    axis = 0 if transposed else 1
+    x = x.T if transposed else x
+    codes, scales, exponents, (factor, power) = jax.jit(lambda v: qz.quantize_dynamic_parts(v, (axis,)))(x)
+    with np.errstate(invalid="ignore"):  # the reference's codes of a non-finite slice are not compared
+        want_codes = reference_codes(x, (axis,))
+        want_scales, want_exponents = reference_scale_parts(x, (axis,))
+    finite = np.ones(x.shape[1 - axis], bool)
+    finite[bad_rows] = False
+    take = (lambda a: a[:, finite]) if transposed else (lambda a: a[finite])
+    np.testing.assert_array_equal(take(np.asarray(codes)), take(want_codes))
+    np.testing.assert_array_equal(np.asarray(scales)[finite], want_scales[finite])
+    np.testing.assert_array_equal(np.asarray(exponents)[finite], want_exponents[finite])
+    # the epilogue factors are the contract's scale: f * g == scales * 2**exponents, exactly
+    got = np.asarray(factor, np.float64)[finite] * np.asarray(power, np.float64)[finite]
+    np.testing.assert_array_equal(got, want_scales[finite].astype(np.float64) * 2.0 ** want_exponents[finite])
+    assert np.isnan(np.asarray(scales)[~finite]).all() and np.isnan(np.asarray(factor)[~finite]).all()
+
+
+def test_cpu_absmax_reads_the_operand_directly():
+    """On CPU the absmax is ``reduce_max(abs(x))`` (fused into XLA's reduction), not of a NaN-to-Inf select that
+    XLA:CPU writes out as a temporary as large as the operand; other platforms keep that select."""
+    jaxpr = jax.make_jaxpr(int8ify(lambda a, b: a @ b))(jnp.ones((64, 256)), jnp.ones((256, 128)))
+    for platform, producer in ((0, "abs"), (1, "select_n")):
+        eqns = list(platform_eqns(jaxpr, platform))
+        made_by = {id(v): e.primitive.name for e in eqns for v in e.outvars}
+        reductions = [e for e in eqns if e.primitive.name == "reduce_max"]
+        assert len(reductions) == 2  # both operands are float: one absmax each
+        assert {made_by.get(id(e.invars[0])) for e in reductions} == {producer}
