@@ -20,12 +20,13 @@ qz = importlib.import_module("jaxpr_rewrite.quantize")
 def operands(draw):
     rows, cols = draw(st.integers(1, 6)), draw(st.integers(1, 300))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    kind = draw(st.sampled_from(["normal", "integers", "tiny", "huge", "zeros"]))
+    kind = draw(st.sampled_from(["normal", "quarters", "tiny", "huge", "zeros"]))
     x = {"normal": lambda: rng.normal(size=(rows, cols)),
-         "integers": lambda: rng.integers(-300, 300, size=(rows, cols)).astype(float),  # rounding ties
+         "quarters": lambda: rng.integers(-300, 300, size=(rows, cols)) / 4.0,  # rich in rounding ties
          "tiny": lambda: rng.normal(size=(rows, cols)) * 2.0**-120,
          "huge": lambda: rng.normal(size=(rows, cols)) * 2.0**120,
          "zeros": lambda: np.zeros((rows, cols))}[kind]().astype(np.float32)
+    x[np.abs(x) < np.finfo(np.float32).tiny] = 0.0  # XLA reads subnormal inputs as zero (README)
     if draw(st.booleans()):
         x[draw(st.integers(0, rows - 1))] = 0.0  # an all-zero slice
     bad_rows = draw(st.sets(st.integers(0, rows - 1), max_size=rows))
@@ -34,7 +35,7 @@ def operands(draw):
     return x, sorted(bad_rows)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(operands(), st.booleans())
 def test_codes_and_scales_match_the_contract_on_finite_slices(case, transposed):
     x, bad_rows = case
