@@ -76,6 +76,22 @@ def test_peers_benchmark_runs_and_names_the_machine(tmp_path, monkeypatch):
         assert f"| 1 | {variant} |" in text, variant
 
 
+def test_kernels_benchmark_splits_each_variant_into_its_int8_dots_and_the_rest(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    sys.modules.pop("kernels", None)
+    import kernels
+
+    out = tmp_path / "kernels.md"
+    assert kernels.main(["--quick", "--batches", "8", "--out", str(out)]) == 0
+    rows = {line.split(" | ")[1]: line.split(" | ")[2:] for line in out.read_text().splitlines()
+            if line.startswith("| 8 | ")}
+    assert list(rows) == ["floor", "hand W8A8", "int8ify+qparams", "int8ify static", "int8ify (weights/call)"]
+    for name, (wall, dots, passes, _) in rows.items():
+        assert float(wall) > 0 and float(dots) > 0 and float(passes) > 0, name  # the four int8 dots were found
+    # quantizing 4M float weights every call costs more than the floor's bias and gelu on 8 rows
+    assert float(rows["int8ify (weights/call)"][2]) > float(rows["floor"][2])
+
+
 def test_deploy_benchmark_prints_bytes_load_times_and_peak_memory(tmp_path, monkeypatch, capsys):
     """At a small size: every format's bytes and load time, and quantize_params' peak memory within float params
     + quantized copy + one layer's temporaries (the exit code says so)."""

@@ -1,0 +1,143 @@
+"""Where the time of an int8 program goes on CPU: its int8 dots, and the passes around them, kernel by kernel.
+
+    python benchmarks/kernels.py [--quick] [--batches 32 256] [--out benchmarks/results/kernels.md]
+
+End-to-end times (``benchmarks/peers.py``) add up the int8 dots and everything else, and on a shared machine the
+dots alone move by 10-30% from run to run, which hides the passes around them (absmax, scale, quantize,
+epilogue) that int8ify adds. This script runs each variant of the Flax MLP of ``peers.py`` under JAX's profiler
+and takes the median time of every kernel XLA:CPU runs (its thunks: fusions, YNNPACK dots and reductions) over
+the calls, then splits it into the int8 dots (a fusion whose computation holds an s8 ``dot``) and the rest. XLA:CPU
+runs independent kernels at once (the quantization of each weight when the weights come per call, a reduction
+over the codes beside its dot), and then kernel times overlap: their sum exceeds the call's wall time, printed
+beside it (the median of a timed loop), so compare such a variant's passes with care.
+Variants: ``floor`` (the dots plus the model's own bias and gelu), ``hand W8A8``, ``int8ify+qparams``,
+``int8ify static`` and ``int8ify (weights/call)`` (the weights quantized in the program, under ``jit``). The
+passes are printed in microseconds per call and as a ratio to the floor's (what the model itself must run
+besides its dots).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from peers import MLP, WIDTH, cpu_model, floor_program, hand_program  # noqa: E402
+
+from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
+
+
+def int8_dot_kernels(hlo: str) -> set[str]:
+    """The names of the ENTRY instructions of an optimized CPU HLO module that run an int8 ``dot``."""
+    computations = dict(re.findall(r"^%?([\w.\-]+) [^\n]*\{\n(.*?)\n\}", hlo, re.S | re.M))
+    names = set()
+    for name, body in re.findall(r"^\s*%?([\w.\-]+) = [^\n]*?calls=%?([\w.\-]+)", hlo, re.M):
+        called = computations.get(body, "")
+        if re.search(r"= s32\[[^\]]*\][^ ]* dot\(", called):
+            names.add(name)
+    return names
+
+
+def kernel_times(fn, args, calls: int) -> dict[str, float]:
+    """Median microseconds per call of each kernel ``fn(*args)`` runs, from a profile of ``calls`` calls."""
+    for _ in range(5):
+        jax.block_until_ready(fn(*args))
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+            for _ in range(calls):
+                jax.block_until_ready(fn(*args))
+        (path,) = glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)
+        with gzip.open(path) as f:
+            trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    durations = collections.defaultdict(list)
+    for event in events:
+        if event.get("ph") == "X" and "dur" in event:
+            durations[event["name"]].append(float(event["dur"]))
+    return {name: float(np.median(d)) * len(d) / calls for name, d in durations.items()}
+
+
+def wall_time(fn, args, calls: int) -> float:
+    """Median microseconds per call of ``fn(*args)``, each call waited for."""
+    samples = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        samples.append((time.perf_counter() - start) * 1e6)
+    return float(np.median(samples))
+
+
+def split(fn, args, calls: int) -> tuple[float, float]:
+    """``(int8 dots, other kernels)``: microseconds per call of ``fn(*args)`` (``fn`` jitted)."""
+    hlo = fn.lower(*args).compile().as_text()
+    entry = hlo[hlo.index("\nENTRY"):]
+    kernels = set(re.findall(r"^\s*(?:ROOT )?%?([\w.\-]+) = ", entry, re.M))  # each runs as a thunk of its name
+    dots = int8_dot_kernels(hlo)
+    times = kernel_times(fn, args, calls)
+    return (sum(t for k, t in times.items() if k in dots),
+            sum(t for k, t in times.items() if k in kernels and k not in dots))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[32, 256])
+    parser.add_argument("--quick", action="store_true", help="fewer calls (a smoke run)")
+    parser.add_argument("--out", help="also write the table (Markdown) here")
+    args = parser.parse_args(argv)
+    calls, repeats = (10, 1) if args.quick else (100, 3)
+
+    model = MLP()
+    params = model.init(jax.random.PRNGKey(0), jnp.ones((1, WIDTH)))
+    apply = model.apply
+    lines = [f"CPU: {cpu_model()}, {os.cpu_count()} cores; JAX {jax.__version__}", "",
+             f"Flax MLP 4 x Dense({WIDTH}) + gelu; microseconds per call, each kernel's median over {calls} "
+             f"profiled calls, the best of {repeats} profiles", "",
+             "| batch | variant | wall | int8 dots | passes around them | passes x floor's |",
+             "|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    for batch in args.batches:
+        x = jax.random.normal(jax.random.PRNGKey(batch), (batch, WIDTH))
+        wrapped = jax.jit(int8ify(apply))
+        hand, hand_weights = hand_program(params)
+        (floor, floor_args), _ = floor_program(params, batch)
+        calibration = [(jax.random.normal(jax.random.PRNGKey(100 + i), (max(batch, 32), WIDTH)),) for i in range(4)]
+        variants = {
+            "floor": (floor, floor_args),
+            "hand W8A8": (hand, (hand_weights, x)),
+            "int8ify+qparams": (wrapped, (quantize_params(apply, params, x), x)),
+            "int8ify static": (wrapped, (quantize_params(apply, params, x, activations="static",
+                                                         calibration=calibration), x)),
+            "int8ify (weights/call)": (wrapped, (params, x)),
+        }
+        results = {name: [split(fn, fn_args, calls) for _ in range(repeats)] for name, (fn, fn_args) in
+                   variants.items()}
+        best = {name: (min(r[0] for r in runs), min(r[1] for r in runs)) for name, runs in results.items()}
+        walls = {name: wall_time(fn, fn_args, calls) for name, (fn, fn_args) in variants.items()}
+        for name, (dots, passes) in best.items():
+            lines.append(f"| {batch} | {name} | {walls[name]:.0f} | {dots:.1f} | {passes:.1f} | "
+                         f"{passes / best['floor'][1]:.2f} |")
+            print(lines[-1], flush=True)
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"saved to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
