@@ -58,22 +58,27 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     static scale its ``partner`` (the dot's other operand) was calibrated with, when that is a pre-quantized weight
     holding one; else with the contract's dynamic per-slice scales.
 
-    The dynamic scales are lowered per platform (``lax.platform_dependent``), the same codes and scales for every
-    finite slice either way. On CPU, :func:`~jaxpr_rewrite.quantize.quantize_dynamic_parts`: XLA:CPU's reduction
-    cannot fuse :func:`~jaxpr_rewrite.quantize.absmax`'s NaN-to-Inf select, which then writes a temporary as large
-    as the operand, so NaN and Inf are caught on the int8 codes instead. Elsewhere
-    :func:`~jaxpr_rewrite.quantize.quantize_parts`: GPU and TPU fuse that select into the reduction, and the extra
-    reduction over the codes costs TPU cycles (``benchmarks/accelerators.py``).
+    The dynamic scales of a matrix (an operand of rank 2) are lowered per platform (``lax.platform_dependent``),
+    the same codes and scales for every finite slice either way. On CPU,
+    :func:`~jaxpr_rewrite.quantize.quantize_dynamic_parts`: XLA:CPU's reduction cannot fuse
+    :func:`~jaxpr_rewrite.quantize.absmax`'s NaN-to-Inf select, which then writes a temporary as large as the
+    operand, so NaN and Inf are caught on the int8 codes instead. Elsewhere, and for operands of higher rank,
+    :func:`~jaxpr_rewrite.quantize.quantize_parts`: GPU and TPU fuse that select into the reduction (the check on
+    the codes costs TPU cycles), and XLA:CPU's dot reads a higher-rank operand's codes through a reshape, so a
+    second reader of the codes (the check) makes it compute them twice and write out the quotients (the MiniLM
+    encoder's program: 915 kernels instead of 674, and no faster; ``docs/performance.md``).
     """
     if is_quantized(x):
         return x
     static = partner.static_scale if is_quantized(partner) else None
     x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
     reduce_axes = tuple(sorted(a % max(x.ndim, 1) for a in reduce_axes))
-    if static is None:
+    if static is None and x.ndim <= 2:
         codes, scales, exponents, (factor, power) = lax.platform_dependent(
             x, cpu=functools.partial(quantize_dynamic_parts, reduce_axes=reduce_axes),
             default=functools.partial(_quantize_with_factors, reduce_axes=reduce_axes))
+    elif static is None:
+        codes, scales, exponents, (factor, power) = _quantize_with_factors(x, reduce_axes)
     else:
         codes, scales, exponents, (factor, power) = quantize_static_parts(x, static, reduce_axes)
     return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, epilogue_factor=factor,
