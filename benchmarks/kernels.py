@@ -30,12 +30,11 @@ import tempfile
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from peers import MLP, WIDTH, cpu_model, floor_program, hand_program  # noqa: E402
+from peers import WIDTH, cpu_model, flax_mlp, floor_program, hand_program, save_table  # noqa: E402
 
 from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
 
@@ -99,8 +98,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     calls, repeats = (10, 1) if args.quick else (100, 3)
 
-    model = MLP()
-    params = model.init(jax.random.PRNGKey(0), jnp.ones((1, WIDTH)))
+    model, params = flax_mlp()
     apply = model.apply
     lines = [f"CPU: {cpu_model()}, {os.cpu_count()} cores; JAX {jax.__version__}", "",
              f"Flax MLP 4 x Dense({WIDTH}) + gelu; microseconds per call, each kernel's median over {calls} "
@@ -130,12 +128,7 @@ def main(argv=None) -> int:
             lines.append(f"| {batch} | {name} | {walls[name]:.0f} | {dots:.1f} | {passes:.1f} | "
                          f"{passes / best['floor'][1]:.2f} |")
             print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text)
-        print(f"saved to {args.out}")
+    save_table(lines, args.out)
     return 0
 
 

@@ -80,6 +80,21 @@ def version(name: str) -> str | None:
         return None
 
 
+def flax_mlp():
+    """The benchmark's model and its (seeded) float32 params."""
+    model = MLP()
+    return model, model.init(jax.random.PRNGKey(0), jnp.ones((1, WIDTH)))
+
+
+def save_table(lines: list[str], path: str | None) -> None:
+    """Write the printed table (Markdown lines) to ``path``, when one is given."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        print(f"saved to {path}")
+
+
 def layers(params):
     return [params["params"][f"dense_{i}"] for i in range(LAYERS)]
 
@@ -161,8 +176,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rounds, reps = (3, 2) if args.quick else (25, 5)
 
-    model = MLP()
-    params = model.init(jax.random.PRNGKey(0), jnp.ones((1, WIDTH)))
+    model, params = flax_mlp()
     apply = model.apply
     peers = {name: version(name) for name in ("qwix", "aqtp", "flax")}
     lines = [f"CPU: {cpu_model()}, {os.cpu_count()} cores; JAX {jax.__version__}; "
@@ -207,12 +221,7 @@ def main(argv=None) -> int:
                     f"{ms / times['bare int8 dots']:.2f} | {ms / times['floor']:.2f} | {error} |")
             lines.append(line)
             print(line, flush=True)
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text)
-        print(f"saved to {args.out}")
+    save_table(lines, args.out)
     return 0
 
 
