@@ -73,14 +73,14 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     static = partner.static_scale if is_quantized(partner) else None
     x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
     reduce_axes = tuple(sorted(a % max(x.ndim, 1) for a in reduce_axes))
-    if static is None and x.ndim <= 2:
-        codes, scales, exponents, (factor, power) = lax.platform_dependent(
-            x, cpu=functools.partial(quantize_dynamic_parts, reduce_axes=reduce_axes),
-            default=functools.partial(_quantize_with_factors, reduce_axes=reduce_axes))
-    elif static is None:
-        codes, scales, exponents, (factor, power) = _quantize_with_factors(x, reduce_axes)
+    if static is not None:
+        parts = quantize_static_parts(x, static, reduce_axes)
+    elif x.ndim <= 2:
+        parts = lax.platform_dependent(x, cpu=functools.partial(quantize_dynamic_parts, reduce_axes=reduce_axes),
+                                       default=functools.partial(_quantize_with_factors, reduce_axes=reduce_axes))
     else:
-        codes, scales, exponents, (factor, power) = quantize_static_parts(x, static, reduce_axes)
+        parts = _quantize_with_factors(x, reduce_axes)
+    codes, scales, exponents, (factor, power) = parts
     return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, epilogue_factor=factor,
                           epilogue_power=power)
 

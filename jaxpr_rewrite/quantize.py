@@ -126,12 +126,23 @@ def absmax(x, reduce_axes: Sequence[int]):
     many layouts.
     """
     x = to_compute(x)
-    axes = tuple(reduce_axes)
-    magnitude = lax.select(lax.ne(x, x), lax.full_like(x, np.inf), lax.abs(x))
+    return _max_over(lax.select(lax.ne(x, x), lax.full_like(x, np.inf), lax.abs(x)), tuple(reduce_axes))
+
+
+def _max_over(magnitude, axes: tuple):
+    """The maximum of ``magnitude`` over ``axes``, 0 for an empty slice."""
     amax = lax.reduce_max(magnitude, axes)
-    if any(x.shape[a] == 0 for a in axes):
-        amax = lax.max(amax, x.dtype.type(0))  # reduce_max of an empty slice is -inf: it is an all-zero slice
+    if any(magnitude.shape[a] == 0 for a in axes):
+        amax = lax.max(amax, magnitude.dtype.type(0))  # reduce_max of an empty slice is -inf: an all-zero slice
     return amax
+
+
+def _rounded_quotients(values, scales, prescale, kept_axes: tuple):
+    """``rint((values * 2**-e) / scales)`` per element, the per-slice ``prescale = 2**-e`` and ``scales``
+    broadcast from ``kept_axes``: the multiply is exact and the division an IEEE one (:func:`true_divide`)."""
+    prescaled = lax.mul(values, lax.broadcast_in_dim(prescale, values.shape, kept_axes))
+    quotient = true_divide(prescaled, lax.broadcast_in_dim(scales, values.shape, kept_axes))
+    return lax.round(quotient, lax.RoundingMethod.TO_NEAREST_EVEN)
 
 
 def _scale_parts(amax, limit: int = INT8_MAX):
@@ -182,12 +193,8 @@ def quantize_parts(x, reduce_axes: Sequence[int], limit: int = INT8_MAX):
     reduce_axes = tuple(reduce_axes)
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
     scales, exponents, prescale = _scale_parts(absmax(x, reduce_axes), limit)
-    values = to_compute(x)
-    # x * 2**-e is exact (a non-finite slice's exponent is meaningless, but its scale is Inf and so is every output
-    # it feeds)
-    values = lax.mul(values, lax.broadcast_in_dim(prescale, x.shape, kept_axes))
-    quotient = true_divide(values, lax.broadcast_in_dim(scales, x.shape, kept_axes))
-    rounded = lax.round(quotient, lax.RoundingMethod.TO_NEAREST_EVEN)
+    # (a non-finite slice's exponent is meaningless, but its scale is Inf and so is every output it feeds)
+    rounded = _rounded_quotients(to_compute(x), scales, prescale, kept_axes)
     bound = scales.dtype.type(limit)
     codes = lax.convert_element_type(lax.clamp(-bound, rounded, bound), np.int8)
     return codes, scales, exponents
@@ -230,13 +237,8 @@ def quantize_dynamic_parts(x, reduce_axes: Sequence[int]):
     reduce_axes = tuple(reduce_axes)
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
     values = to_compute(x)
-    amax = lax.reduce_max(lax.abs(values), reduce_axes)
-    if any(x.shape[a] == 0 for a in reduce_axes):
-        amax = lax.max(amax, values.dtype.type(0))  # reduce_max of an empty slice is -inf: it is an all-zero slice
-    scales, exponents, prescale = _scale_parts(amax)
-    prescaled = lax.mul(values, lax.broadcast_in_dim(prescale, x.shape, kept_axes))
-    quotient = true_divide(prescaled, lax.broadcast_in_dim(scales, x.shape, kept_axes))
-    codes, poisoned = _codes(values, lax.round(quotient, lax.RoundingMethod.TO_NEAREST_EVEN), reduce_axes)
+    scales, exponents, prescale = _scale_parts(_max_over(lax.abs(values), reduce_axes))
+    codes, poisoned = _codes(values, _rounded_quotients(values, scales, prescale, kept_axes), reduce_axes)
     nonfinite = _poison(poisoned, scales)
     factor, power = epilogue_factors(scales, exponents)
     return codes, lax.add(scales, nonfinite), exponents, (lax.add(factor, nonfinite), power)
