@@ -79,15 +79,19 @@ def wall_time(fn, args, calls: int) -> float:
     return float(np.median(samples))
 
 
-def split(fn, args, calls: int) -> tuple[float, float]:
-    """``(int8 dots, other kernels)``: microseconds per call of ``fn(*args)`` (``fn`` jitted)."""
+def kernel_names(fn, args) -> tuple[set, set]:
+    """``(int8 dots, other kernels)``: the names of the kernels ``fn(*args)`` runs (``fn`` jitted), from its
+    optimized HLO."""
     hlo = fn.lower(*args).compile().as_text()
     entry = hlo[hlo.index("\nENTRY"):]
     kernels = set(re.findall(r"^\s*(?:ROOT )?%?([\w.\-]+) = ", entry, re.M))  # each runs as a thunk of its name
     dots = int8_dot_kernels(hlo)
-    times = kernel_times(fn, args, calls)
-    return (sum(t for k, t in times.items() if k in dots),
-            sum(t for k, t in times.items() if k in kernels and k not in dots))
+    return dots, kernels - dots
+
+
+def split(times: dict, names: tuple[set, set]) -> tuple[float, float]:
+    """``(int8 dots, other kernels)``: microseconds per call, from :func:`kernel_times` and :func:`kernel_names`."""
+    return tuple(sum(t for k, t in times.items() if k in group) for group in names)
 
 
 def main(argv=None) -> int:
@@ -120,8 +124,10 @@ def main(argv=None) -> int:
                                                          calibration=calibration), x)),
             "int8ify (weights/call)": (wrapped, (params, x)),
         }
-        results = {name: [split(fn, fn_args, calls) for _ in range(repeats)] for name, (fn, fn_args) in
-                   variants.items()}
+        results = {}
+        for name, (fn, fn_args) in variants.items():
+            names = kernel_names(fn, fn_args)
+            results[name] = [split(kernel_times(fn, fn_args, calls), names) for _ in range(repeats)]
         best = {name: (min(r[0] for r in runs), min(r[1] for r in runs)) for name, runs in results.items()}
         walls = {name: wall_time(fn, fn_args, calls) for name, (fn, fn_args) in variants.items()}
         for name, (dots, passes) in best.items():
