@@ -4,6 +4,7 @@ with its partner's static scale or the contract's dynamic ones, one divided by a
 from __future__ import annotations
 
 import functools
+import math
 from typing import Sequence
 
 import jax.numpy as jnp
@@ -74,7 +75,7 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
     reduce_axes = tuple(sorted(a % max(x.ndim, 1) for a in reduce_axes))
     if static is not None:
-        parts = quantize_static_parts(x, static, reduce_axes)
+        parts = _static_parts(x, static, reduce_axes)
     elif x.ndim <= 2:
         parts = lax.platform_dependent(x, cpu=functools.partial(quantize_dynamic_parts, reduce_axes=reduce_axes),
                                        default=functools.partial(_quantize_with_factors, reduce_axes=reduce_axes))
@@ -83,6 +84,32 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     codes, scales, exponents, (factor, power) = parts
     return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, epilogue_factor=factor,
                           epilogue_power=power)
+
+
+def _static_parts(x, static, reduce_axes: tuple):
+    """:func:`~jaxpr_rewrite.quantize.quantize_static_parts`; on CPU, an operand of rank 3 or more contracted over
+    its trailing axes is quantized as a matrix with one slice per row (one reshape there and back, the same codes
+    and scales).
+
+    XLA:CPU's dot reads such an operand's codes as that matrix; with the codes' NaN check reading them in the
+    operand's own shape, XLA computed the codes twice, once per shape (the MiniLM encoder with static scales: 319
+    kernels instead of 277, and 20% slower). XLA's GPU compiler makes one kernel more of the matrix form (the
+    transformer block of ``benchmarks/accelerators.py``: 29 instead of 28), so it keeps the operand's shape.
+    """
+    split = x.ndim - len(reduce_axes)
+    in_shape = functools.partial(quantize_static_parts, static=static, reduce_axes=reduce_axes)
+    if x.ndim <= 2 or reduce_axes != tuple(range(split, x.ndim)):
+        return in_shape(x)
+    return lax.platform_dependent(x, cpu=functools.partial(_static_parts_as_matrix, static=static, split=split),
+                                  default=in_shape)
+
+
+def _static_parts_as_matrix(x, static, split: int):
+    kept_shape = x.shape[:split]
+    matrix = lax.reshape(x, (math.prod(kept_shape), math.prod(x.shape[split:])))
+    codes, scales, exponents, (factor, power) = quantize_static_parts(matrix, static, (1,))
+    per_slice = functools.partial(lax.reshape, new_sizes=kept_shape)
+    return lax.reshape(codes, x.shape), per_slice(scales), per_slice(exponents), (per_slice(factor), per_slice(power))
 
 
 def _quantize_with_factors(x, reduce_axes):

@@ -88,7 +88,7 @@ class QuantizedArray:
             quantizes its other operand with that one scale instead of measuring it
             (:func:`jaxpr_rewrite.quantize.quantize_static_parts`).
         activation_group: a token shared by weights whose static scale was calibrated on the same activation (one
-            per activation, unique per :func:`~jaxpr_rewrite.quantize_params` call): the program quantizes that
+            per activation, unique per :func:`~jaxpr_rewrite.quantize_params` call): the compiled program quantizes that
             activation once for all of them (``x @ wq``, ``x @ wk``, ``x @ wv``).
     """
 
