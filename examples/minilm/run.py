@@ -500,7 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--static-scales", action="store_true",
                     help="also embed with static activation scales (quantize_params(activations='static'), "
                          f"calibrated on the calibration sentences by absmax and by the {STATIC_PERCENTILE}th "
-                         "percentile) and print their accuracy beside the dynamic one")
+                         "percentile) and print their accuracy beside the dynamic one; the speed part then times "
+                         "the absmax one too")
     ap.add_argument("--skip", action="append", default=[], metavar="PATTERN",
                     help="keep dots whose name scope matches this fnmatch pattern in float32, e.g. "
                          "'*attention/value' (int8ify's skip option; repeatable)")
@@ -578,16 +579,20 @@ def write_figure(path: Path, cosines: np.ndarray, layers: list[LayerError], titl
 
 def speed_report(progress: Progress, encoders: dict, params, tokenizer, sentences: list[str], batches: list[int],
                  repeats: int) -> None:
-    """Print the speed table, one row per batch size as soon as it is measured."""
+    """Print the speed table, one row per batch size as soon as it is measured: each encoder after ``float32``
+    gets its time and its speed-up over float32."""
     print(f"\nspeed (jit, every batch padded to a fixed sequence of {BENCH_SEQ_LEN} tokens, median of "
           f"{repeats} interleaved runs after warm-up, {jax.devices()[0].platform}):")
-    print(f"  {'batch':>5}  {'float32 ms':>10}  {'int8 ms':>9}  {'float32/int8':>12}", flush=True)
+    widths = {name: (max(9, len(name) + 3), max(12, len(name) + 8)) for name in encoders if name != "float32"}
+    headers = "".join(f"  {name + ' ms':>{w}}  {'float32/' + name:>{ratio}}" for name, (w, ratio) in widths.items())
+    print(f"  {'batch':>5}  {'float32 ms':>10}{headers}", flush=True)
     for batch in batches:
         progress(f"timing batch {batch}: first calls compile, then {repeats} interleaved runs each")
         r = bench(encoders, params, tokenizer, sentences, batch, repeats)
-        print(f"  {batch:>5}  {r['float32']:>10.1f}  {r['int8']:>9.1f}  {r['float32'] / r['int8']:>11.2f}x"
-              f"   (first call: float32 {r['first_call_s']['float32']:.1f} s, "
-              f"int8 {r['first_call_s']['int8']:.1f} s)", flush=True)
+        columns = "".join(f"  {r[name]:>{w}.1f}  {r['float32'] / r[name]:>{ratio - 1}.2f}x"
+                          for name, (w, ratio) in widths.items())
+        first = ", ".join(f"{name} {s:.1f} s" for name, s in r["first_call_s"].items())
+        print(f"  {batch:>5}  {r['float32']:>10.1f}{columns}   (first call: {first})", flush=True)
 
 
 def main(argv=None) -> int:
@@ -649,6 +654,7 @@ def main(argv=None) -> int:
                    for eqn in dot_eqns(jax.make_jaxpr(int8_encode)(qparams, ids, mask)))
     print("dot_generals in the int8ify'd program: " + ", ".join(f"{k} {t}" for t, k in sorted(dots.items())))
     print("\n".join(accuracy_lines(sentences, f32, i8)) + "\n", flush=True)
+    encoders = {"float32": f32_fn, "int8": int8_fn}
     if args.static_scales:
         embedded_static = {"dynamic": i8}
         calibrations = {"static absmax": None, f"static {STATIC_PERCENTILE}th percentile": STATIC_PERCENTILE}
@@ -660,6 +666,8 @@ def main(argv=None) -> int:
             embedded_static[label] = minilm.embed(lambda _p, ids, mask, q=static: int8_jit(q, ids, mask), params,
                                                   tokenizer, sentences, args.batch_size,
                                                   on_batch=progress.batches(label))
+            if percentile is None:  # the speed part times static scales too (a percentile runs the same program)
+                encoders["static"] = lambda _p, ids, mask, q=static: int8_jit(q, ids, mask)
         print("\n".join(static_accuracy_lines(sentences, f32, embedded_static)) + "\n", flush=True)
 
     sample = sentences[:LAYER_REPORT_SENTENCES]
@@ -673,8 +681,7 @@ def main(argv=None) -> int:
             failed_writes += 1
 
     if inputs.run_bench:
-        speed_report(progress, {"float32": f32_fn, "int8": int8_fn}, params, tokenizer, sentences,
-                     args.bench_batches, args.repeats)
+        speed_report(progress, encoders, params, tokenizer, sentences, args.bench_batches, args.repeats)
     progress("done" if not failed_writes else "done, but not everything was written where asked (see above)")
     return 1 if failed_writes else 0
 

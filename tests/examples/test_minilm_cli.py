@@ -255,9 +255,18 @@ def test_run_keeps_finished_work_when_the_out_directory_disappears(run, tmp_path
 def test_static_scales_are_reported_beside_the_dynamic_ones(run, tmp_path, capsys):
     sentences = _write(tmp_path / "s.json", json.dumps(
         ["A man is playing a guitar.", "A musician plays the guitar.", "The stock market fell today."]).encode())
-    code = run.main(["--sentences", str(sentences), "--no-plot", "--no-bench", "--static-scales"])
+    code = run.main(["--sentences", str(sentences), "--no-plot", "--static-scales",
+                     "--bench", "--bench-batches", "1", "--repeats", "1"])
     out = capsys.readouterr().out
     assert code == 0
+    # the speed part times the static program beside the dynamic one
+    lines = out[out.index("speed ("):].splitlines()
+    assert lines[1] == "  batch  float32 ms    int8 ms  float32/int8  static ms  float32/static"
+    (row,) = [line for line in lines[2:] if line.split()[:1] == ["1"]]
+    times = [float(v.rstrip("x")) for v in row.split("(")[0].split()[1:]]
+    assert len(times) == 5 and all(t > 0 for t in times)
+    assert np.isclose(times[0] / times[3], times[4], rtol=0.03)  # from the printed, rounded times
+    assert "(first call: float32 " in row and ", int8 " in row and ", static " in row
     block = out[out.index("activation scales (cosine"):].splitlines()[1:4]
     means = {line.split("  mean")[0].strip(): float(line.split("mean ")[1].split()[0]) for line in block}
     assert list(means) == ["dynamic", "static absmax", f"static {run.STATIC_PERCENTILE}th percentile"]
