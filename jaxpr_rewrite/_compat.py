@@ -67,11 +67,15 @@ def scan_counts(params: dict) -> tuple[int, int]:
     return len(consts), len(carry)
 
 
+def can_inline_late() -> bool:
+    """Whether ``jax.jit`` can ask XLA to inline its calls late (``jax.Inline.XLA_LATE``, JAX 0.11+)."""
+    return getattr(jax, "Inline", None) is not None
+
+
 def jit_inlined_late(fn: Callable, **jit_kwargs) -> Callable | None:
     """``jax.jit(fn)`` whose calls XLA inlines late instead of first (``jax.Inline.XLA_LATE``, JAX 0.11+);
     ``None`` where JAX cannot say so."""
-    inline = getattr(jax, "Inline", None)
-    return None if inline is None else jax.jit(fn, inline=inline.XLA_LATE, **jit_kwargs)
+    return jax.jit(fn, inline=jax.Inline.XLA_LATE, **jit_kwargs) if can_inline_late() else None
 
 
 def trace_to_jaxpr(fn: Callable, in_avals: Sequence[Any], debug_info) -> tuple[Any, list[Any]]:

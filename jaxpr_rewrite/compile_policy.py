@@ -6,7 +6,12 @@ import jax
 
 from . import _compat
 
-__all__ = ["shared_jit"]
+__all__ = ["inlined_late", "shared_jit"]
+
+
+def inlined_late() -> bool:
+    """Whether the programs :func:`shared_jit` makes are inlined late on the default backend (CPU, JAX 0.11+)."""
+    return jax.default_backend() == "cpu" and _compat.can_inline_late()
 
 
 def shared_jit(fn, **jit_kwargs):
@@ -24,7 +29,7 @@ def shared_jit(fn, **jit_kwargs):
         return early
 
     def call(*args):
-        return (late if jax.default_backend() == "cpu" else early)(*args)
+        return (late if inlined_late() else early)(*args)
 
     call.__name__ = call.__qualname__ = fn.__name__
     return call
