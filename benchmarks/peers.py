@@ -18,7 +18,10 @@ timed interleaved round by round (medians after warm-up), speed printed as float
                               weights that come back once and reuses their codes;
 * ``bare int8 dots``          only the model's int8 x int8 -> int32 dots;
 * ``floor``                   the int8 dots plus the model's own bias and gelu on their int32 results (what any int8
-                              program of this model must pay: no quantization or scale pass).
+                              program of this model must pay: no quantization or scale pass);
+* ``floor + NaN check``       the floor with what NaN propagation adds to it: a minimum over each dot's int8 input,
+                              beside the dot, poisoning the rows it marks. More work, yet XLA:CPU runs it faster
+                              than the floor, whose kernels form a chain (docs/performance.md).
 
 The header names the CPU (``/proc/cpuinfo``), JAX and the peers' versions, so runs compare across machines (XLA's
 int8 dots are ~7x float32 on a Xeon with AMX-INT8 and ~1.5x on an AMD EPYC without it).
@@ -115,8 +118,9 @@ def hand_program(params):
     return jax.jit(run), weights
 
 
-def floor_program(params, batch):
-    """The int8 dots of the model with its own bias and gelu applied to their (converted) int32 results."""
+def floor_program(params, batch, nan_check: bool = False):
+    """The int8 dots of the model with its own bias and gelu applied to their (converted) int32 results; with
+    ``nan_check``, each dot's output rows are poisoned where a minimum over its int8 input finds the code -128."""
     codes = [quantize(layer["kernel"], (0,)).codes for layer in layers(params)]
     biases = [layer["bias"] for layer in layers(params)]
     x = jnp.ones((batch, WIDTH), jnp.int8)
@@ -126,6 +130,8 @@ def floor_program(params, batch):
         for i, (w, b) in enumerate(zip(codes, biases)):
             h = lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)  # noqa: JX101
             h = h.astype(jnp.float32) + b
+            if nan_check:
+                h = h + jnp.where(jnp.min(x, axis=1) == -128, jnp.nan, 0.0)[:, None]
             h = nn.gelu(h) if i < LAYERS - 1 else h
             # the next dot's input: a cast, standing in for any quantization (no reduction, no scale)
             x = h.astype(jnp.int8) if i < LAYERS - 1 else h
@@ -211,12 +217,13 @@ def main(argv=None) -> int:
             "int8ify eager": (int8ify(apply), (params, x)),
             "bare int8 dots": (bare, bare_args),
             "floor": (floor, floor_args),
+            "floor + NaN check": floor_program(params, batch, nan_check=True)[0],
         })
         times = time_interleaved(variants, rounds, reps)
         reference = f32(params, x)
         for name, ms in times.items():
             fn, fn_args = variants[name]
-            error = "" if name in ("bare int8 dots", "floor") else f"{rel_error(fn(*fn_args), reference):.2e}"
+            error = "" if name.startswith(("bare int8 dots", "floor")) else f"{rel_error(fn(*fn_args), reference):.2e}"
             line = (f"| {batch} | {name} | {ms:.3f} | {times['float32'] / ms:.2f}x | "
                     f"{ms / times['bare int8 dots']:.2f} | {ms / times['floor']:.2f} | {error} |")
             lines.append(line)
