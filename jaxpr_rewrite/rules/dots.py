@@ -13,13 +13,12 @@ import numpy as np
 from jax import lax
 
 from ..backends import Backend
-from ..compile_policy import inlined_late
 from ..config import RewriteConfig
 from ..layout import contraction_size
 from ..errors import Int8ifyError
 from ..ragged_dot import supports_ragged
 from ..jaxprs import matmul_dimension_numbers
-from ..operands import quantize_operand, smoothed_activation
+from ..operands import smoothed_activation
 from ..quantized import is_quantized, materialise
 from ..reasons import KeptFloat, Why
 from ..scopes import matching_pattern
@@ -80,21 +79,19 @@ def resolve_dot_operands(invals: Sequence, contractions, direct: bool, shared: d
     A :class:`QuantizedArray` whose scales fit the dot (per-channel int8, ``direct``, same contraction) goes on
     as its :meth:`~QuantizedArray.dot_operand` (int8 codes, 4-bit ones unpacked): its codes feed the int8 dot.
     Any other is materialised. A usable smoothed weight stands for ``smooth * w``, so the other operand is
-    multiplied by ``1 / smooth`` first. The weights of one static-scale ``activation_group`` share one quantization
-    of their activation, made where XLA:CPU's runtime can run the check of its codes for NaN beside the first dot
-    (measured, ``docs/performance.md``). Where the dots' programs are inlined late (:func:`inlined_late`), the
-    activation is quantized here, outside them. Elsewhere every weight of the group goes on with the group's first
-    weight's activation scale (the same arrays), so each dot quantizes the activation identically in its own
-    program and XLA's common-subexpression elimination keeps one quantization: quantized outside, the check came
-    before the dot in XLA:CPU's order of kernels, which then ran both on one thread (the Flax MLP with static
-    scales took 10-12% longer), while with late-inlined dots quantizing inside them made it 10-20% slower.
+    multiplied by ``1 / smooth`` first. Every usable weight of one static-scale ``activation_group`` goes on with
+    the group's first weight's activation scale (the same arrays), so each of their dots quantizes the activation
+    identically in its own program and XLA's common-subexpression elimination keeps one quantization. Quantizing it
+    here, outside the dots, instead put the check of its codes for NaN before the first dot in XLA:CPU's order of
+    kernels, and its runtime then ran both on one thread: the Flax MLP with static scales took 10-12% longer (these
+    dots' programs are inlined early, :func:`~jaxpr_rewrite.compile_policy.shared_jit`).
 
     Arguments:
         invals: the dot's two operand values.
         contractions: the dot's ``(lhs_contracting, rhs_contracting)``.
         direct: whether the rewrite uses the per-channel int8 contract (pre-quantized codes fit only that).
-        shared: a per-program cache ``(id(activation), axes, group) -> (activation, its rescaling, quantization
-            or static scale)`` shared by the weights of one smoothing or static-scale group, or ``None``.
+        shared: a per-program cache ``(id(activation), axes, group) -> (activation, its rescaling or its static
+            scale)`` shared by the weights of one smoothing or static-scale group, or ``None``.
         block_size: the block length of the dot (``int8ify(..., block_size=...)`` with int8), or ``None``: a
             block-scaled weight goes on as itself (the dot reads its :meth:`~QuantizedArray.block_operand`).
 
@@ -137,14 +134,9 @@ def resolve_dot_operands(invals: Sequence, contractions, direct: bool, shared: d
         if not usable[side] or weight.activation_group is None or shared is None or is_quantized(other):
             continue
         key = (id(other), tuple(contractions[1 - side]), weight.activation_group)
-        if inlined_late():
-            if key not in shared:
-                shared[key] = (other, quantize_operand(other, contractions[1 - side], weight))
-            operands[1 - side] = shared[key][1]
-        else:
-            if key not in shared:
-                shared[key] = (other, weight.activation_scale)  # holds `other`, so no other value reuses its id
-            operands[side] = weight.replace(activation_scale=shared[key][1])
+        if key not in shared:
+            shared[key] = (other, weight.activation_scale)  # holds `other`, so no other value reuses its id
+        operands[side] = weight.replace(activation_scale=shared[key][1])
     return operands
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from helpers import assert_all_dots_int8, away_from_ties, dot_eqns, reference_dot
-from jaxpr_rewrite import Int8ifyError, TracedValueError, int8ify
+from jaxpr_rewrite import Int8ifyError, TracedValueError, int8ify, quantize_params
 
 MATMUL = (((1,), (0,)), ((), ()))
 rng = np.random.default_rng(3)
@@ -301,3 +301,19 @@ def test_rewritten_dots_are_inlined_late_on_cpu_where_jax_can_say_so(backend, mo
         assert call.params["inline"] is False
     else:
         assert call.params["inline"] == (inline.XLA_LATE if backend == "cpu" else inline.AUTO)
+
+
+def test_dots_with_a_static_activation_scale_keep_early_inlining(monkeypatch):
+    """Their programs quantize the activation, and XLA:CPU runs its NaN check beside the dot when they are
+    inlined early (and measured them faster so on JAX 0.12)."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    rng = np.random.default_rng(0)
+    params = {"w": rng.standard_normal((64, 32)).astype(np.float32)}
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    inline = getattr(jax, "Inline", None)
+    for activations, late in (("dynamic", True), ("static", False)):
+        qparams = quantize_params(lambda p, a: a @ p["w"], params, x, activations=activations)
+        jaxpr = int8ify(lambda p, a: a @ p["w"]).rewritten_jaxpr(qparams, x)
+        (call,) = [e for e in jaxpr.jaxpr.eqns if e.params.get("name") == "int8_dot_general"]
+        expected = False if inline is None else (inline.XLA_LATE if late else inline.AUTO)
+        assert call.params["inline"] == expected, activations

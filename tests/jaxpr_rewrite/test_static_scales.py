@@ -7,7 +7,6 @@ import pytest
 from jax import lax
 
 from jaxpr_rewrite import Int8ifyError, int8ify, iter_eqns, quantize_params
-from jaxpr_rewrite.compile_policy import inlined_late
 
 RNG = np.random.default_rng(7)
 
@@ -138,9 +137,7 @@ def test_weights_reading_one_activation_share_its_quantization():
     assert len({qparams[n].activation_group for n in params}) == 1
     assert len({float(qparams[n].static_scale.absmax) for n in params}) == 1
     jaxpr = int8ify(attention_inputs).rewritten_jaxpr(qparams, x)
-    # quantized before the dots where their programs are inlined late, else in each dot with one scale
-    rounds = [e.primitive.name for e in iter_eqns(jaxpr)].count("round")
-    assert rounds == (1 if inlined_late() else 3)
+    assert [e.primitive.name for e in iter_eqns(jaxpr)].count("round") == 3  # one per dot, with one scale:
     compiled = jax.jit(int8ify(attention_inputs)).lower(qparams, x).compile().as_text()
     assert compiled.count("round-nearest-even(") == 1  # XLA keeps one quantization
     y = np.asarray(jax.jit(int8ify(attention_inputs))(qparams, x), np.float64)
