@@ -17,7 +17,7 @@ from .int4 import pack_int4
 from .quantize import epilogue_factors, quantize_dynamic_parts, quantize_parts, quantize_static_parts, to_compute
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
 
-__all__ = ["quantize", "quantize_operand", "smoothed_activation"]
+__all__ = ["checks_codes", "quantize", "quantize_operand", "smoothed_activation"]
 
 
 def quantize(x, reduce_axes: Sequence[int], bits: int = 8, block_size: int | None = None) -> QuantizedArray:
@@ -84,6 +84,14 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     codes, scales, exponents, (factor, power) = parts
     return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, epilogue_factor=factor,
                           epilogue_power=power)
+
+
+def checks_codes(x, partner) -> bool:
+    """Whether :func:`quantize_operand` ``(x, ..., partner)`` finds NaN and Inf with a minimum over ``x``'s int8
+    codes on CPU: with a static scale, and with dynamic scales of a matrix."""
+    if is_quantized(x):
+        return False
+    return (is_quantized(partner) and partner.static_scale is not None) or getattr(x, "ndim", 0) <= 2
 
 
 def _static_parts(x, static, reduce_axes: tuple):

@@ -3,6 +3,8 @@ compiled once per operand types and shared by every matmul of those types."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
@@ -32,7 +34,8 @@ def _has_tangent(primal, tangent) -> bool:
     return not is_quantized(primal) and type(tangent) is not SymbolicZero
 
 
-def straight_through(impl, float_matmul=_dot_general_float, n_extra: int = 0):
+def straight_through(impl, float_matmul=_dot_general_float, n_extra: int = 0,
+                     early_when: Callable[..., bool] | None = None):
     """Wrap a quantized matmul into a function with a straight-through gradient.
 
     Arguments:
@@ -41,6 +44,8 @@ def straight_through(impl, float_matmul=_dot_general_float, n_extra: int = 0):
         float_matmul: ``float_matmul(lhs, rhs, *extra, **params)``, the float matmul whose JVP the rewritten one
             takes (``dot_general`` or ``ragged_dot_general`` with the original params).
         n_extra: non-differentiable array operands after ``lhs, rhs`` (``group_sizes`` of a ragged dot).
+        early_when: ``None``, or a predicate of ``impl``'s arguments picking the calls that keep XLA's early
+            inlining (:func:`shared_jit`).
 
     Returns:
         ``fn(lhs, rhs, *extra, float_params, out_dtype, option)``: a ``jax.custom_jvp`` function under
@@ -84,4 +89,4 @@ def straight_through(impl, float_matmul=_dot_general_float, n_extra: int = 0):
             return matmul(*args)
 
     shared.__name__ = shared.__qualname__ = matmul.__name__
-    return shared_jit(shared, static_argnums=static)
+    return shared_jit(shared, early_when=early_when, static_argnums=static)

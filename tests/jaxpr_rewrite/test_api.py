@@ -288,32 +288,36 @@ def test_float_and_rewritten_jaxprs_come_from_one_trace():
     assert [v.aval for v in before.jaxpr.invars] == [v.aval for v in after.jaxpr.invars]
 
 
+def _dense(params, x):
+    return x @ params["w"]
+
+
+RNG_INLINE = np.random.default_rng(0)
+W_INLINE = {"w": RNG_INLINE.standard_normal((64, 32)).astype(np.float32)}
+X2 = RNG_INLINE.standard_normal((8, 64)).astype(np.float32)
+X3 = RNG_INLINE.standard_normal((2, 4, 64)).astype(np.float32)
+
+
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
-def test_rewritten_dots_are_inlined_late_on_cpu_where_jax_can_say_so(backend, monkeypatch):
+@pytest.mark.parametrize("case, late_on_cpu", [
+    ("dynamic scales of a rank-3 activation", True),
+    ("block-scaled", True),
+    ("dynamic scales of a matrix", False),
+    ("a static activation scale", False),
+])
+def test_rewritten_dots_are_inlined_late_on_cpu_where_jax_can_say_so(backend, case, late_on_cpu, monkeypatch):
     """JAX 0.11+ can ask XLA to inline a call late (about half the compile time of a deep model on CPU); other
-    backends, and older JAX, keep the default."""
+    backends, and older JAX, keep the default. On CPU a dot that checks an operand's int8 codes for NaN beside it
+    (dynamic scales of a matrix, a static scale) keeps early inlining too: XLA:CPU runs it faster so."""
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
-    x = jax.ShapeDtypeStruct((8, 64), jnp.float32)
-    jaxpr = jax.make_jaxpr(int8ify(lambda a, b: a @ b))(x, jax.ShapeDtypeStruct((64, 32), jnp.float32))
-    (call,) = [e for e in jaxpr.eqns if e.params.get("name") == "int8_dot_general"]
+    wrapped = int8ify(_dense, block_size=32) if case == "block-scaled" else int8ify(_dense)
+    x = X3 if case == "dynamic scales of a rank-3 activation" else X2
+    activations = "static" if case == "a static activation scale" else "dynamic"
+    params = quantize_params(wrapped, W_INLINE, x, activations=activations) if case != "block-scaled" else W_INLINE
+    jaxpr = wrapped.rewritten_jaxpr(params, x)
+    (call,) = [e for e in jaxpr.jaxpr.eqns if e.params.get("name") == "int8_dot_general"]
     inline = getattr(jax, "Inline", None)
     if inline is None:  # before JAX 0.11 the param is a bool: inline into the caller's jaxpr or not
         assert call.params["inline"] is False
     else:
-        assert call.params["inline"] == (inline.XLA_LATE if backend == "cpu" else inline.AUTO)
-
-
-def test_dots_with_a_static_activation_scale_keep_early_inlining(monkeypatch):
-    """Their programs quantize the activation, and XLA:CPU runs its NaN check beside the dot when they are
-    inlined early (and measured them faster so on JAX 0.12)."""
-    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
-    rng = np.random.default_rng(0)
-    params = {"w": rng.standard_normal((64, 32)).astype(np.float32)}
-    x = rng.standard_normal((8, 64)).astype(np.float32)
-    inline = getattr(jax, "Inline", None)
-    for activations, late in (("dynamic", True), ("static", False)):
-        qparams = quantize_params(lambda p, a: a @ p["w"], params, x, activations=activations)
-        jaxpr = int8ify(lambda p, a: a @ p["w"]).rewritten_jaxpr(qparams, x)
-        (call,) = [e for e in jaxpr.jaxpr.eqns if e.params.get("name") == "int8_dot_general"]
-        expected = False if inline is None else (inline.XLA_LATE if late else inline.AUTO)
-        assert call.params["inline"] == expected, activations
+        assert call.params["inline"] == (inline.XLA_LATE if backend == "cpu" and late_on_cpu else inline.AUTO)
