@@ -71,7 +71,7 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     """
     if is_quantized(x):
         return x
-    static = partner.static_scale if is_quantized(partner) else None
+    static = partner.static_scale if _has_static_scale(partner) else None
     x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
     reduce_axes = tuple(sorted(a % max(x.ndim, 1) for a in reduce_axes))
     if static is not None:
@@ -89,9 +89,12 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
 def checks_codes(x, partner) -> bool:
     """Whether :func:`quantize_operand` ``(x, ..., partner)`` finds NaN and Inf with a minimum over ``x``'s int8
     codes on CPU: with a static scale, and with dynamic scales of a matrix."""
-    if is_quantized(x):
-        return False
-    return (is_quantized(partner) and partner.static_scale is not None) or getattr(x, "ndim", 0) <= 2
+    return not is_quantized(x) and (_has_static_scale(partner) or getattr(x, "ndim", 0) <= 2)
+
+
+def _has_static_scale(partner) -> bool:
+    # read off the stored vector: StaticScale.stored_in would trace its slices into whatever program asks
+    return is_quantized(partner) and partner.activation_scale is not None
 
 
 def _static_parts(x, static, reduce_axes: tuple):

@@ -316,6 +316,7 @@ def test_rewritten_dots_are_inlined_late_on_cpu_where_jax_can_say_so(backend, ca
     params = quantize_params(wrapped, W_INLINE, x, activations=activations) if case != "block-scaled" else W_INLINE
     jaxpr = wrapped.rewritten_jaxpr(params, x)
     (call,) = [e for e in jaxpr.jaxpr.eqns if e.params.get("name") == "int8_dot_general"]
+    assert jaxpr.jaxpr.eqns == [call]  # choosing leaves nothing traced beside the call
     inline = getattr(jax, "Inline", None)
     if inline is None:  # before JAX 0.11 the param is a bool: inline into the caller's jaxpr or not
         assert call.params["inline"] is False
