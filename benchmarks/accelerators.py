@@ -11,6 +11,8 @@ batch 1024 and one pre-LN transformer block (d 384, 6 heads, MLP 1536) at batch 
 * ``hand W8A8``        the int8 program written by hand with the plain formulas, weights pre-quantized;
 * ``int8ify+qparams``  ``int8ify`` with weights quantized once (dynamic per-row activation scales);
 * ``int8ify static``   the same with static activation scales (``quantize_params(activations="static")``);
+* ``int8ify static+attn`` (models with matmuls between two activations) the attention einsums' activations static
+  too (``int8ify(fn, activation_scales=calibrate_activation_dots(...))``);
 * ``bare int8 dots``   only the model's int8 x int8 -> int32 dots.
 
 GPU: the kernels the program launches (fusions, library calls) from XLA's real H200 compiler. TPU: the kernels,
@@ -62,7 +64,7 @@ def main(argv=None) -> int:
     import speed
     from mlp import init_mlp, mlp
 
-    from jaxpr_rewrite import int8ify, quantize_params
+    from jaxpr_rewrite import calibrate_activation_dots, int8ify, quantize_params
 
     width, batch, d, seq, block_batch = (1024, 1024, 384, 128, 32) if not args.quick else (128, 64, 64, 16, 2)
     mlp_params = init_mlp(jax.random.PRNGKey(0), width, 4)
@@ -104,8 +106,11 @@ def main(argv=None) -> int:
             "hand W8A8": (hand_fn, (hand_params, x)),
             "int8ify+qparams": (int8ify(model), (qparams, x)),
             "int8ify static": (int8ify(model), (static, x)),
-            "bare int8 dots": (bare, (bare_args,)),
         }
+        attention = calibrate_activation_dots(model, params, x)
+        if attention.dots:
+            variants["int8ify static+attn"] = (int8ify(model, activation_scales=attention), (static, x))
+        variants["bare int8 dots"] = (bare, (bare_args,))
         for target in targets:
             for variant, (fn, fn_args) in variants.items():
                 if args.which == "gpu":

@@ -6,6 +6,8 @@ Public API (explicit re-exports):
 * :func:`int8_matmul` -- the contract for one ``(B, D_in) @ (D_in, D_out)`` product, with codes and scales.
 * :func:`quantize`, :class:`QuantizedArray` -- symmetric per-slice int8 quantization (``absmax / 127``).
 * :func:`quantize_params` -- weights quantized once, consumed by ``int8ify``; :class:`QuantizationWarning`.
+* :func:`calibrate_activation_dots`, :class:`ActivationScales` -- static scales for the matmuls between two
+  activations (``int8ify(fn, activation_scales=...)``).
 * :func:`report`, :class:`Report`, :class:`DotRow` -- one row per matmul: source, scope, types, decision, error.
 * :func:`verify`, :func:`assert_int8`, :class:`Finding` -- check a traced program against the int8 contract.
 * :class:`RewriteConfig`, :func:`register_backend` -- the options, and the registry of what a float dot becomes.
@@ -16,6 +18,7 @@ Public API (explicit re-exports):
 from . import int8_backend as _int8_backend  # noqa: F401  (registers the int8 backend)
 from . import scaled_matmul as _scaled_matmul  # noqa: F401  (registers the mxfp8/nvfp4/auto backends)
 from .api import Int8ified, int8ify
+from .calibration import calibrate_activation_dots
 from .backends import register_backend, register_backend_alias
 from .config import RewriteConfig
 from .errors import Int8ifyError, TracedValueError
@@ -25,9 +28,11 @@ from .params import QuantizationWarning, quantize_params
 from .operands import quantize
 from .quantized import QuantizedArray
 from .report import DotRow, Report, report
+from .static_activations import ActivationScales
 from .verify import Finding, assert_int8, verify
 
 __all__ = [
+    "ActivationScales",
     "DotRow",
     "Finding",
     "Int8ified",
@@ -38,6 +43,7 @@ __all__ = [
     "RewriteConfig",
     "TracedValueError",
     "assert_int8",
+    "calibrate_activation_dots",
     "int8_matmul",
     "dot_eqns",
     "int8ify",

@@ -103,7 +103,7 @@ class Int8ified(Int8ifiedBase):
                 return program
         float_jaxpr, out_tree = trace(self.fn, signature, dynamic)
         cacheable = not any(isinstance(c, jax.core.Tracer) for c in float_jaxpr.consts)
-        program = _Program(float_jaxpr, out_tree, Rewriter(self.config), cacheable)
+        program = _Program(float_jaxpr, out_tree, Rewriter(self.config, float_jaxpr.jaxpr), cacheable)
         # A program that closes over an outer tracer belongs to that trace alone: never reuse it.
         if cacheable:
             with self._lock:

@@ -1,25 +1,141 @@
-"""Calibration for :func:`~jaxpr_rewrite.quantize_params`: measuring the activations a weight's dots meet
-(:func:`measure_activations`, for SmoothQuant and static scales), and static activation scales: one per-tensor
-scale per weight, calibrated on the activations its top-level dots quantize."""
+"""Calibration: measuring the activations a program's dots meet (:func:`measure_activations`, for SmoothQuant and
+static scales), static activation scales for :func:`~jaxpr_rewrite.quantize_params` (one per-tensor scale per
+weight, calibrated on the activations its top-level dots quantize), and :func:`calibrate_activation_dots` (one per
+operand of each top-level dot between two activations)."""
 
 from __future__ import annotations
 
 import functools
+import numbers
 import uuid
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.core import Var
 
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .operands import smoothed_activation
-from .rules.dots import is_plain_dot
+from .quantized import is_quantized, materialise
+from .rules.dots import is_plain_dot, skip_reason
+from .scopes import join_scope
 from .source import describe_source
+from .static_activations import ActivationScales, CalibratedDot, top_level_dots
+from .tracing import target_of, trace
 from .weight_uses import plan_uses
 
-__all__ = ["measure_activations", "static_scales"]
+__all__ = ["calibrate_activation_dots", "calibration_tracer", "measure_activations", "static_scales"]
+
+
+def calibration_tracer(function: Callable, signature_of: Callable, params, n_leaves: int, example_kwargs: dict,
+                       caller: str) -> Callable:
+    """``traced(args) -> (program, inputs, traced leaves)`` for the calls ``function(params, *args,
+    **example_kwargs)``: the float program (traced once per input signature, so calibration batches of one shape
+    share it), ``inputs`` mapping the index of each traced leaf of ``params`` (``n_leaves`` of them) to its
+    position among the program's inputs, and the call's traced leaves."""
+    programs: dict = {}
+
+    def traced(args):
+        signature, dynamic = signature_of((params, *args), example_kwargs)
+        if signature not in programs:
+            if 0 in {i for i, _ in signature.static_positional}:
+                raise Int8ifyError(f"{caller} needs params (the first argument) to be traced, not static")
+            closed, _ = trace(function, signature, dynamic)
+            # the params' leaves come first among the call's leaves; the static ones are not program inputs
+            inputs, position = {}, 0
+            for i, is_dynamic in enumerate(signature.is_dynamic[:n_leaves]):
+                if is_dynamic:
+                    inputs[i] = position
+                    position += 1
+            programs[signature] = closed, inputs
+        return (*programs[signature], dynamic)
+
+    return traced
+
+
+def calibrate_activation_dots(fn: Callable, params, *example_args, calibration=None,
+                              percentile: float | None = None, **example_kwargs) -> ActivationScales:
+    """Calibrate static scales for the matmuls between two activations of ``fn(params, *example_args)``.
+
+    A top-level ``dot_general`` of ``fn``'s program whose two operands both depend on the arguments after
+    ``params`` (attention's ``q . k`` and ``p . v``; not a dot with a weight, whose activation
+    :func:`~jaxpr_rewrite.quantize_params` with ``activations="static"`` calibrates) gets one per-tensor scale per
+    operand: the largest ``max|x|`` (or ``percentile`` of ``|x|``) over the ``calibration`` inputs, divided by 127.
+    ``int8ify(fn, activation_scales=scales)`` then quantizes those operands with them: one multiply, a round and a
+    clip, no absmax and no scale computation per call. Values beyond the calibrated range saturate at +-127; NaN
+    and Inf still make every output they feed non-finite. Dots the options skip are not calibrated; dots inside a
+    nested ``jit``, loop or branch keep dynamic scales.
+
+    Arguments:
+        fn: the function, plain or wrapped with :func:`~jaxpr_rewrite.int8ify` (its options and static arguments
+            are used).
+        params: ``fn``'s first argument (float or quantized weights: only the activations are measured).
+        *example_args, **example_kwargs: the other arguments.
+        calibration: an iterable of argument tuples (the arguments after ``params``, with ``example_kwargs``);
+            defaults to ``[example_args]``.
+        percentile: calibrate on this percentile of ``|x|`` (in (0, 100]) instead of its maximum.
+
+    Returns:
+        The :class:`~jaxpr_rewrite.static_activations.ActivationScales` to pass as ``int8ify``'s
+        ``activation_scales``.
+
+    Raises:
+        Int8ifyError: bad options, params given as a static argument, or NaN or Inf in a calibrated activation.
+    """
+    function, config, signature_of = target_of(fn, "calibrate_activation_dots")
+    if percentile is not None and (isinstance(percentile, (bool, np.bool_)) or not (
+            isinstance(percentile, numbers.Real) and 0 < percentile <= 100)):
+        raise Int8ifyError(f"percentile must be a number in (0, 100], got {percentile!r}")
+    n_leaves = len(jax.tree_util.tree_leaves(params, is_leaf=is_quantized))
+    traced = calibration_tracer(function, signature_of, params, n_leaves, example_kwargs, "calibrate_activation_dots")
+    calibration = [tuple(example_args)] if calibration is None else [tuple(args) for args in calibration]
+    if not calibration:
+        raise Int8ifyError("calibrate_activation_dots needs at least one calibration input")
+    measured: dict = {}
+    measurers: dict = {}  # id(program) -> (its jitted measuring function, its calibrated dots, its dot count)
+    dots = n_dots = None
+    for args in calibration:
+        closed, inputs, dynamic = traced(args)
+        if id(closed) not in measurers:
+            found = _activation_dots(closed.jaxpr, set(inputs.values()), config)
+            targets = {id(eqn): (position, None) for position, eqn in found.items()}
+            measurers[id(closed)] = (_operand_statistic(closed, targets, percentile), found,
+                                     len(top_level_dots(closed.jaxpr)))
+        measure, program_dots, program_n_dots = measurers[id(closed)]
+        if dots is None:
+            dots, n_dots = program_dots, program_n_dots
+        elif (sorted(program_dots), program_n_dots) != (sorted(dots), n_dots):
+            raise Int8ifyError("calibrate_activation_dots: the calibration inputs trace to programs with different "
+                               "matmuls; calibrate each program on inputs of its own")
+        for position, value in measure(closed.consts, [materialise(x) for x in dynamic]).items():
+            measured[position] = value if position not in measured else jnp.maximum(measured[position], value)
+    calibrated = []
+    for position, eqn in dots.items():
+        absmax = tuple(float(a) for a in np.asarray(measured[position]))
+        if not all(np.isfinite(absmax)):
+            raise Int8ifyError(f"calibrate_activation_dots: the operands of the dot_general at {describe_source(eqn)} "
+                               f"hold NaN or Inf on the calibration inputs, so no static scale can be calibrated")
+        calibrated.append(CalibratedDot(position, eqn.params["dimension_numbers"],
+                                        tuple(v.aval.ndim for v in eqn.invars[:2]), describe_source(eqn), absmax))
+    return ActivationScales(tuple(calibrated), n_dots)
+
+
+def _activation_dots(jaxpr, param_inputs: set, config) -> dict:
+    """``position in top_level_dots -> equation`` of the top-level dots the options rewrite whose two operands
+    both depend on the program inputs that are not parameters."""
+    data = {v for i, v in enumerate(jaxpr.invars) if i not in param_inputs}
+    for eqn in jaxpr.eqns:
+        if any(v in data for v in eqn.invars if isinstance(v, Var)):
+            data.update(eqn.outvars)
+    dots = {}
+    for position, eqn in enumerate(top_level_dots(jaxpr)):
+        operands = eqn.invars[:2]
+        between_activations = all(isinstance(v, Var) and v in data for v in operands)
+        if between_activations and skip_reason(eqn, config, join_scope("", eqn.source_info.name_stack)) is None:
+            dots[position] = eqn
+    return dots
 
 
 def static_scales(plans, smooth, calibration, traced, config, percentile, paths, explanation) -> dict:
@@ -80,7 +196,7 @@ def measure_activations(closed, targets: dict, statistic: Callable) -> Callable:
     Arguments:
         closed: the float program, traced for one calibration input signature.
         targets: ``id(dot equation) -> (parameter index, side of the parameter)``.
-        statistic: what to measure of one dot's other operand.
+        statistic: ``statistic(eqn, operands, parameter index, side)``, what to measure of one dot.
     """
 
     def run(consts, args):
@@ -90,7 +206,7 @@ def measure_activations(closed, targets: dict, statistic: Callable) -> Callable:
             target = targets.get(id(eqn))
             if target is not None:
                 index, side = target
-                value = statistic(eqn, invals[1 - side], index, side)
+                value = statistic(eqn, invals, index, side)
                 stats[index] = value if index not in stats else jnp.maximum(stats[index], value)
             return bind(eqn, invals)
 
@@ -104,14 +220,29 @@ def _activation_statistic(closed, targets: dict, smooth: dict, percentile: float
     """:func:`measure_activations` of the largest ``max|x|`` (or ``percentile`` of ``|x|``) over the activations
     each parameter's dots quantize (smoothed, for ``smooth``'s ``parameter index -> (factors, group)``)."""
 
-    def statistic(eqn, activation, index, side):
+    def statistic(eqn, operands, index, side):
+        activation = operands[1 - side]
         if index in smooth:
             (axis,) = eqn.params["dimension_numbers"][0][1 - side]
             activation = smoothed_activation(activation, smooth[index][0], axis)
-        magnitude = jnp.abs(activation.astype(jnp.float32))
-        magnitude = jnp.where(jnp.isnan(magnitude), jnp.inf, magnitude)  # XLA's CPU max drops NaN
-        if magnitude.size == 0:
-            return jnp.float32(0)
-        return jnp.max(magnitude) if percentile is None else jnp.percentile(magnitude, percentile)
+        return _magnitude(activation, percentile)
 
     return measure_activations(closed, targets, statistic)
+
+
+def _operand_statistic(closed, targets: dict, percentile: float | None) -> Callable:
+    """:func:`measure_activations` of ``[statistic of the lhs, statistic of the rhs]`` of each target dot."""
+
+    def statistic(eqn, operands, index, side):
+        return jnp.stack([_magnitude(x, percentile) for x in operands[:2]])
+
+    return measure_activations(closed, targets, statistic)
+
+
+def _magnitude(activation, percentile: float | None):
+    """``max|x|`` (or the ``percentile`` of ``|x|``) in float32; NaN and Inf give Inf."""
+    magnitude = jnp.abs(activation.astype(jnp.float32))
+    magnitude = jnp.where(jnp.isnan(magnitude), jnp.inf, magnitude)  # XLA's CPU max drops NaN
+    if magnitude.size == 0:
+        return jnp.float32(0)
+    return jnp.max(magnitude) if percentile is None else jnp.percentile(magnitude, percentile)

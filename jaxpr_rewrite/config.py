@@ -10,6 +10,7 @@ from typing import Callable
 from .backends import BACKENDS, Backend, backend_names, resolve_backend_name
 from .errors import Int8ifyError
 from .quantize import MAX_INT32_SAFE_CONTRACTION
+from .static_activations import ActivationScales
 
 __all__ = ["GRANULARITIES", "RewriteConfig"]
 
@@ -36,6 +37,8 @@ class RewriteConfig:
         granularity: ``"per-channel"`` (the contract) or ``"per-tensor"``.
         block_size: one scale per block of this many elements along the contraction (sub-channel).
         backend: what a float dot becomes: ``"int8"`` (the contract), or a registered backend.
+        activation_scales: ``None``, or the static scales of the program's matmuls between two activations
+            (:func:`~jaxpr_rewrite.calibrate_activation_dots`); needs the per-channel int8 contract.
     """
 
     skip: tuple[str, ...] = ()
@@ -44,6 +47,7 @@ class RewriteConfig:
     granularity: str = "per-channel"
     block_size: int | None = None
     backend: str = "int8"
+    activation_scales: ActivationScales | None = None
 
     def __post_init__(self):
         if not isinstance(self.skip, (str, tuple, list, set, frozenset)):
@@ -68,6 +72,13 @@ class RewriteConfig:
                 raise Int8ifyError("block_size refines per-channel scales; it cannot be combined with per-tensor")
         if self.backend not in backend_names():
             raise Int8ifyError(f"backend must be one of {backend_names()}, got {self.backend!r}")
+        if self.activation_scales is not None:
+            if not isinstance(self.activation_scales, ActivationScales):
+                raise Int8ifyError(f"activation_scales must be the ActivationScales calibrate_activation_dots "
+                                   f"returns, got {type(self.activation_scales).__name__}")
+            if not self.uses_per_channel_int8:
+                raise Int8ifyError("activation_scales are static scales of the per-channel int8 contract: they "
+                                   "need backend='int8', granularity='per-channel' and no block_size")
 
     @classmethod
     def from_options(cls, **options) -> "RewriteConfig":

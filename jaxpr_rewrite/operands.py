@@ -16,6 +16,7 @@ from .errors import Int8ifyError
 from .int4 import pack_int4
 from .quantize import epilogue_factors, quantize_dynamic_parts, quantize_parts, quantize_static_parts, to_compute
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
+from .static_activations import ScaledActivation
 
 __all__ = ["checks_codes", "quantize", "quantize_operand", "smoothed_activation"]
 
@@ -57,7 +58,8 @@ def quantize(x, reduce_axes: Sequence[int], bits: int = 8, block_size: int | Non
 def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     """One operand of an int8 dot, quantized: as it is when it already is a :class:`QuantizedArray`; with the
     static scale its ``partner`` (the dot's other operand) was calibrated with, when that is a pre-quantized weight
-    holding one; else with the contract's dynamic per-slice scales.
+    holding one; with its own when it is a :class:`~jaxpr_rewrite.static_activations.ScaledActivation` (a
+    calibrated dot of two activations); else with the contract's dynamic per-slice scales.
 
     The dynamic scales of a matrix (an operand of rank 2) are lowered per platform (``lax.platform_dependent``),
     the same codes and scales for every finite slice either way. On CPU,
@@ -71,7 +73,10 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     """
     if is_quantized(x):
         return x
-    static = partner.static_scale if _has_static_scale(partner) else None
+    if isinstance(x, ScaledActivation):
+        static, x = x.static_scale, x.value
+    else:
+        static = partner.static_scale if _has_static_scale(partner) else None
     x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
     reduce_axes = tuple(sorted(a % max(x.ndim, 1) for a in reduce_axes))
     if static is not None:
@@ -89,7 +94,8 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
 def checks_codes(x, partner) -> bool:
     """Whether :func:`quantize_operand` ``(x, ..., partner)`` finds NaN and Inf with a minimum over ``x``'s int8
     codes on CPU: with a static scale, and with dynamic scales of a matrix."""
-    return not is_quantized(x) and (_has_static_scale(partner) or getattr(x, "ndim", 0) <= 2)
+    return not is_quantized(x) and (isinstance(x, ScaledActivation) or _has_static_scale(partner)
+                                    or getattr(x, "ndim", 0) <= 2)
 
 
 def _has_static_scale(partner) -> bool:

@@ -32,13 +32,13 @@ from jax import lax
 
 from .config import RewriteConfig
 from .errors import Int8ifyError
-from .calibration import measure_activations, static_scales
+from .calibration import calibration_tracer, measure_activations, static_scales
 from .quantize import StaticScale, epilogue_factors
 from .operands import quantize
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
 from .rules.dots import is_plain_dot
 from .scopes import matching_pattern
-from .tracing import target_of, trace
+from .tracing import target_of
 from .weight_uses import Use, plan_uses
 
 __all__ = ["ACTIVATION_MODES", "QuantizationWarning", "quantize_params", "smoothing_factors", "weight_absmax"]
@@ -107,8 +107,8 @@ def _activation_absmax(closed, targets: dict) -> Callable:
     """:func:`~jaxpr_rewrite.calibration.measure_activations` of each parameter's activations' absmax per
     contracting index (what SmoothQuant's factors are made from)."""
 
-    def statistic(eqn, activation, index, side):
-        magnitude = jnp.abs(activation.astype(jnp.float32))
+    def statistic(eqn, operands, index, side):
+        magnitude = jnp.abs(operands[1 - side].astype(jnp.float32))
         (contract,) = eqn.params["dimension_numbers"][0][1 - side]
         return jnp.max(magnitude, axis=tuple(a for a in range(magnitude.ndim) if a != contract))
 
@@ -185,22 +185,7 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
                 isinstance(activation_percentile, numbers.Real) and 0 < activation_percentile <= 100):
             raise Int8ifyError(f"activation_percentile must be a number in (0, 100], got {activation_percentile!r}")
 
-    programs: dict = {}  # Signature -> (program, input positions): calibration batches of one shape trace once
-
-    def traced(args):
-        signature, dynamic = signature_of((params, *args), example_kwargs)
-        if signature not in programs:
-            if 0 in {i for i, _ in signature.static_positional}:
-                raise Int8ifyError("quantize_params needs params (the first argument) to be traced, not static")
-            closed, _ = trace(function, signature, dynamic)
-            # the params' leaves come first among the call's leaves; the static ones are not program inputs
-            inputs, position = {}, 0
-            for i, is_dynamic in enumerate(signature.is_dynamic[:len(leaves)]):
-                if is_dynamic:
-                    inputs[i] = position
-                    position += 1
-            programs[signature] = closed, inputs
-        return (*programs[signature], dynamic)
+    traced = calibration_tracer(function, signature_of, params, len(leaves), example_kwargs, "quantize_params")
 
     example, inputs, _ = traced(example_args)
     jaxpr = example.jaxpr

@@ -270,7 +270,9 @@ class _Measurer:
         """``fn(*invals) -> (float result, sums)`` for one matmul, shared by every matmul with the same primitive,
         params and operand types: its program is traced once however many layers call it (see
         :func:`~jaxpr_rewrite.compile_policy.shared_jit` for how XLA compiles it)."""
-        key = (eqn.primitive, tuple(sorted(eqn.params.items())), tuple(v.aval for v in (*eqn.invars, *eqn.outvars)))
+        static = self.rewriter.static_dots.get(id(eqn))
+        key = (eqn.primitive, tuple(sorted(eqn.params.items())), tuple(v.aval for v in (*eqn.invars, *eqn.outvars)),
+               None if static is None else tuple(tuple(s.tolist()) for s in static))
         try:
             hash(key)
         except TypeError:  # a param JAX keeps unhashable: this matmul gets a program of its own
@@ -361,7 +363,7 @@ def report(fn, *args, **kwargs) -> Report:
     if concrete:
         measured = {s.path for s in sites if s.measurable}
         if measured:
-            measurer = _Measurer(Rewriter(config), measured)
+            measurer = _Measurer(Rewriter(config, closed.jaxpr), measured)
             stats = jax.jit(lambda consts, flat: measurer.run(ClosedJaxpr(closed.jaxpr, consts), flat)[1])(
                 closed.consts, dynamic)
             stats = {p: np.asarray(v, np.float64) for p, v in stats.items()}

@@ -49,13 +49,18 @@ class Rewriter:
     rules it creates can run concurrently.
     """
 
-    def __init__(self, config: RewriteConfig):
+    def __init__(self, config: RewriteConfig, program: Jaxpr | None = None):
         """
         Arguments:
             config: the rewrite options.
+            program: the top-level program this rewriter runs, whose dots ``config.activation_scales`` were
+                calibrated for (checked here).
         """
         self.config = config
         self.backend = config.dot_backend
+        scales = config.activation_scales
+        # id(top-level dot equation) -> the static scales of its two operands
+        self.static_dots: dict = {} if scales is None or program is None else scales.assign(program)
         self._rewritten: dict = {}
         self._rewrites: dict = {}
 
@@ -210,8 +215,9 @@ class Rewriter:
     # -- one matmul ---------------------------------------------------------------------------------------------
     def rewrite_matmul(self, eqn, invals: Sequence, where: Location = UNKNOWN, smoothed: dict | None = None):
         """The rewritten program for one float matmul equation: :func:`~jaxpr_rewrite.rules.dots.rewrite_dot`
-        under this rewriter's options and backend."""
-        return rewrite_dot(self.config, self.backend, eqn, invals, where, smoothed)
+        under this rewriter's options and backend (with its static scales, for a calibrated dot of two
+        activations)."""
+        return rewrite_dot(self.config, self.backend, eqn, invals, where, smoothed, self.static_dots.get(id(eqn)))
 
 
 def _tangent_outputs(jaxpr: Jaxpr, tangents) -> list[bool]:

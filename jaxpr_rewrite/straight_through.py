@@ -13,6 +13,7 @@ from jax.extend import source_info_util
 from . import _compat
 from .compile_policy import shared_jit
 from .quantized import is_quantized
+from .static_activations import ScaledActivation
 
 __all__ = ["straight_through"]
 
@@ -22,7 +23,10 @@ def _dot_general_float(lhs, rhs, **params):
 
 
 def _float_value(operand, like):
-    """The float value of an operand for the JVP's float dots: a pre-quantized weight's value inside the dot."""
+    """The float value of an operand for the JVP's float dots: a pre-quantized weight's value inside the dot, a
+    statically scaled activation's value."""
+    if isinstance(operand, ScaledActivation):
+        return operand.value
     if not is_quantized(operand):
         return operand
     value = operand.dot_value()
@@ -66,7 +70,7 @@ def straight_through(impl, float_matmul=_dot_general_float, n_extra: int = 0,
 
     def straight_through_jvp(float_params, out_dtype, option, primals, tangents):
         lhs, rhs, *extra = primals
-        lhs_dot, rhs_dot = tangents[:2]
+        lhs_dot, rhs_dot = (t.value if isinstance(t, ScaledActivation) else t for t in tangents[:2])
         out = matmul(lhs, rhs, *extra, float_params, out_dtype, option)
         params = dict(float_params)
         terms = []

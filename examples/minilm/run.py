@@ -41,10 +41,10 @@ sys.path.insert(0, str(HERE))
 import model as minilm  # noqa: E402
 
 try:
-    from jaxpr_rewrite import dot_eqns, int8ify, quantize_params, report
+    from jaxpr_rewrite import calibrate_activation_dots, dot_eqns, int8ify, quantize_params, report
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(1, str(HERE.parents[1]))
-    from jaxpr_rewrite import dot_eqns, int8ify, quantize_params, report
+    from jaxpr_rewrite import calibrate_activation_dots, dot_eqns, int8ify, quantize_params, report
 
 # The speed benchmark times fixed shapes: every batch padded (or cut) to this many tokens.
 BENCH_SEQ_LEN = 128
@@ -366,7 +366,7 @@ def static_accuracy_lines(sentences: list[str], f32: np.ndarray, embedded: dict)
     lines = ["activation scales (cosine of int8 vs float32 embeddings):"]
     for label, i8 in embedded.items():
         cos = row_cosine(f32, i8)
-        line = f"  {label:<28} mean {cos.mean():.5f}  min {cos.min():.5f}"
+        line = f"  {label:<42} mean {cos.mean():.5f}  min {cos.min():.5f}"
         if len(sentences) >= MIN_SENTENCES_FOR_SIMILARITY:
             agree = int(round(similarity_report(f32, i8)["nn_agreement"] * len(sentences)))
             line += f"  nearest neighbours {agree}/{len(sentences)}"
@@ -500,8 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--static-scales", action="store_true",
                     help="also embed with static activation scales (quantize_params(activations='static'), "
                          f"calibrated on the calibration sentences by absmax and by the {STATIC_PERCENTILE}th "
-                         "percentile) and print their accuracy beside the dynamic one; the speed part then times "
-                         "the absmax one too")
+                         "percentile), then with the attention einsums' activations static too "
+                         "(calibrate_activation_dots), and print their accuracy beside the dynamic one; the speed "
+                         "part then times the absmax ones too")
     ap.add_argument("--skip", action="append", default=[], metavar="PATTERN",
                     help="keep dots whose name scope matches this fnmatch pattern in float32, e.g. "
                          "'*attention/value' (int8ify's skip option; repeatable)")
@@ -663,11 +664,17 @@ def main(argv=None) -> int:
             static = quantize_params(int8_encode, params, *calibration, smooth_alpha=alpha,
                                      smooth_skip=("*/output",), activations="static", calibration=[calibration],
                                      activation_percentile=percentile)
-            embedded_static[label] = minilm.embed(lambda _p, ids, mask, q=static: int8_jit(q, ids, mask), params,
-                                                  tokenizer, sentences, args.batch_size,
-                                                  on_batch=progress.batches(label))
+            # the attention einsums (two activations, no weight) get static scales of their own
+            attention = calibrate_activation_dots(int8_encode, params, *calibration, calibration=[calibration],
+                                                  percentile=percentile)
+            attention_jit = jax.jit(int8_encode.with_options(activation_scales=attention))
+            variants = {label: lambda _p, ids, mask, q=static: int8_jit(q, ids, mask),
+                        f"{label}, attention too": lambda _p, ids, mask, q=static, f=attention_jit: f(q, ids, mask)}
+            for name, fn in variants.items():
+                embedded_static[name] = minilm.embed(fn, params, tokenizer, sentences, args.batch_size,
+                                                     on_batch=progress.batches(name))
             if percentile is None:  # the speed part times static scales too (a percentile runs the same program)
-                encoders["static"] = lambda _p, ids, mask, q=static: int8_jit(q, ids, mask)
+                encoders["static"], encoders["static+attn"] = variants.values()
         print("\n".join(static_accuracy_lines(sentences, f32, embedded_static)) + "\n", flush=True)
 
     sample = sentences[:LAYER_REPORT_SENTENCES]

@@ -23,6 +23,7 @@ from ..quantized import is_quantized, materialise
 from ..reasons import KeptFloat, Why
 from ..scopes import matching_pattern
 from ..source import UNKNOWN, Location, describe_source
+from ..static_activations import ScaledActivation
 from .registry import register
 
 __all__ = ["is_plain_dot", "is_unsupported_ragged", "resolve_dot_operands", "rewrite_dot", "skip_reason"]
@@ -141,7 +142,7 @@ def resolve_dot_operands(invals: Sequence, contractions, direct: bool, shared: d
 
 
 def rewrite_dot(config: RewriteConfig, backend: Backend, eqn, invals, where: Location = UNKNOWN,
-                smoothed: dict | None = None):
+                smoothed: dict | None = None, static_scales=None):
     """The rewritten program for one float ``dot_general`` / ``ragged_dot_general`` equation.
 
     Arguments:
@@ -153,6 +154,9 @@ def rewrite_dot(config: RewriteConfig, backend: Backend, eqn, invals, where: Loc
         where: the user's source, for errors about equations JAX recorded none for.
         smoothed: a per-program cache of activations rescaled by a smoothing group's factors, so weights of
             one group reading the same activation share that rescaling (and XLA then its quantization).
+        static_scales: ``None``, or the stored static scales of the two operands (a calibrated dot of two
+            activations, :class:`~jaxpr_rewrite.static_activations.ActivationScales`): each operand goes on as a
+            :class:`~jaxpr_rewrite.static_activations.ScaledActivation`.
 
     Returns:
         The dot's result.
@@ -181,6 +185,8 @@ def rewrite_dot(config: RewriteConfig, backend: Backend, eqn, invals, where: Loc
     )
     if ragged:
         return backend.ragged_dot(lhs, rhs, invals[2], float_params, out_dtype, config)
+    if static_scales is not None and not (is_quantized(lhs) or is_quantized(rhs)):
+        lhs, rhs = (ScaledActivation(x, scale) for x, scale in zip((lhs, rhs), static_scales))
 
     def program(lhs, rhs):
         return backend.dot(lhs, rhs, float_params, out_dtype, config)

@@ -259,19 +259,23 @@ def test_static_scales_are_reported_beside_the_dynamic_ones(run, tmp_path, capsy
                      "--bench", "--bench-batches", "1", "--repeats", "1"])
     out = capsys.readouterr().out
     assert code == 0
-    # the speed part times the static program beside the dynamic one
+    # the speed part times the static programs beside the dynamic one
     lines = out[out.index("speed ("):].splitlines()
-    assert lines[1] == "  batch  float32 ms    int8 ms  float32/int8  static ms  float32/static"
+    assert lines[1] == ("  batch  float32 ms    int8 ms  float32/int8  static ms  float32/static  static+attn ms  "
+                        "float32/static+attn")
     (row,) = [line for line in lines[2:] if line.split()[:1] == ["1"]]
     times = [float(v.rstrip("x")) for v in row.split("(")[0].split()[1:]]
-    assert len(times) == 5 and all(t > 0 for t in times)
+    assert len(times) == 7 and all(t > 0 for t in times)
     assert np.isclose(times[0] / times[3], times[4], rtol=0.03)  # from the printed, rounded times
-    assert "(first call: float32 " in row and ", int8 " in row and ", static " in row
-    block = out[out.index("activation scales (cosine"):].splitlines()[1:4]
+    assert np.isclose(times[0] / times[5], times[6], rtol=0.03)
+    assert "(first call: float32 " in row and ", int8 " in row and ", static " in row and ", static+attn " in row
+    block = out[out.index("activation scales (cosine"):].splitlines()[1:6]
     means = {line.split("  mean")[0].strip(): float(line.split("mean ")[1].split()[0]) for line in block}
-    assert list(means) == ["dynamic", "static absmax", f"static {run.STATIC_PERCENTILE}th percentile"]
+    percentile = f"static {run.STATIC_PERCENTILE}th percentile"
+    assert list(means) == ["dynamic", "static absmax", "static absmax, attention too", percentile,
+                           f"{percentile}, attention too"]
     assert means["dynamic"] > 0.99 and all(0.9 < m < 1 for m in means.values())
-    assert len(set(means.values())) == 3  # three different programs
+    assert len(set(means.values())) == 5  # five different programs
     assert all("nearest neighbours" in line for line in block)
 
 
