@@ -1,5 +1,7 @@
 """int8ify on real framework code: Flax linen, Flax nnx, Equinox modules, and an optax training step."""
 
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -117,3 +119,40 @@ def test_optax_training_step_with_straight_through_gradients():
     jaxpr = jax.make_jaxpr(lambda p: jax.value_and_grad(int8_loss)(p, X, y))(params)
     dots = dot_eqns(jaxpr)
     assert any(str(d.invars[0].aval.dtype) == "int8" for d in dots)
+
+
+def test_flax_attention_passed_as_it_is_reports_flax_lines_and_takes_static_attention_scales():
+    nn = pytest.importorskip("flax.linen")
+    from jaxpr_rewrite import calibrate_activation_dots, quantize_params, report
+
+    model = nn.MultiHeadDotProductAttention(num_heads=4, qkv_features=128)
+    x = jax.random.normal(jax.random.PRNGKey(3), (4, 32, 128))
+    variables = model.init(jax.random.PRNGKey(4), x)
+    # JAX leaves Flax's frames out of an equation's user frame; with model.apply passed straight in, that would
+    # be int8ify's own call of it, so the rows point at Flax's line instead
+    rows = report(model.apply, variables, x).rows
+    assert [(Path(r.file).name, r.function) for r in rows] == [("linear.py", "DenseGeneral.__call__")] * 3 + [
+        ("attention.py", "dot_product_attention_weights"), ("attention.py", "dot_product_attention"),
+        ("linear.py", "DenseGeneral.__call__")]
+    scales = calibrate_activation_dots(model.apply, variables, x)
+    assert [d.position for d in scales.dots] == [3, 4] and "attention.py" in scales.dots[0].source
+    static = quantize_params(model.apply, variables, x, activations="static")
+    out = jax.jit(int8ify(model.apply, activation_scales=scales))(static, x)
+    assert rel_error(out, model.apply(variables, x)) < 0.06
+
+
+def test_equinox_attention_takes_static_attention_scales():
+    eqx = pytest.importorskip("equinox")
+    from jaxpr_rewrite import calibrate_activation_dots
+
+    attention = eqx.nn.MultiheadAttention(4, 128, key=jax.random.PRNGKey(5))
+    params, static = eqx.partition(attention, eqx.is_array)
+
+    def run(params, x):
+        return eqx.combine(params, static)(x, x, x)
+
+    x = jax.random.normal(jax.random.PRNGKey(6), (32, 128))
+    scales = calibrate_activation_dots(run, params, x)
+    assert len(scales.dots) == 2  # the vmapped heads' q.k and p.v
+    out = int8ify(run, activation_scales=scales)(params, x)
+    assert rel_error(out, run(params, x)) < 0.05
