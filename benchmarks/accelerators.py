@@ -2,6 +2,8 @@
 
     gpu-aot/bin/python benchmarks/accelerators.py --gpu [--out benchmarks/results/accelerators-gpu.md]
     tpu-aot/bin/python benchmarks/accelerators.py --tpu [--out benchmarks/results/accelerators-tpu.md]
+        (JAX 0.10's libtpu 0.0.42 crashes compiling the transformer block's int8 variants: add --models mlp there;
+        JAX 0.12's compiles both, benchmarks/results/accelerators-tpu-jax0.12.md)
 
 Each runs under the virtual environment of the matching deviceless compiler (``../shared/tools/gpu_compile`` or
 ``../shared/tools/tpu_compile``; their READMEs say how to install them). Models: the 4 x Dense(1024) + gelu MLP at
@@ -17,7 +19,9 @@ batch 1024 and one pre-LN transformer block (d 384, 6 heads, MLP 1536) at batch 
 
 GPU: the kernels the program launches (fusions, library calls) from XLA's real H200 compiler. TPU: the kernels,
 the sum of XLA:TPU's ``estimated_cycles`` over them (its cost model, not a measured time) and whether every
-rewritten dot runs on the int8 MXU (``vmatmul.s8`` in the final machine code). Compile-only: no timings.
+rewritten dot runs on the int8 MXU (``vmatmul.s8`` in the final machine code). Compile-only: no timings. The
+programs are traced on this CPU machine for another platform, so int8ify gets ``late_inlining=False`` (what it
+chooses when traced on the accelerator itself).
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="also write the table (Markdown) here")
     parser.add_argument("--quick", action="store_true", help="small shapes (a smoke test of the script)")
     parser.add_argument("--models", nargs="+", choices=("mlp", "block"), default=("mlp", "block"),
-                        help="which models (libtpu 0.0.42 crashes compiling the transformer block's int8 variants)")
+                        help="which models (JAX 0.10's libtpu 0.0.42 crashes compiling the transformer block's int8 "
+                             "variants)")
     args = parser.parse_args(argv)
     compile_fn = _tool(args.which)
 
@@ -101,15 +106,16 @@ def main(argv=None) -> int:
         qparams = quantize_params(model, params, x)
         static = quantize_params(model, params, x, activations="static")
         bare, bare_args = speed.bare_dots(model, params, x)
+        on_accelerator = int8ify(model, late_inlining=False)
         variants = {
             "bf16": (model, (to_bf16(params), x.astype(jnp.bfloat16))),
             "hand W8A8": (hand_fn, (hand_params, x)),
-            "int8ify+qparams": (int8ify(model), (qparams, x)),
-            "int8ify static": (int8ify(model), (static, x)),
+            "int8ify+qparams": (on_accelerator, (qparams, x)),
+            "int8ify static": (on_accelerator, (static, x)),
         }
         attention = calibrate_activation_dots(model, params, x)
         if attention.dots:
-            variants["int8ify static+attn"] = (int8ify(model, activation_scales=attention), (static, x))
+            variants["int8ify static+attn"] = (on_accelerator.with_options(activation_scales=attention), (static, x))
         variants["bare int8 dots"] = (bare, (bare_args,))
         for target in targets:
             for variant, (fn, fn_args) in variants.items():

@@ -2,18 +2,40 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from typing import Callable
 
 import jax
 
 from . import _compat
 
-__all__ = ["inlined_late", "shared_jit"]
+__all__ = ["inlined_late", "late_inlining", "shared_jit"]
+
+# int8ify's late_inlining option for the programs traced now (None: decided by the default backend)
+_late_inlining: contextvars.ContextVar = contextvars.ContextVar("late_inlining", default=None)
+
+
+@contextlib.contextmanager
+def late_inlining(choice: bool | None):
+    """Trace :func:`shared_jit` calls under int8ify's ``late_inlining`` option: ``None`` (late on CPU), ``False``
+    (never) or ``True`` (as on CPU, whatever the default backend)."""
+    token = _late_inlining.set(choice)
+    try:
+        yield
+    finally:
+        _late_inlining.reset(token)
 
 
 def inlined_late() -> bool:
-    """Whether :func:`shared_jit` programs can be inlined late on the default backend (CPU, JAX 0.11+)."""
-    return jax.default_backend() == "cpu" and _compat.can_inline_late()
+    """Whether :func:`shared_jit` programs traced now are inlined late: where JAX can say so (0.11+), on CPU or as
+    :func:`late_inlining` chose. The choice is made when the program is traced, from the default backend: a
+    program traced on a CPU host to run elsewhere (``jax.export`` for a TPU, an AOT compile for a GPU) needs
+    ``late_inlining=False``, or it gets CPU's choice (the deviceless TPU compile of a transformer block: 1.5x the
+    estimated cycles, its reductions no longer fused with what produces their input)."""
+    choice = _late_inlining.get()
+    wanted = jax.default_backend() == "cpu" if choice is None else choice
+    return wanted and _compat.can_inline_late()
 
 
 def shared_jit(fn, early_when: Callable[..., bool] | None = None, **jit_kwargs):

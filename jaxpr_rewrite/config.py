@@ -39,6 +39,10 @@ class RewriteConfig:
         backend: what a float dot becomes: ``"int8"`` (the contract), or a registered backend.
         activation_scales: ``None``, or the static scales of the program's matmuls between two activations
             (:func:`~jaxpr_rewrite.calibrate_activation_dots`); needs the per-channel int8 contract.
+        late_inlining: whether XLA inlines the rewritten dots' shared programs late (JAX 0.11+): ``None`` decides
+            by the default backend when the program is traced (late on CPU, except the dots that check int8 codes
+            for NaN beside them; early elsewhere), ``False`` never, ``True`` as on CPU. A program traced on a CPU
+            host to run on an accelerator (``jax.export`` for a TPU, an AOT compile) needs ``False``.
     """
 
     skip: tuple[str, ...] = ()
@@ -48,6 +52,7 @@ class RewriteConfig:
     block_size: int | None = None
     backend: str = "int8"
     activation_scales: ActivationScales | None = None
+    late_inlining: bool | None = None
 
     def __post_init__(self):
         if not isinstance(self.skip, (str, tuple, list, set, frozenset)):
@@ -72,6 +77,9 @@ class RewriteConfig:
                 raise Int8ifyError("block_size refines per-channel scales; it cannot be combined with per-tensor")
         if self.backend not in backend_names():
             raise Int8ifyError(f"backend must be one of {backend_names()}, got {self.backend!r}")
+        if self.late_inlining is not None and not isinstance(self.late_inlining, bool):
+            raise Int8ifyError(f"late_inlining must be None (decided by the default backend), True or False, got "
+                               f"{self.late_inlining!r}")
         if self.activation_scales is not None:
             if not isinstance(self.activation_scales, ActivationScales):
                 raise Int8ifyError(f"activation_scales must be the ActivationScales calibrate_activation_dots "

@@ -26,6 +26,7 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Var
 
 from . import _compat
+from .compile_policy import late_inlining
 from .config import RewriteConfig
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
@@ -217,7 +218,9 @@ class Rewriter:
         """The rewritten program for one float matmul equation: :func:`~jaxpr_rewrite.rules.dots.rewrite_dot`
         under this rewriter's options and backend (with its static scales, for a calibrated dot of two
         activations)."""
-        return rewrite_dot(self.config, self.backend, eqn, invals, where, smoothed, self.static_dots.get(id(eqn)))
+        with late_inlining(self.config.late_inlining):
+            return rewrite_dot(self.config, self.backend, eqn, invals, where, smoothed,
+                               self.static_dots.get(id(eqn)))
 
 
 def _tangent_outputs(jaxpr: Jaxpr, tangents) -> list[bool]:

@@ -299,18 +299,22 @@ X3 = RNG_INLINE.standard_normal((2, 4, 64)).astype(np.float32)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
+@pytest.mark.parametrize("choice", [None, False, True])
 @pytest.mark.parametrize("case, late_on_cpu", [
     ("dynamic scales of a rank-3 activation", True),
     ("block-scaled", True),
     ("dynamic scales of a matrix", False),
     ("a static activation scale", False),
 ])
-def test_rewritten_dots_are_inlined_late_on_cpu_where_jax_can_say_so(backend, case, late_on_cpu, monkeypatch):
+def test_rewritten_dots_are_inlined_late_on_cpu_where_jax_can_say_so(backend, choice, case, late_on_cpu,
+                                                                     monkeypatch):
     """JAX 0.11+ can ask XLA to inline a call late (about half the compile time of a deep model on CPU); other
     backends, and older JAX, keep the default. On CPU a dot that checks an operand's int8 codes for NaN beside it
-    (dynamic scales of a matrix, a static scale) keeps early inlining too: XLA:CPU runs it faster so."""
+    (dynamic scales of a matrix, a static scale) keeps early inlining too: XLA:CPU runs it faster so. The
+    late_inlining option overrides the default backend (a program traced on CPU to run elsewhere)."""
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
-    wrapped = int8ify(_dense, block_size=32) if case == "block-scaled" else int8ify(_dense)
+    options = {"late_inlining": choice, **({"block_size": 32} if case == "block-scaled" else {})}
+    wrapped = int8ify(_dense, **options)
     x = X3 if case == "dynamic scales of a rank-3 activation" else X2
     activations = "static" if case == "a static activation scale" else "dynamic"
     params = quantize_params(wrapped, W_INLINE, x, activations=activations) if case != "block-scaled" else W_INLINE
@@ -321,4 +325,5 @@ def test_rewritten_dots_are_inlined_late_on_cpu_where_jax_can_say_so(backend, ca
     if inline is None:  # before JAX 0.11 the param is a bool: inline into the caller's jaxpr or not
         assert call.params["inline"] is False
     else:
-        assert call.params["inline"] == (inline.XLA_LATE if backend == "cpu" and late_on_cpu else inline.AUTO)
+        late = (backend == "cpu" if choice is None else choice) and late_on_cpu
+        assert call.params["inline"] == (inline.XLA_LATE if late else inline.AUTO)
