@@ -12,7 +12,8 @@ Steps, each bounded in time and each recorded even when an earlier one failed:
    contraction, straight-through gradients, ragged dots, scaled_matmul) run on the device;
 3. speed, in one process and interleaved (medians): the MLP of ``benchmarks/speed.py`` and the all-MiniLM-L6-v2
    encoder (random weights: speed does not depend on them) at batch 128, as bf16 and float32 (the baselines)
-   against ``int8ify``, ``int8ify`` + ``quantize_params`` (also with late inlining, on JAX 0.11+), the
+   against ``int8ify``, ``int8ify`` + ``quantize_params`` (also with late inlining, on JAX 0.11+), with static
+   activation scales (and, for MiniLM, the attention einsums' activations static too), the
    hand-written W8A8 program and the bare int8 dots;
 4. the optimized HLO of each rewritten model: every GEMM listed with its operand types, so an int8 GEMM (cuBLASLt
    IMMA, a Triton s8 fusion) is told apart from an upcast float GEMM;
@@ -42,7 +43,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
+from jaxpr_rewrite import calibrate_activation_dots, int8ify, quantize_params  # noqa: E402
 
 GPU_TESTS = [
     "tests/jaxpr_rewrite/test_dot_general.py",
@@ -187,8 +188,11 @@ def _bench(name, model, params, rest, hand, rounds, reps, measured) -> list[str]
     }
     if hand is not None:
         variants["hand W8A8"] = (jax.jit(hand[0]), (hand[1], *rest))
-    if hasattr(jax, "Inline"):
-        variants["int8ify+qparams, late inlining"] = (_late_inlined(model, qparams, *rest), (qparams, *rest))
+    attention = calibrate_activation_dots(model, params, *rest)
+    if attention.dots:  # the attention einsums' activations static too
+        variants["int8ify static+attn"] = (jax.jit(int8ify(model, activation_scales=attention)), (static, *rest))
+    if hasattr(jax, "Inline"):  # whether late inlining, int8ify's choice on CPU, pays on this device too
+        variants["int8ify+qparams, late inlining"] = (jax.jit(int8ify(model, late_inlining=True)), (qparams, *rest))
     times = time_interleaved(variants, rounds, reps)
     reference = f32(params, *rest)
     batch = rest[0].shape[0]
@@ -200,17 +204,6 @@ def _bench(name, model, params, rest, hand, rounds, reps, measured) -> list[str]
                     f"{times['bf16'] / ms:.2f}x | {times['bare int8 dots'] / ms:.2f}x | {error:.2e} |")
         measured.append((name, variant, ms))
     return rows
-
-
-def _late_inlined(model, *args):
-    """``jit(int8ify(model))`` compiled with int8ify's shared bodies inlined late, as it does on CPU (JAX 0.11+):
-    whether late inlining pays on this device too, where int8ify keeps XLA's default until it is measured."""
-    default_backend = jax.default_backend
-    jax.default_backend = lambda: "cpu"  # what compile_policy.shared_jit reads to choose late inlining
-    try:
-        return jax.jit(int8ify(model)).lower(*args).compile()
-    finally:
-        jax.default_backend = default_backend
 
 
 # -- 4. what the dots compile to ----------------------------------------------------------------------------------
