@@ -217,3 +217,18 @@ def test_bad_calibration_is_an_error():
     with pytest.raises(Int8ifyError, match="must be finite and non-negative"):
         ActivationScales.from_dict({"n_dots": 1, "dots": [{"position": 0, "dimension_numbers": [[[1], [0]], [[], []]],
                                                            "ranks": [2, 2], "source": "x", "absmax": [-1, 1]}]})
+
+
+def test_half_precision_operands_and_calibration_batches_of_other_shapes():
+    spec = "bqd,bkd->bqk"
+    fn = einsum_fn(spec)
+    batches = [tuple(RNG.standard_normal((b, 16, 64)).astype(np.float32) for _ in range(2)) for b in (2, 5)]
+    as_bf16 = [tuple(jnp.asarray(x, jnp.bfloat16) for x in batch) for batch in batches]
+    scales = calibrate_activation_dots(fn, {}, *as_bf16[0], calibration=as_bf16)
+    (dot,) = scales.dots  # the largest |x| over both programs
+    assert dot.absmax == tuple(float(max(jnp.abs(b[side]).max() for b in as_bf16)) for side in (0, 1))
+    a, b = (jnp.asarray(RNG.standard_normal((3, 16, 64)), jnp.bfloat16) for _ in range(2))
+    y = int8ify(fn, activation_scales=scales)({}, a, b)
+    assert y.dtype == jnp.bfloat16
+    want = reference(spec, np.asarray(a, np.float32), np.asarray(b, np.float32), dot.absmax)
+    np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=1e-2, atol=1e-2)  # bf16 output rounding
