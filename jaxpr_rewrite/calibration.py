@@ -26,7 +26,15 @@ from .static_activations import ActivationScales, CalibratedDot, top_level_dots
 from .tracing import target_of, trace
 from .weight_uses import plan_uses
 
-__all__ = ["calibrate_activation_dots", "calibration_tracer", "measure_activations", "static_scales"]
+__all__ = ["calibrate_activation_dots", "calibration_tracer", "check_percentile", "measure_activations",
+           "static_scales"]
+
+
+def check_percentile(value, option: str) -> None:
+    """Raise :class:`~jaxpr_rewrite.errors.Int8ifyError` unless ``value`` (the ``option`` named) is a real number in
+    (0, 100] (not a bool)."""
+    if isinstance(value, (bool, np.bool_)) or not (isinstance(value, numbers.Real) and 0 < value <= 100):
+        raise Int8ifyError(f"{option} must be a number in (0, 100], got {value!r}")
 
 
 def calibration_tracer(function: Callable, signature_of: Callable, params, n_leaves: int, example_kwargs: dict,
@@ -85,9 +93,8 @@ def calibrate_activation_dots(fn: Callable, params, *example_args, calibration=N
         Int8ifyError: bad options, params given as a static argument, or NaN or Inf in a calibrated activation.
     """
     function, config, signature_of = target_of(fn, "calibrate_activation_dots")
-    if percentile is not None and (isinstance(percentile, (bool, np.bool_)) or not (
-            isinstance(percentile, numbers.Real) and 0 < percentile <= 100)):
-        raise Int8ifyError(f"percentile must be a number in (0, 100], got {percentile!r}")
+    if percentile is not None:
+        check_percentile(percentile, "percentile")
     n_leaves = len(jax.tree_util.tree_leaves(params, is_leaf=is_quantized))
     traced = calibration_tracer(function, signature_of, params, n_leaves, example_kwargs, "calibrate_activation_dots")
     calibration = [tuple(example_args)] if calibration is None else [tuple(args) for args in calibration]

@@ -32,7 +32,7 @@ from jax import lax
 
 from .config import RewriteConfig
 from .errors import Int8ifyError
-from .calibration import calibration_tracer, measure_activations, static_scales
+from .calibration import calibration_tracer, check_percentile, measure_activations, static_scales
 from .quantize import StaticScale, epilogue_factors
 from .operands import quantize
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
@@ -181,9 +181,7 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
     if activation_percentile is not None:
         if activations != "static":
             raise Int8ifyError("activation_percentile calibrates static activation scales: pass activations='static'")
-        if isinstance(activation_percentile, (bool, np.bool_)) or not (
-                isinstance(activation_percentile, numbers.Real) and 0 < activation_percentile <= 100):
-            raise Int8ifyError(f"activation_percentile must be a number in (0, 100], got {activation_percentile!r}")
+        check_percentile(activation_percentile, "activation_percentile")
 
     traced = calibration_tracer(function, signature_of, params, len(leaves), example_kwargs, "quantize_params")
 
