@@ -19,6 +19,7 @@ from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .operands import smoothed_activation
 from .quantized import is_quantized, materialise
+from .rewrite import dependents
 from .rules.dots import is_plain_dot, skip_reason
 from .scopes import join_scope
 from .source import describe_source
@@ -132,10 +133,7 @@ def calibrate_activation_dots(fn: Callable, params, *example_args, calibration=N
 def _activation_dots(jaxpr, param_inputs: set, config) -> dict:
     """``position in top_level_dots -> equation`` of the top-level dots the options rewrite whose two operands
     both depend on the program inputs that are not parameters."""
-    data = {v for i, v in enumerate(jaxpr.invars) if i not in param_inputs}
-    for eqn in jaxpr.eqns:
-        if any(v in data for v in eqn.invars if isinstance(v, Var)):
-            data.update(eqn.outvars)
+    data = dependents(jaxpr, {v for i, v in enumerate(jaxpr.invars) if i not in param_inputs})
     dots = {}
     for position, eqn in enumerate(top_level_dots(jaxpr)):
         operands = eqn.invars[:2]

@@ -38,7 +38,7 @@ from .rules.dots import rewrite_dot, skip_reason
 from .scopes import join_scope
 from .source import UNKNOWN, Location, describe_source, eqn_location
 
-__all__ = ["Rewriter"]
+__all__ = ["Rewriter", "dependents"]
 
 
 class Rewriter:
@@ -223,17 +223,25 @@ class Rewriter:
                                self.static_dots.get(id(eqn)))
 
 
-def _tangent_outputs(jaxpr: Jaxpr, tangents) -> list[bool]:
-    """Per outvar of ``jaxpr``, whether :meth:`Rewriter.interpret` computes it from the ``tangents`` invars."""
-    dependent = set(tangents)
+def dependents(jaxpr: Jaxpr, sources) -> set:
+    """The variables of ``jaxpr`` computed from its ``sources`` (among them), following a nested call (``jit``) into
+    its body output by output, so a value a call only passes through keeps its own dependence; any other equation's
+    outputs all depend on any of its inputs."""
+    dependent = set(sources)
     for eqn in jaxpr.eqns:
         reads = [isinstance(v, Var) and v in dependent for v in eqn.invars]
         if not any(reads):
             continue
         if rule_for(eqn.primitive.name).inline_call:
             sub = open_jaxpr(eqn.params[SUBJAXPR_PARAMS[eqn.primitive.name][0]])
-            flags = _tangent_outputs(sub, {v for v, read in zip(sub.invars, reads) if read})
-            dependent.update(v for v, flag in zip(eqn.outvars, flags) if flag)
+            inner = dependents(sub, {v for v, read in zip(sub.invars, reads) if read})
+            dependent.update(v for v, out in zip(eqn.outvars, sub.outvars) if isinstance(out, Var) and out in inner)
         else:
             dependent.update(eqn.outvars)
+    return dependent
+
+
+def _tangent_outputs(jaxpr: Jaxpr, tangents) -> list[bool]:
+    """Per outvar of ``jaxpr``, whether :meth:`Rewriter.interpret` computes it from the ``tangents`` invars."""
+    dependent = dependents(jaxpr, tangents)
     return [isinstance(v, Var) and v in dependent for v in jaxpr.outvars]

@@ -232,3 +232,18 @@ def test_half_precision_operands_and_calibration_batches_of_other_shapes():
     assert y.dtype == jnp.bfloat16
     want = reference(spec, np.asarray(a, np.float32), np.asarray(b, np.float32), dot.absmax)
     np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=1e-2, atol=1e-2)  # bf16 output rounding
+
+
+def test_a_weight_passed_through_a_jitted_helper_beside_the_activation_is_still_a_weight():
+    @jax.jit
+    def project(w, x):
+        return w, x @ w
+
+    def fn(params, x):
+        w, h = project(params["w"], x)
+        return (h @ w.T) @ (h.T @ h)  # a dot with the weight, then two between activations
+
+    params = {"w": RNG.standard_normal((64, 64)).astype(np.float32)}
+    x = RNG.standard_normal((8, 64)).astype(np.float32)
+    scales = calibrate_activation_dots(fn, params, x)
+    assert scales.n_dots == 3 and [d.position for d in scales.dots] == [1, 2]
