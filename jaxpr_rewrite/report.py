@@ -346,8 +346,8 @@ def report(fn, *args, **kwargs) -> Report:
         *args, **kwargs: the arguments of a call. Arrays give measured errors; ``jax.ShapeDtypeStruct`` leaves
             trace only (no errors). A :class:`~jaxpr_rewrite.quantized.QuantizedArray` is reported through its
             materialised value, except one with a static activation scale: its dots are measured as the program
-            runs them (its codes, and the activation quantized with that scale). Non-array leaves are static, as
-            for ``int8ify``.
+            runs them (its codes, and the activation quantized with that scale); so are the dots of ``fn``'s
+            ``activation_scales``. Non-array leaves are static, as for ``int8ify``.
 
     Returns:
         A :class:`Report`; ``print`` it for the table.
