@@ -17,7 +17,7 @@ from jax import lax
 
 from helpers import (away_from_ties, away_from_ties_blocks, reference_block_matmul, reference_dot,
                      reference_per_tensor_matmul)
-from jaxpr_rewrite import Int8ifyError, int8ify, quantize_params
+from jaxpr_rewrite import ActivationScales, Int8ifyError, int8ify, quantize_params
 from jaxpr_rewrite.quantized import is_quantized
 
 MATMUL = (((1,), (0,)), ((), ()))
@@ -61,6 +61,9 @@ OPTIONS = st.fixed_dictionaries({}, optional={
     "static_argnames": st.one_of(st.just(()), st.just("w"), st.integers(0, 2), st.just(["nope"])),
     "cache_size": st.one_of(st.integers(-1, 3), st.booleans(), st.just("4")),
     "skip_if": st.one_of(st.none(), st.just(lambda eqn: True), st.just(3)),
+    "late_inlining": st.sampled_from([None, True, False, 1, "late"]),
+    # scales of this program (one dot, none between activations), of a two-dot program, and not scales at all
+    "activation_scales": st.sampled_from([None, ActivationScales((), 1), ActivationScales((), 2), {"n_dots": 1}]),
 })
 
 
@@ -75,8 +78,10 @@ def test_options_give_the_contract_or_a_clear_error(options):
     try:
         got = f(x, jnp.asarray(w))
     except Int8ifyError:
-        # a static array argument (unhashable), or options a backend refuses (nvfp4 with block_size, ...)
-        assert options.get("static_argnames") == "w" or options.get("backend") in ("mxfp8", "nvfp4")
+        # a static array argument (unhashable), options a backend refuses (nvfp4 with block_size, ...), or the
+        # activation scales of another program
+        assert (options.get("static_argnames") == "w" or options.get("backend") in ("mxfp8", "nvfp4")
+                or options.get("activation_scales") == ActivationScales((), 2))
         return
     exact = x.astype(np.float64) @ w.astype(np.float64)
     patterns = [options["skip"]] if isinstance(options.get("skip"), str) else list(options.get("skip", ()))
