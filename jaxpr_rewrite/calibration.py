@@ -23,7 +23,7 @@ from .rewrite import dependents
 from .rules.dots import is_plain_dot, skip_reason
 from .scopes import join_scope
 from .source import describe_source
-from .static_activations import ActivationScales, CalibratedDot, top_level_dots
+from .static_activations import ActivationScales, CalibratedDot, describe_dot, top_level_dots
 from .tracing import target_of, trace
 from .weight_uses import plan_uses
 
@@ -125,8 +125,7 @@ def calibrate_activation_dots(fn: Callable, params, *example_args, calibration=N
         if not all(np.isfinite(absmax)):
             raise Int8ifyError(f"calibrate_activation_dots: the operands of the dot_general at {describe_source(eqn)} "
                                f"hold NaN or Inf on the calibration inputs, so no static scale can be calibrated")
-        calibrated.append(CalibratedDot(position, eqn.params["dimension_numbers"],
-                                        tuple(v.aval.ndim for v in eqn.invars[:2]), describe_source(eqn), absmax))
+        calibrated.append(CalibratedDot(position, *describe_dot(eqn), absmax))
     return ActivationScales(tuple(calibrated), n_dots)
 
 

@@ -22,7 +22,7 @@ from .jaxprs import is_float_dot
 from .quantize import StaticScale
 from .source import describe_source
 
-__all__ = ["ActivationScales", "CalibratedDot", "ScaledActivation", "top_level_dots"]
+__all__ = ["ActivationScales", "CalibratedDot", "ScaledActivation", "describe_dot", "top_level_dots"]
 
 
 @jax.tree_util.register_pytree_node_class
@@ -60,6 +60,13 @@ def top_level_dots(jaxpr) -> list:
     return [eqn for eqn in jaxpr.eqns if eqn.primitive is lax.dot_general_p and is_float_dot(eqn)]
 
 
+def describe_dot(eqn) -> tuple:
+    """``(dimension numbers, operand ranks, name scope, source)`` of a dot equation: what a
+    :class:`CalibratedDot` records of it."""
+    return (eqn.params["dimension_numbers"], tuple(v.aval.ndim for v in eqn.invars[:2]),
+            str(eqn.source_info.name_stack), describe_source(eqn))
+
+
 @functools.lru_cache(maxsize=None)
 def _stored_scale(absmax: float) -> tuple:
     with jax.ensure_compile_time_eval():
@@ -74,6 +81,7 @@ class CalibratedDot:
         position: its index in :func:`top_level_dots` of the calibrated program.
         dimension_numbers: its ``dot_general`` dimension numbers.
         ranks: the ranks of its two operands.
+        scope: its name scope (a Flax module path, a ``jax.named_scope``), checked with the rest.
         source: where it is in the user's code, for messages.
         absmax: the calibrated ``max|x|`` (or percentile) of its lhs and of its rhs.
     """
@@ -81,6 +89,7 @@ class CalibratedDot:
     position: int
     dimension_numbers: tuple
     ranks: tuple[int, int]
+    scope: str
     source: str
     absmax: tuple[float, float]
 
@@ -113,7 +122,7 @@ class ActivationScales:
 
         Raises:
             Int8ifyError: ``jaxpr`` is not the program the scales were calibrated on (another number of top-level
-                matmuls, or a calibrated dot with other dimension numbers or operand ranks).
+                matmuls, or a calibrated dot with other dimension numbers, operand ranks or name scope).
         """
         eqns = top_level_dots(jaxpr)
         if len(eqns) != self.n_dots:
@@ -123,12 +132,12 @@ class ActivationScales:
         assigned = {}
         for dot in self.dots:
             eqn = eqns[dot.position]
-            ranks = tuple(v.aval.ndim for v in eqn.invars[:2])
-            if eqn.params["dimension_numbers"] != dot.dimension_numbers or ranks != dot.ranks:
+            if describe_dot(eqn)[:3] != (dot.dimension_numbers, dot.ranks, dot.scope):
                 raise Int8ifyError(
                     f"activation_scales do not fit the dot_general at {describe_source(eqn)}: they were calibrated "
                     f"for the one at {dot.source} (dimension numbers {dot.dimension_numbers}, operand ranks "
-                    f"{dot.ranks}); calibrate them on this function (calibrate_activation_dots)")
+                    f"{dot.ranks}, name scope {dot.scope!r}); calibrate them on this function "
+                    f"(calibrate_activation_dots)")
             assigned[id(eqn)] = dot.scales()
         return assigned
 
@@ -145,7 +154,8 @@ class ActivationScales:
         try:
             dots = tuple(CalibratedDot(
                 position=int(d["position"]), dimension_numbers=frozen(d["dimension_numbers"]),
-                ranks=frozen(d["ranks"]), source=str(d["source"]), absmax=tuple(float(a) for a in d["absmax"]),
+                ranks=frozen(d["ranks"]), scope=str(d["scope"]), source=str(d["source"]),
+                absmax=tuple(float(a) for a in d["absmax"]),
             ) for d in data["dots"])
             return cls(dots, int(data["n_dots"]))
         except (KeyError, TypeError, ValueError) as e:

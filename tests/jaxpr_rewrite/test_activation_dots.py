@@ -188,6 +188,21 @@ def test_scales_of_another_program_are_an_error():
     with pytest.raises(Int8ifyError, match=r"do not fit the dot_general at .*test_activation_dots.py:\d+"):
         int8ify(one, activation_scales=other)({}, a, b)
 
+    def scoped(p, a, b, swap):  # two dots of one shape, in the other order when swap is set
+        names = ("keys", "values")[::-1 if swap else 1]
+        outs = []
+        for name, (x, y) in zip(names, ((a, b), (b.T, a.T))):
+            with jax.named_scope(name):
+                outs.append(x @ y)
+        return outs
+
+    wrapped = int8ify(scoped, static_argnames="swap")
+    calibrated = calibrate_activation_dots(wrapped, {}, a, b, swap=False)
+    assert [d.scope for d in calibrated.dots] == ["keys", "values"]
+    wrapped.with_options(activation_scales=calibrated)({}, a, b, swap=False)
+    with pytest.raises(Int8ifyError, match="name scope 'keys'"):
+        wrapped.with_options(activation_scales=calibrated)({}, a, b, swap=True)
+
 
 @pytest.mark.parametrize("options, message", [
     ({"activation_scales": {"n_dots": 1}}, "must be the ActivationScales"),
@@ -216,7 +231,7 @@ def test_bad_calibration_is_an_error():
         ActivationScales.from_dict({"dots": [{"position": 0}]})
     with pytest.raises(Int8ifyError, match="must be finite and non-negative"):
         ActivationScales.from_dict({"n_dots": 1, "dots": [{"position": 0, "dimension_numbers": [[[1], [0]], [[], []]],
-                                                           "ranks": [2, 2], "source": "x", "absmax": [-1, 1]}]})
+                                                           "ranks": [2, 2], "scope": "", "source": "x", "absmax": [-1, 1]}]})
 
 
 def test_half_precision_operands_and_calibration_batches_of_other_shapes():
