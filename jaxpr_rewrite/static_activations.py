@@ -116,6 +116,12 @@ class ActivationScales:
     dots: tuple[CalibratedDot, ...]
     n_dots: int
 
+    def __post_init__(self):
+        positions = [dot.position for dot in self.dots]
+        if len(set(positions)) != len(positions) or not all(0 <= p < self.n_dots for p in positions):
+            raise Int8ifyError(f"ActivationScales: the dots' positions {positions} must be distinct and below the "
+                               f"program's {self.n_dots} top-level dot_general(s)")
+
     def assign(self, jaxpr) -> dict:
         """``id(dot equation) -> (lhs, rhs) stored scales`` for the calibrated dots of ``jaxpr``, the program
         ``int8ify`` runs.

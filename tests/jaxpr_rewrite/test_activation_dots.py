@@ -229,6 +229,11 @@ def test_bad_calibration_is_an_error():
         calibrate_activation_dots(fn, {}, a, calibration=[])
     with pytest.raises(Int8ifyError, match="not the dict ActivationScales.as_dict writes"):
         ActivationScales.from_dict({"dots": [{"position": 0}]})
+    dot = {"position": 0, "dimension_numbers": [[[1], [0]], [[], []]], "ranks": [2, 2], "scope": "", "source": "x",
+           "absmax": [1, 1]}
+    for dots, n_dots in (([dot, dot], 2), ([{**dot, "position": 1}], 1)):
+        with pytest.raises(Int8ifyError, match="must be distinct and below the program's"):
+            ActivationScales.from_dict({"n_dots": n_dots, "dots": dots})
     with pytest.raises(Int8ifyError, match="must be finite and non-negative"):
         ActivationScales.from_dict({"n_dots": 1, "dots": [{"position": 0, "dimension_numbers": [[[1], [0]], [[], []]],
                                                            "ranks": [2, 2], "scope": "", "source": "x", "absmax": [-1, 1]}]})
