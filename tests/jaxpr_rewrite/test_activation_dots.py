@@ -235,8 +235,7 @@ def test_bad_calibration_is_an_error():
         with pytest.raises(Int8ifyError, match="must be distinct and below the program's"):
             ActivationScales.from_dict({"n_dots": n_dots, "dots": dots})
     with pytest.raises(Int8ifyError, match="must be finite and non-negative"):
-        ActivationScales.from_dict({"n_dots": 1, "dots": [{"position": 0, "dimension_numbers": [[[1], [0]], [[], []]],
-                                                           "ranks": [2, 2], "scope": "", "source": "x", "absmax": [-1, 1]}]})
+        ActivationScales.from_dict({"n_dots": 1, "dots": [{**dot, "absmax": [-1, 1]}]})
 
 
 def test_half_precision_operands_and_calibration_batches_of_other_shapes():
