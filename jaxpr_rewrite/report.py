@@ -270,9 +270,8 @@ class _Measurer:
         """``fn(*invals) -> (float result, sums)`` for one matmul, shared by every matmul with the same primitive,
         params and operand types: its program is traced once however many layers call it (see
         :func:`~jaxpr_rewrite.compile_policy.shared_jit` for how XLA compiles it)."""
-        static = self.rewriter.static_dots.get(id(eqn))
         key = (eqn.primitive, tuple(sorted(eqn.params.items())), tuple(v.aval for v in (*eqn.invars, *eqn.outvars)),
-               None if static is None else tuple(tuple(s.tolist()) for s in static))
+               self.rewriter.static_dots.get(id(eqn)))
         try:
             hash(key)
         except TypeError:  # a param JAX keeps unhashable: this matmul gets a program of its own

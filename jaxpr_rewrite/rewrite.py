@@ -60,7 +60,7 @@ class Rewriter:
         self.config = config
         self.backend = config.dot_backend
         scales = config.activation_scales
-        # id(top-level dot equation) -> the static scales of its two operands
+        # id(top-level dot equation) -> its CalibratedDot (the static scales of its two operands)
         self.static_dots: dict = {} if scales is None or program is None else scales.assign(program)
         self._rewritten: dict = {}
         self._rewrites: dict = {}
@@ -218,9 +218,10 @@ class Rewriter:
         """The rewritten program for one float matmul equation: :func:`~jaxpr_rewrite.rules.dots.rewrite_dot`
         under this rewriter's options and backend (with its static scales, for a calibrated dot of two
         activations)."""
+        calibrated = self.static_dots.get(id(eqn))
         with late_inlining(self.config.late_inlining):
             return rewrite_dot(self.config, self.backend, eqn, invals, where, smoothed,
-                               self.static_dots.get(id(eqn)))
+                               None if calibrated is None else calibrated.scales())
 
 
 def dependents(jaxpr: Jaxpr, sources) -> set:

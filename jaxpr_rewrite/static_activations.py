@@ -45,10 +45,6 @@ class ScaledActivation:
     def tree_unflatten(cls, _, children):
         return cls(*children)
 
-    shape = property(lambda self: self.value.shape)
-    ndim = property(lambda self: self.value.ndim)
-    dtype = property(lambda self: self.value.dtype)
-
     @property
     def static_scale(self) -> StaticScale:
         return StaticScale.stored_in(self.activation_scale)
@@ -123,8 +119,8 @@ class ActivationScales:
                                f"program's {self.n_dots} top-level dot_general(s)")
 
     def assign(self, jaxpr) -> dict:
-        """``id(dot equation) -> (lhs, rhs) stored scales`` for the calibrated dots of ``jaxpr``, the program
-        ``int8ify`` runs.
+        """``id(dot equation) -> its CalibratedDot`` for the calibrated dots of ``jaxpr``, the program ``int8ify``
+        runs.
 
         Raises:
             Int8ifyError: ``jaxpr`` is not the program the scales were calibrated on (another number of top-level
@@ -144,7 +140,7 @@ class ActivationScales:
                     f"for the one at {dot.source} (dimension numbers {dot.dimension_numbers}, operand ranks "
                     f"{dot.ranks}, name scope {dot.scope!r}); calibrate them on this function "
                     f"(calibrate_activation_dots)")
-            assigned[id(eqn)] = dot.scales()
+            assigned[id(eqn)] = dot
         return assigned
 
     def as_dict(self) -> dict:
