@@ -117,7 +117,7 @@ def calibrate_activation_dots(fn: Callable, params, *example_args, calibration=N
         elif (sorted(program_dots), program_n_dots) != (sorted(dots), n_dots):
             raise Int8ifyError("calibrate_activation_dots: the calibration inputs trace to programs with different "
                                "matmuls; calibrate each program on inputs of its own")
-        for position, value in measure(closed.consts, [materialise(x) for x in dynamic]).items():
+        for position, value in measure(closed.consts, dynamic).items():
             measured[position] = value if position not in measured else jnp.maximum(measured[position], value)
     calibrated = []
     for position, eqn in dots.items():
@@ -194,12 +194,12 @@ def _not_top_level(uses) -> str:
 
 def measure_activations(closed, targets: dict, statistic: Callable) -> Callable:
     """A jitted function of ``(closed.consts, flat_args)`` running the float program ``closed`` and giving, per
-    parameter, the elementwise maximum of ``statistic(eqn, activation, index)`` over the activations its target
-    dots meet (the calibration pass of SmoothQuant and of static scales).
+    target index, the elementwise maximum of ``statistic`` over the dots it targets (the calibration pass of
+    SmoothQuant and of static scales). A quantized argument is materialised inside the compiled program.
 
     Arguments:
         closed: the float program, traced for one calibration input signature.
-        targets: ``id(dot equation) -> (parameter index, side of the parameter)``.
+        targets: ``id(dot equation) -> (index, side)``: a parameter's index and side, or a dot's own index.
         statistic: ``statistic(eqn, operands, parameter index, side)``, what to measure of one dot.
     """
 
@@ -214,7 +214,7 @@ def measure_activations(closed, targets: dict, statistic: Callable) -> Callable:
                 stats[index] = value if index not in stats else jnp.maximum(stats[index], value)
             return bind(eqn, invals)
 
-        evaluate(closed.jaxpr, consts, args, step)
+        evaluate(closed.jaxpr, consts, [materialise(x) for x in args], step)
         return stats
 
     return jax.jit(run)

@@ -266,3 +266,13 @@ def test_a_weight_passed_through_a_jitted_helper_beside_the_activation_is_still_
     x = RNG.standard_normal((8, 64)).astype(np.float32)
     scales = calibrate_activation_dots(fn, params, x)
     assert scales.n_dots == 3 and [d.position for d in scales.dots] == [1, 2]
+
+
+def test_quantized_params_calibrate_as_the_values_they_stand_for(transformer):
+    from jaxpr_rewrite.quantized import is_quantized, materialise
+
+    params, calibration = transformer
+    qparams = quantize_params(block, params, *calibration[0])
+    values = jax.tree_util.tree_map(materialise, qparams, is_leaf=is_quantized)
+    from_quantized = calibrate_activation_dots(block, qparams, *calibration[0], calibration=calibration)
+    assert from_quantized == calibrate_activation_dots(block, values, *calibration[0], calibration=calibration)
