@@ -13,6 +13,7 @@ from jax import lax
 
 from .blocks import from_blocks, to_blocks
 from .errors import Int8ifyError
+from .fused_scales import quantize_scaled_max_parts
 from .int4 import pack_int4
 from .quantize import epilogue_factors, quantize_dynamic_parts, quantize_parts, quantize_static_parts, to_compute
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
@@ -83,6 +84,7 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
         parts = _static_parts(x, static, reduce_axes)
     elif x.ndim <= 2:
         parts = lax.platform_dependent(x, cpu=functools.partial(quantize_dynamic_parts, reduce_axes=reduce_axes),
+                                       cuda=functools.partial(quantize_scaled_max_parts, reduce_axes=reduce_axes),
                                        default=functools.partial(_quantize_with_factors, reduce_axes=reduce_axes))
     else:
         parts = _quantize_with_factors(x, reduce_axes)

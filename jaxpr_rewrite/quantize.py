@@ -55,11 +55,14 @@ __all__ = [
     "compute_dtype",
     "dequantize_codes",
     "epilogue_factors",
+    "float_format",
     "ldexp_exact",
+    "max_over",
     "pow2",
     "quantize_dynamic_parts",
     "quantize_parts",
     "quantize_static_parts",
+    "rounded_quotients",
     "StaticScale",
     "scale_values",
     "scale_product",
@@ -93,7 +96,8 @@ def compute_dtype(dtype) -> np.dtype:
     return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
 
 
-def _format(x) -> FloatFormat:
+def float_format(x) -> FloatFormat:
+    """The bit layout of ``x``'s dtype (a compute dtype: float32 or float64)."""
     return FORMATS[np.dtype(x.dtype)]
 
 
@@ -126,10 +130,10 @@ def absmax(x, reduce_axes: Sequence[int]):
     many layouts.
     """
     x = to_compute(x)
-    return _max_over(lax.select(lax.ne(x, x), lax.full_like(x, np.inf), lax.abs(x)), tuple(reduce_axes))
+    return max_over(lax.select(lax.ne(x, x), lax.full_like(x, np.inf), lax.abs(x)), tuple(reduce_axes))
 
 
-def _max_over(magnitude, axes: tuple):
+def max_over(magnitude, axes: tuple):
     """The maximum of ``magnitude`` over ``axes``, 0 for an empty slice."""
     amax = lax.reduce_max(magnitude, axes)
     if any(magnitude.shape[a] == 0 for a in axes):
@@ -137,7 +141,7 @@ def _max_over(magnitude, axes: tuple):
     return amax
 
 
-def _rounded_quotients(values, scales, prescale, kept_axes: tuple):
+def rounded_quotients(values, scales, prescale, kept_axes: tuple):
     """``rint((values * 2**-e) / scales)`` per element, the per-slice ``prescale = 2**-e`` and ``scales``
     broadcast from ``kept_axes``: the multiply is exact and the division an IEEE one (:func:`true_divide`)."""
     prescaled = lax.mul(values, lax.broadcast_in_dim(prescale, values.shape, kept_axes))
@@ -162,7 +166,7 @@ def _scale_parts(amax, limit: int = INT8_MAX):
         all-zero slice, whose elements are all zero). The mantissa is ``amax * 2**-exponents``, a multiply by a
         power of two and so exact, with ``2**-exponents`` built from the absmax's exponent field.
     """
-    fmt = _format(amax)
+    fmt = float_format(amax)
     field = lax.shift_right_logical(lax.bitcast_convert_type(amax, fmt.bits), fmt.bits(fmt.mantissa_bits))
     # 2**-e must be a normal float for the prescale: the top binade (and Inf) keeps e = bias - 1; a subnormal
     # absmax has field 0, e = -bias, which makes the same exact multiply
@@ -194,7 +198,7 @@ def quantize_parts(x, reduce_axes: Sequence[int], limit: int = INT8_MAX):
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
     scales, exponents, prescale = _scale_parts(absmax(x, reduce_axes), limit)
     # (a non-finite slice's exponent is meaningless, but its scale is Inf and so is every output it feeds)
-    rounded = _rounded_quotients(to_compute(x), scales, prescale, kept_axes)
+    rounded = rounded_quotients(to_compute(x), scales, prescale, kept_axes)
     bound = scales.dtype.type(limit)
     codes = lax.convert_element_type(lax.clamp(-bound, rounded, bound), np.int8)
     return codes, scales, exponents
@@ -237,8 +241,8 @@ def quantize_dynamic_parts(x, reduce_axes: Sequence[int]):
     reduce_axes = tuple(reduce_axes)
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
     values = to_compute(x)
-    scales, exponents, prescale = _scale_parts(_max_over(lax.abs(values), reduce_axes))
-    codes, poisoned = _codes(values, _rounded_quotients(values, scales, prescale, kept_axes), reduce_axes)
+    scales, exponents, prescale = _scale_parts(max_over(lax.abs(values), reduce_axes))
+    codes, poisoned = _codes(values, rounded_quotients(values, scales, prescale, kept_axes), reduce_axes)
     nonfinite = _poison(poisoned, scales)
     factor, power = epilogue_factors(scales, exponents)
     return codes, lax.add(scales, nonfinite), exponents, (lax.add(factor, nonfinite), power)
@@ -341,7 +345,7 @@ def epilogue_factors(scales, exponents) -> tuple:
     and a normal float always; the second is 1 there, and carries what the clip took off for a huge or tiny
     slice. Both are exact: a multiply by a power of two.
     """
-    fmt = _format(scales)
+    fmt = float_format(scales)
     window = (fmt.bias - 7) // 2
     clipped = lax.clamp(np.int32(-window), exponents, np.int32(window))
     return lax.mul(scales, pow2(clipped, fmt.dtype)), pow2(lax.sub(exponents, clipped), fmt.dtype)

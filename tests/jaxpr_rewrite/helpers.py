@@ -141,23 +141,26 @@ def assert_all_dots_int8(jaxpr, expected_count=None):
     return dots
 
 
-def platform_eqns(jaxpr, branch: int):
-    """The equations of ``jaxpr`` (nested ones included) as one platform compiles them: of each
-    ``lax.platform_dependent`` choice (a ``cond`` on a ``platform_index``) only branch ``branch``, as the rewrite
-    orders them (0: CPU, 1: every other platform)."""
+def platform_eqns(jaxpr, platform: str):
+    """The equations of ``jaxpr`` (nested ones included) as ``platform`` (``"cpu"``, ``"cuda"``, ``"tpu"``) compiles
+    them: of each ``lax.platform_dependent`` choice (a ``cond`` on a ``platform_index``) only that platform's
+    branch, or the default one."""
     from jaxpr_rewrite.jaxprs import open_jaxpr, sub_jaxprs
 
-    platform_vars = set()
+    chosen = {}
     for eqn in open_jaxpr(jaxpr).eqns:
         if eqn.primitive.name == "platform_index":
-            platform_vars.update(map(id, eqn.outvars))
+            choices = eqn.params["platforms"]
+            index = next((i for i, names in enumerate(choices) if names is not None and platform in names),
+                         choices.index(None))
+            chosen.update({id(v): index for v in eqn.outvars})
             continue
         yield eqn
-        if eqn.primitive.name == "cond" and id(eqn.invars[0]) in platform_vars:
-            yield from platform_eqns(eqn.params["branches"][branch], branch)
+        if eqn.primitive.name == "cond" and id(eqn.invars[0]) in chosen:
+            yield from platform_eqns(eqn.params["branches"][chosen[id(eqn.invars[0])]], platform)
         else:
             for sub in sub_jaxprs(eqn):
-                yield from platform_eqns(sub, branch)
+                yield from platform_eqns(sub, platform)
 
 
 def assert_close_to_reference(got, want, rtol=1e-6, atol=0.0):

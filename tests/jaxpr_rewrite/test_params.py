@@ -46,7 +46,7 @@ def test_program_quantizes_only_activations(mlp):
     jaxpr = jax.make_jaxpr(int8ify(mlp))(q, X)
     assert_all_dots_int8(jaxpr, 3)
     # one absmax per dot, on every platform: the activation's; none for the weights
-    for platform in (0, 1):
+    for platform in ("cpu", "cuda", "tpu"):
         assert sum(e.primitive.name == "reduce_max" for e in platform_eqns(jaxpr, platform)) == 3
     int8_inputs = [v for v in jaxpr.jaxpr.invars if v.aval.dtype == jnp.int8]
     assert len(int8_inputs) == 3
@@ -216,7 +216,7 @@ def _assert_codes_consumed(fn, qparams, *args, n_dots):
     reductions are the activations' (one per dot)."""
     jaxpr = jax.make_jaxpr(int8ify(fn))(qparams, *args)
     assert_all_dots_int8(jaxpr)
-    for platform in (0, 1):
+    for platform in ("cpu", "cuda", "tpu"):
         float_weights = [e for e in platform_eqns(jaxpr, platform) if e.primitive.name == "reduce_max"]
         assert len(float_weights) == n_dots, len(float_weights)
 
