@@ -63,10 +63,14 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     calibrated dot of two activations); else with the contract's dynamic per-slice scales.
 
     The dynamic scales of a matrix (an operand of rank 2) are lowered per platform (``lax.platform_dependent``),
-    the same codes and scales for every finite slice either way. On CPU,
+    the same codes and scale values for every finite slice either way. On CPU,
     :func:`~jaxpr_rewrite.quantize.quantize_dynamic_parts`: XLA:CPU's reduction cannot fuse
     :func:`~jaxpr_rewrite.quantize.absmax`'s NaN-to-Inf select, which then writes a temporary as large as the
-    operand, so NaN and Inf are caught on the int8 codes instead. Elsewhere, and for operands of higher rank,
+    operand, so NaN and Inf are caught on the int8 codes instead. On CUDA,
+    :func:`~jaxpr_rewrite.fused_scales.quantize_scaled_max_parts`: the scale taken inside the absmax reduction, so
+    XLA's GPU compiler launches no kernel for it (operands of higher rank keep the division per slice there: the
+    transformer block of ``benchmarks/accelerators.py`` launched 41 kernels instead of 36 without it). Elsewhere,
+    and for operands of higher rank,
     :func:`~jaxpr_rewrite.quantize.quantize_parts`: GPU and TPU fuse that select into the reduction (the check on
     the codes costs TPU cycles), and XLA:CPU's dot reads a higher-rank operand's codes through a reshape, so a
     second reader of the codes (the check) makes it compute them twice and write out the quotients (the MiniLM
