@@ -26,7 +26,8 @@ this representation plus two small devices handle all four:
   the same fused pass on GPU and TPU); a slice holding NaN or Inf gets an infinite scale, so every output that
   depends on it comes out non-finite (Inf or NaN). The rewritten program on CPU, whose reduction cannot fuse that
   select, quantizes a matrix operand with :func:`quantize_dynamic_parts` instead: NaN and Inf get the code -128
-  and make their slice's scale NaN.
+  and make their slice's scale NaN; on CUDA, :func:`jaxpr_rewrite.fused_scales.quantize_scaled_max_parts` takes
+  the scale inside the reduction (a NaN scale there too).
 * **Tiny slices.** XLA flushes subnormal floats to zero, so ``a / 127`` for ``a < 127 * 2**-126`` cannot be
   represented as one float. Held as ``scales * 2**exponents`` it needs no special case: the codes of such a slice
   use the full +-127 range like any other.
