@@ -18,6 +18,7 @@ from jax.extend.core import Var
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .operands import smoothed_activation
+from .quantize import SMALLEST_STATIC_ABSMAX
 from .quantized import is_quantized, materialise
 from .rewrite import dependents
 from .rules.dots import is_plain_dot, skip_reason
@@ -176,6 +177,11 @@ def static_scales(plans, smooth, calibration, traced, config, percentile, paths,
         if not np.isfinite(float(value)):
             raise Int8ifyError(f"quantize_params(activations='static'): the activations met by {paths[i]}'s matmuls "
                                f"hold NaN or Inf on the calibration inputs, so no static scale can be calibrated")
+        if 0 < float(value) < SMALLEST_STATIC_ABSMAX:
+            raise Int8ifyError(f"quantize_params(activations='static'): the activations met by {paths[i]}'s matmuls "
+                               f"measured an absmax of {float(value):.3g} on the calibration inputs, below "
+                               f"{SMALLEST_STATIC_ABSMAX:.3g} (2**-121), the smallest a static scale takes; "
+                               f"calibrate on representative inputs, or keep dynamic activation scales")
     groups: dict = {}
     for i in measured:
         if i not in dynamic_leaves:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from jax import lax
 
 from .int8_dot import scaled_int8_dot
-from .quantize import ldexp_exact, scale_values
+from .quantize import scale_values
 
 _MATMUL_DIMS = (((1,), (0,)), ((), ()))
 
@@ -40,3 +41,26 @@ def _scale_values(q):
     if q.scales.dtype == np.float32:
         return ldexp_exact(q.scales, q.exponents)
     return scale_values(q.scales, q.exponents)
+
+
+def ldexp_exact(scales, exponents):
+    """``scales * 2**exponents`` as float32 values, rounded once (to nearest even) even where the result is
+    subnormal, which a float multiply on XLA would flush to zero. Built from the bits, so nothing is flushed."""
+    bits = lax.bitcast_convert_type(scales, np.int32)
+    sign = lax.bitwise_and(bits, np.int32(-(2**31)))
+    magnitude = lax.bitwise_and(bits, np.int32(0x7FFFFFFF))
+    biased = lax.add(lax.shift_right_logical(magnitude, np.int32(23)), exponents)
+    normal = lax.bitwise_or(sign, lax.bitwise_or(lax.shift_left(biased, np.int32(23)),
+                                                 lax.bitwise_and(magnitude, np.int32(0x7FFFFF))))
+    # below the normal range: shift the 24-bit significand right and round half to even
+    significand = lax.bitwise_or(lax.bitwise_and(magnitude, np.int32(0x7FFFFF)), np.int32(0x800000))
+    shift = lax.clamp(np.int32(1), lax.sub(np.int32(1), biased), np.int32(25))
+    kept = lax.shift_right_logical(significand, shift)
+    rest = lax.bitwise_and(significand, lax.sub(lax.shift_left(np.int32(1), shift), np.int32(1)))
+    half = lax.shift_left(np.int32(1), lax.sub(shift, np.int32(1)))
+    odd = lax.eq(lax.bitwise_and(kept, np.int32(1)), np.int32(1))
+    up = lax.bitwise_or(lax.gt(rest, half), lax.bitwise_and(lax.eq(rest, half), odd))
+    subnormal = lax.bitwise_or(sign, lax.add(kept, lax.convert_element_type(up, np.int32)))
+    ok = lax.bitwise_and(lax.is_finite(scales), lax.ne(magnitude, np.int32(0)))
+    value = lax.select(lax.gt(biased, np.int32(0)), normal, subnormal)
+    return lax.select(ok, lax.bitcast_convert_type(value, np.float32), scales)

@@ -43,6 +43,7 @@ Inputs below float32's normal range (subnormals) are read as zero by XLA on CPU 
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -52,12 +53,12 @@ __all__ = [
     "FORMATS",
     "INT8_MAX",
     "MAX_INT32_SAFE_CONTRACTION",
+    "SMALLEST_STATIC_ABSMAX",
     "absmax",
     "compute_dtype",
     "dequantize_codes",
     "epilogue_factors",
     "float_format",
-    "ldexp_exact",
     "max_over",
     "pow2",
     "quantize_dynamic_parts",
@@ -74,6 +75,9 @@ __all__ = [
 INT8_MAX = 127
 # The largest contraction whose int8 x int8 products cannot overflow an int32 sum: 127 * 127 * K < 2**31.
 MAX_INT32_SAFE_CONTRACTION = (2**31 - 1) // (INT8_MAX * INT8_MAX)
+# The smallest nonzero calibrated absmax a static scale takes: its codes are one multiply by the reciprocal
+# 2**-e / scales (up to 127 * 2**-e), a float32 for e >= -121 and infinite below (every code saturated).
+SMALLEST_STATIC_ABSMAX = 2.0**-121
 
 
 class FloatFormat(NamedTuple):
@@ -281,8 +285,20 @@ class StaticScale(NamedTuple):
 
     @classmethod
     def stored_in(cls, vector) -> "StaticScale":
-        """The scale a :meth:`stored` vector holds."""
-        return cls(*(lax.index_in_dim(vector, i, keepdims=False) for i in range(len(cls._fields))))
+        """The scale a :meth:`stored` vector holds. On TPU each field is a masked sum of the vector (exact: the fields
+        are finite): XLA:TPU makes a kernel of each slice of it (the static MLP of ``benchmarks/accelerators.py``:
+        5-8% of its estimated cycles), as XLA's GPU compiler does of each reduction."""
+        count = len(cls._fields)
+        return cls(*lax.platform_dependent(vector, tpu=functools.partial(_fields_by_masks, count=count),
+                                           default=functools.partial(_fields_by_slices, count=count)))
+
+
+def _fields_by_masks(vector, count: int) -> tuple:
+    return tuple(lax.reduce_sum(lax.mul(vector, np.eye(count, dtype=vector.dtype)[i]), (0,)) for i in range(count))
+
+
+def _fields_by_slices(vector, count: int) -> tuple:
+    return tuple(lax.index_in_dim(vector, i, keepdims=False) for i in range(count))
 
 
 def quantize_static_parts(x, static: StaticScale, reduce_axes: Sequence[int]):
@@ -332,7 +348,7 @@ def dequantize_codes(codes, scales, exponents, kept_axes: Sequence[int]):
 
 def scale_values(scales, exponents):
     """The scales as plain values, ``scales * 2**exponents`` (float64, or float32 where XLA flushes a subnormal
-    result to zero; see :func:`ldexp_exact` for exact float32 values)."""
+    result to zero; :func:`jaxpr_rewrite.matmul.ldexp_exact` gives exact float32 values)."""
     scale, power = epilogue_factors(scales, exponents)
     return lax.mul(scale, power)
 
@@ -371,26 +387,3 @@ def scale_product(acc, lhs: Sequence, rhs: Sequence):
     """
     (f_l, g_l), (f_r, g_r) = lhs, rhs
     return lax.mul(lax.mul(lax.mul(lax.mul(acc, f_r), f_l), g_r), g_l)
-
-
-def ldexp_exact(scales, exponents):
-    """``scales * 2**exponents`` as float32 values, rounded once (to nearest even) even where the result is
-    subnormal, which a float multiply on XLA would flush to zero. Built from the bits, so nothing is flushed."""
-    bits = lax.bitcast_convert_type(scales, np.int32)
-    sign = lax.bitwise_and(bits, np.int32(-(2**31)))
-    magnitude = lax.bitwise_and(bits, np.int32(0x7FFFFFFF))
-    biased = lax.add(lax.shift_right_logical(magnitude, np.int32(23)), exponents)
-    normal = lax.bitwise_or(sign, lax.bitwise_or(lax.shift_left(biased, np.int32(23)),
-                                                 lax.bitwise_and(magnitude, np.int32(0x7FFFFF))))
-    # below the normal range: shift the 24-bit significand right and round half to even
-    significand = lax.bitwise_or(lax.bitwise_and(magnitude, np.int32(0x7FFFFF)), np.int32(0x800000))
-    shift = lax.clamp(np.int32(1), lax.sub(np.int32(1), biased), np.int32(25))
-    kept = lax.shift_right_logical(significand, shift)
-    rest = lax.bitwise_and(significand, lax.sub(lax.shift_left(np.int32(1), shift), np.int32(1)))
-    half = lax.shift_left(np.int32(1), lax.sub(shift, np.int32(1)))
-    odd = lax.eq(lax.bitwise_and(kept, np.int32(1)), np.int32(1))
-    up = lax.bitwise_or(lax.gt(rest, half), lax.bitwise_and(lax.eq(rest, half), odd))
-    subnormal = lax.bitwise_or(sign, lax.add(kept, lax.convert_element_type(up, np.int32)))
-    ok = lax.bitwise_and(lax.is_finite(scales), lax.ne(magnitude, np.int32(0)))
-    value = lax.select(lax.gt(biased, np.int32(0)), normal, subnormal)
-    return lax.select(ok, lax.bitcast_convert_type(value, np.float32), scales)

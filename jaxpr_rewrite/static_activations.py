@@ -19,7 +19,7 @@ from jax import lax
 
 from .errors import Int8ifyError
 from .jaxprs import is_float_dot
-from .quantize import StaticScale
+from .quantize import SMALLEST_STATIC_ABSMAX, StaticScale
 from .source import describe_source
 
 __all__ = ["ActivationScales", "CalibratedDot", "ScaledActivation", "describe_dot", "top_level_dots"]
@@ -93,6 +93,10 @@ class CalibratedDot:
         if not all(np.isfinite(a) and a >= 0 for a in self.absmax):
             raise Int8ifyError(f"a calibrated absmax must be finite and non-negative, got {self.absmax} for the dot "
                                f"at {self.source}")
+        if any(0 < a < SMALLEST_STATIC_ABSMAX for a in self.absmax):
+            raise Int8ifyError(f"a calibrated absmax of the dot at {self.source} is {min(self.absmax):.3g}, below "
+                               f"{SMALLEST_STATIC_ABSMAX:.3g} (2**-121), the smallest a static scale takes: calibrate "
+                               f"on representative inputs, or keep this dot's activations dynamic")
 
     def scales(self) -> tuple[np.ndarray, np.ndarray]:
         """The stored static scale of each operand (float32 vectors, constants of the program)."""

@@ -236,6 +236,8 @@ def test_bad_calibration_is_an_error():
             ActivationScales.from_dict({"n_dots": n_dots, "dots": dots})
     with pytest.raises(Int8ifyError, match="must be finite and non-negative"):
         ActivationScales.from_dict({"n_dots": 1, "dots": [{**dot, "absmax": [-1, 1]}]})
+    with pytest.raises(Int8ifyError, match=r"is 1e-38, below 3.76e-37 \(2\*\*-121\)"):
+        ActivationScales.from_dict({"n_dots": 1, "dots": [{**dot, "absmax": [1e-38, 1]}]})
 
 
 def test_half_precision_operands_and_calibration_batches_of_other_shapes():

@@ -1,12 +1,17 @@
 """Static activation scales: ``quantize_params(activations="static")`` against a numpy reference."""
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
 
+from helpers import platform_eqns
 from jaxpr_rewrite import Int8ifyError, int8ify, iter_eqns, quantize_params
+
+qz = importlib.import_module("jaxpr_rewrite.quantize")
 
 RNG = np.random.default_rng(7)
 
@@ -120,6 +125,30 @@ def test_the_hot_path_has_no_absmax_reduction():
     assert primitives(static).count("dot_general") == 1
 
 
+@pytest.mark.parametrize("amax", [0.0, 2.0**-121, 1e-30, 0.7, 3.0, 127.0, 1e30, float(np.finfo(np.float32).max)])
+def test_the_stored_scale_reads_the_same_on_every_platform(amax):
+    """A weight's stored static scale is read by slices (CPU, GPU) or, on TPU, by masked sums of its vector (XLA:TPU
+    makes a kernel of each slice): the same fields, bit for bit, over the whole range of calibrated absmaxes."""
+    vector = jax.jit(lambda a: qz.StaticScale.of(a).stored())(np.float32(amax))
+    count = len(qz.StaticScale._fields)
+    by_masks = jax.jit(lambda v: qz._fields_by_masks(v, count))(vector)
+    by_slices = jax.jit(lambda v: qz._fields_by_slices(v, count))(vector)
+    for masked, sliced in zip(by_masks, by_slices):
+        assert np.asarray(masked).tobytes() == np.asarray(sliced).tobytes()
+    np.testing.assert_array_equal(np.asarray(by_slices), np.asarray(vector))
+
+
+def test_tpu_reads_the_stored_scale_without_slices():
+    params, calibration = make_dense()
+    static = quantize_params(dense, params, *calibration[0], activations="static", calibration=calibration)
+    jaxpr = jax.make_jaxpr(int8ify(dense))(static, calibration[0][0])
+
+    def slices(platform):
+        return sum(e.primitive.name in ("slice", "squeeze") for e in platform_eqns(jaxpr, platform))
+
+    assert slices("tpu") == 0 and slices("cpu") == slices("cuda") > 0
+
+
 def test_percentile_calibration():
     params, calibration = make_dense()
     qparams = quantize_params(dense, params, *calibration[0], activations="static", calibration=calibration,
@@ -205,6 +234,23 @@ def test_nan_in_the_calibration_data_is_an_error_naming_the_leaf():
     bad[0, 0] = np.nan
     with pytest.raises(Int8ifyError, match=r"\['w'\].*NaN or Inf"):
         quantize_params(dense, params, bad, activations="static")
+
+
+def test_calibration_too_small_for_a_static_scale_is_an_error_naming_the_leaf():
+    """Below 2**-121 a static scale's reciprocal (the hot path's one multiply) overflows and every code would
+    saturate: a clear error instead, naming the weight; 2**-121 itself quantizes like the reference."""
+    params, _ = make_dense(d_in=64, d_out=8, batch=4)
+    tiny = np.full((4, 64), 2e-37, np.float32)
+    with pytest.raises(Int8ifyError, match=r"\['w'\].*absmax of 2e-37.*below 3.76e-37"):
+        quantize_params(dense, params, tiny, activations="static")
+    smallest = np.full((4, 64), 2.0**-121, np.float32)
+    q = quantize_params(dense, params, smallest, activations="static")
+    x = (smallest * np.random.default_rng(3).uniform(-1, 1, smallest.shape)).astype(np.float32)
+    x[np.abs(x) < np.finfo(np.float32).tiny] = 0  # XLA reads subnormal inputs as zero (README)
+    # (and flushes subnormal results: outputs below float32's normal range may come out 0)
+    np.testing.assert_allclose(np.asarray(jax.jit(int8ify(dense))(q, x), np.float64),
+                               static_reference(x, params["w"], 2.0**-121), rtol=1e-6,
+                               atol=np.finfo(np.float32).tiny)
 
 
 def test_report_measures_the_static_scale_error_per_dot():
