@@ -47,7 +47,8 @@ ACTIVATION_MODES = ("dynamic", "static")
 
 
 class QuantizationWarning(UserWarning):
-    """A parameter that feeds a matmul was left float by :func:`quantize_params`."""
+    """A parameter that feeds a matmul was left float by :func:`quantize_params`, or got a static activation
+    scale calibrated on activations that were all zero."""
 
 
 def quantizable_uses(jaxpr, var, config: RewriteConfig) -> list[Use]:
@@ -209,6 +210,7 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
         static = static_scales(plans, smooth, calibration, traced, config, activation_percentile, paths, explanation)
 
     new_leaves = []
+    zero_calibrated = []  # static scales measured on activations that were all zero: scale 1
     for i, leaf in enumerate(leaves):
         if i not in plans:
             new_leaves.append(leaf)
@@ -228,6 +230,8 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
         q = jax.block_until_ready(_quantize_weight(quantized_value, axes, bits, config.int8_block_size))
         absmax, activation_group = static.get(i, (None, None))
         activation_scale = None if absmax is None else StaticScale.of(absmax).stored()
+        if absmax is not None and float(absmax) == 0:
+            zero_calibrated.append(paths[i])
         new_leaves.append(q.replace(dtype=np.dtype(value.dtype), smooth=factors, smooth_group=group,
                                     activation_scale=activation_scale, activation_group=activation_group))
         casts = ", ".join(d.name for d in use.casts)
@@ -246,6 +250,11 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
             warnings.warn(f"quantize_params left {len(surprising)} parameter(s) that feed a matmul in float "
                           f"(int8ify quantizes them on every call instead): {lines}", QuantizationWarning,
                           stacklevel=2)
+    if zero_calibrated:
+        warnings.warn(f"quantize_params(activations='static'): the activations met by {', '.join(zero_calibrated)}'s "
+                      f"matmuls were all zero on the calibration inputs, so their static scale is 1 (codes step by "
+                      f"1.0: activations below 0.5 in magnitude quantize to 0); calibrate on representative inputs",
+                      QuantizationWarning, stacklevel=2)
     qparams = jax.tree_util.tree_unflatten(tree, new_leaves)
     return (qparams, {p: explanation[p] for p in paths}) if explain else qparams
 

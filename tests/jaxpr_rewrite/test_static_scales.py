@@ -9,7 +9,7 @@ import pytest
 from jax import lax
 
 from helpers import platform_eqns
-from jaxpr_rewrite import Int8ifyError, int8ify, iter_eqns, quantize_params
+from jaxpr_rewrite import Int8ifyError, QuantizationWarning, int8ify, iter_eqns, quantize_params
 
 qz = importlib.import_module("jaxpr_rewrite.quantize")
 
@@ -251,6 +251,16 @@ def test_calibration_too_small_for_a_static_scale_is_an_error_naming_the_leaf():
     np.testing.assert_allclose(np.asarray(jax.jit(int8ify(dense))(q, x), np.float64),
                                static_reference(x, params["w"], 2.0**-121), rtol=1e-6,
                                atol=np.finfo(np.float32).tiny)
+
+
+def test_all_zero_calibration_warns_naming_the_leaf():
+    """Activations all zero on the calibration inputs give the contract's scale 1 (an all-zero slice), which at
+    inference rounds every activation below 0.5 to 0: a QuantizationWarning names the weight."""
+    params, _ = make_dense(d_in=64, d_out=8, batch=4)
+    zeros = np.zeros((4, 64), np.float32)
+    with pytest.warns(QuantizationWarning, match=r"\['w'\]'s matmuls were all zero on the calibration inputs"):
+        q = quantize_params(dense, params, zeros, activations="static")
+    np.testing.assert_array_equal(np.asarray(jax.jit(int8ify(dense))(q, zeros)), 0)
 
 
 def test_report_measures_the_static_scale_error_per_dot():
