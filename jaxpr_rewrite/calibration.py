@@ -18,7 +18,7 @@ from jax.extend.core import Var
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .operands import smoothed_activation
-from .quantize import SMALLEST_STATIC_ABSMAX
+from .quantize import SMALLEST_STATIC_ABSMAX, nan_safe_magnitude
 from .quantized import is_quantized, materialise
 from .rewrite import dependents
 from .rules.dots import is_plain_dot, skip_reason
@@ -251,8 +251,7 @@ def _operand_statistic(closed, targets: dict, percentile: float | None) -> Calla
 
 def _magnitude(activation, percentile: float | None):
     """``max|x|`` (or the ``percentile`` of ``|x|``) in float32; NaN and Inf give Inf."""
-    magnitude = jnp.abs(activation.astype(jnp.float32))
-    magnitude = jnp.where(jnp.isnan(magnitude), jnp.inf, magnitude)  # XLA's CPU max drops NaN
+    magnitude = nan_safe_magnitude(activation.astype(jnp.float32))  # XLA's CPU max drops NaN
     if magnitude.size == 0:
         return jnp.float32(0)
     return jnp.max(magnitude) if percentile is None else jnp.percentile(magnitude, percentile)

@@ -25,8 +25,8 @@ from typing import Sequence
 import numpy as np
 from jax import lax
 
-from .quantize import (FORMATS, INT8_MAX, epilogue_factors, float_format, max_over, pow2, rounded_quotients, to_compute,
-                       true_divide)
+from .quantize import (FORMATS, INT8_MAX, clipped_codes, epilogue_factors, float_format, max_over, nan_safe_magnitude,
+                       pow2, rounded_quotients, to_compute, true_divide)
 
 __all__ = ["quantize_scaled_max_parts"]
 
@@ -104,9 +104,6 @@ def quantize_scaled_max_parts(x, reduce_axes: Sequence[int]):
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
     values = to_compute(x)
     fmt = float_format(values)
-    magnitude = lax.select(lax.ne(values, values), lax.full_like(values, np.inf), lax.abs(values))
-    scales, exponents = _decoded(_slice_maximum(magnitude, reduce_axes), fmt)
-    rounded = rounded_quotients(values, scales, pow2(lax.neg(exponents), fmt.dtype), kept_axes)
-    bound = fmt.dtype(INT8_MAX)
-    codes = lax.convert_element_type(lax.clamp(-bound, rounded, bound), np.int8)
+    scales, exponents = _decoded(_slice_maximum(nan_safe_magnitude(values), reduce_axes), fmt)
+    codes = clipped_codes(rounded_quotients(values, scales, pow2(lax.neg(exponents), fmt.dtype), kept_axes))
     return codes, scales, exponents, epilogue_factors(scales, exponents)

@@ -55,11 +55,13 @@ __all__ = [
     "MAX_INT32_SAFE_CONTRACTION",
     "SMALLEST_STATIC_ABSMAX",
     "absmax",
+    "clipped_codes",
     "compute_dtype",
     "dequantize_codes",
     "epilogue_factors",
     "float_format",
     "max_over",
+    "nan_safe_magnitude",
     "pow2",
     "quantize_dynamic_parts",
     "quantize_parts",
@@ -134,8 +136,12 @@ def absmax(x, reduce_axes: Sequence[int]):
     NaN becomes Inf before the reduction (one fused pass), because XLA's CPU float ``reduce_max`` drops NaN for
     many layouts.
     """
-    x = to_compute(x)
-    return max_over(lax.select(lax.ne(x, x), lax.full_like(x, np.inf), lax.abs(x)), tuple(reduce_axes))
+    return max_over(nan_safe_magnitude(to_compute(x)), tuple(reduce_axes))
+
+
+def nan_safe_magnitude(x):
+    """``|x|`` with NaN as Inf, so that its maximum over a slice holding NaN or Inf is Inf."""
+    return lax.select(lax.ne(x, x), lax.full_like(x, np.inf), lax.abs(x))
 
 
 def max_over(magnitude, axes: tuple):
@@ -203,10 +209,14 @@ def quantize_parts(x, reduce_axes: Sequence[int], limit: int = INT8_MAX):
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
     scales, exponents, prescale = _scale_parts(absmax(x, reduce_axes), limit)
     # (a non-finite slice's exponent is meaningless, but its scale is Inf and so is every output it feeds)
-    rounded = rounded_quotients(to_compute(x), scales, prescale, kept_axes)
-    bound = scales.dtype.type(limit)
-    codes = lax.convert_element_type(lax.clamp(-bound, rounded, bound), np.int8)
+    codes = clipped_codes(rounded_quotients(to_compute(x), scales, prescale, kept_axes), limit)
     return codes, scales, exponents
+
+
+def clipped_codes(rounded, limit: int = INT8_MAX):
+    """int8 codes from rounded quotients: clipped to ``[-limit, limit]``."""
+    bound = rounded.dtype.type(limit)
+    return lax.convert_element_type(lax.clamp(-bound, rounded, bound), np.int8)
 
 
 def _codes(values, rounded, reduce_axes):
@@ -294,7 +304,8 @@ class StaticScale(NamedTuple):
 
 
 def _fields_by_masks(vector, count: int) -> tuple:
-    return tuple(lax.reduce_sum(lax.mul(vector, np.eye(count, dtype=vector.dtype)[i]), (0,)) for i in range(count))
+    masks = np.eye(count, dtype=vector.dtype)
+    return tuple(lax.reduce_sum(lax.mul(vector, mask), (0,)) for mask in masks)
 
 
 def _fields_by_slices(vector, count: int) -> tuple:
