@@ -13,7 +13,6 @@ from jax import lax
 
 from .blocks import from_blocks, to_blocks
 from .errors import Int8ifyError
-from .fused_scales import quantize_scaled_max_parts
 from .int4 import pack_int4
 from .quantize import epilogue_factors, quantize_dynamic_parts, quantize_parts, quantize_static_parts, to_compute
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
@@ -66,11 +65,7 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     the same codes and scale values for every finite slice either way. On CPU,
     :func:`~jaxpr_rewrite.quantize.quantize_dynamic_parts`: XLA:CPU's reduction cannot fuse
     :func:`~jaxpr_rewrite.quantize.absmax`'s NaN-to-Inf select, which then writes a temporary as large as the
-    operand, so NaN and Inf are caught on the int8 codes instead. On CUDA,
-    :func:`~jaxpr_rewrite.fused_scales.quantize_scaled_max_parts`: the scale taken inside the absmax reduction, so
-    XLA's GPU compiler launches no kernel for it (operands of higher rank keep the division per slice there: the
-    transformer block of ``benchmarks/accelerators.py`` launched 41 kernels instead of 36 without it). Elsewhere,
-    and for operands of higher rank,
+    operand, so NaN and Inf are caught on the int8 codes instead. Elsewhere, and for operands of higher rank,
     :func:`~jaxpr_rewrite.quantize.quantize_parts`: GPU and TPU fuse that select into the reduction (the check on
     the codes costs TPU cycles), and XLA:CPU's dot reads a higher-rank operand's codes through a reshape, so a
     second reader of the codes (the check) makes it compute them twice and write out the quotients (the MiniLM
@@ -88,7 +83,6 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
         parts = _static_parts(x, static, reduce_axes)
     elif x.ndim <= 2:
         parts = lax.platform_dependent(x, cpu=functools.partial(quantize_dynamic_parts, reduce_axes=reduce_axes),
-                                       cuda=functools.partial(quantize_scaled_max_parts, reduce_axes=reduce_axes),
                                        default=functools.partial(_quantize_with_factors, reduce_axes=reduce_axes))
     else:
         parts = _quantize_with_factors(x, reduce_axes)

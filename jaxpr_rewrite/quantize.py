@@ -19,15 +19,16 @@ of two is exact, so ``scales * 2**exponents`` *is* the contract's ``a / 127``, a
 ``(v * 2**-e) / scales``, bit for bit. Four things make XLA's answer differ from the contract unless handled, and
 this representation plus two small devices handle all four:
 
-* **Division.** XLA turns ``a / 127`` into ``a * (1/127)`` and ``v / broadcast(s)`` into ``v * (1/s)``, which
-  differ from the division by one ulp and move values that sit on a rounding tie (integers, dyadic values,
-  bfloat16 data) to the other code. Both divisions use :func:`true_divide`, which XLA keeps a division.
+* **Division.** XLA turns ``a / 127`` into ``a * (1/127)`` and, on CPU, ``v / broadcast(s)`` into ``v * (1/s)``, and
+  on CUDA compiles every float division to an approximation within 2 ulp (PTX ``div.full.f32``); each moves values
+  on a rounding tie (integers, dyadic values, bfloat16 data) to the other code. The scale's mantissa is divided by
+  127 in integer arithmetic and the codes use an IEEE division that XLA keeps a division or, on CUDA, an exact
+  correction of the approximate one (:mod:`jaxpr_rewrite.exact_division`).
 * **NaN and Inf.** XLA's CPU ``reduce_max`` drops NaN. :func:`absmax` turns NaN into Inf before reducing (in
   the same fused pass on GPU and TPU); a slice holding NaN or Inf gets an infinite scale, so every output that
   depends on it comes out non-finite (Inf or NaN). The rewritten program on CPU, whose reduction cannot fuse that
   select, quantizes a matrix operand with :func:`quantize_dynamic_parts` instead: NaN and Inf get the code -128
-  and make their slice's scale NaN; on CUDA, :func:`jaxpr_rewrite.fused_scales.quantize_scaled_max_parts` takes
-  the scale inside the reduction (a NaN scale there too).
+  and make their slice's scale NaN.
 * **Tiny slices.** XLA flushes subnormal floats to zero, so ``a / 127`` for ``a < 127 * 2**-126`` cannot be
   represented as one float. Held as ``scales * 2**exponents`` it needs no special case: the codes of such a slice
   use the full +-127 range like any other.
@@ -49,6 +50,8 @@ from typing import NamedTuple, Sequence
 import numpy as np
 from jax import lax
 
+from .exact_division import divided_by_odd, rounded_quotients
+
 __all__ = [
     "FORMATS",
     "INT8_MAX",
@@ -66,12 +69,10 @@ __all__ = [
     "quantize_dynamic_parts",
     "quantize_parts",
     "quantize_static_parts",
-    "rounded_quotients",
     "StaticScale",
     "scale_values",
     "scale_product",
     "to_compute",
-    "true_divide",
 ]
 
 INT8_MAX = 127
@@ -114,15 +115,6 @@ def to_compute(x, dtype=None):
     return x if x.dtype == dtype else lax.convert_element_type(x, dtype)
 
 
-def true_divide(numerator, denominator):
-    """``numerator / denominator`` as an IEEE division, never a multiply by a reciprocal.
-
-    XLA rewrites a division by a constant or by a broadcast into a multiply by its reciprocal. The divisor here
-    is a ``select`` that passes NaN numerators through, which XLA cannot see through, so the division stays.
-    """
-    return lax.div(numerator, lax.select(lax.ne(numerator, numerator), numerator, denominator))
-
-
 def pow2(exponent, dtype=np.float32):
     """``2.0 ** exponent`` in ``dtype``, exactly, for int32 ``exponent`` in ``[1 - bias, bias]``."""
     fmt = FORMATS[np.dtype(dtype)]
@@ -152,14 +144,6 @@ def max_over(magnitude, axes: tuple):
     return amax
 
 
-def rounded_quotients(values, scales, prescale, kept_axes: tuple):
-    """``rint((values * 2**-e) / scales)`` per element, the per-slice ``prescale = 2**-e`` and ``scales``
-    broadcast from ``kept_axes``: the multiply is exact and the division an IEEE one (:func:`true_divide`)."""
-    prescaled = lax.mul(values, lax.broadcast_in_dim(prescale, values.shape, kept_axes))
-    quotient = true_divide(prescaled, lax.broadcast_in_dim(scales, values.shape, kept_axes))
-    return lax.round(quotient, lax.RoundingMethod.TO_NEAREST_EVEN)
-
-
 def _scale_parts(amax, limit: int = INT8_MAX):
     """The contract's scales from slice absmaxes, as ``scales * 2**exponents``, and ``2**-exponents``.
 
@@ -186,7 +170,7 @@ def _scale_parts(amax, limit: int = INT8_MAX):
     inverse = lax.bitcast_convert_type(
         lax.shift_left(lax.sub(fmt.bits(2 * fmt.bias), field), fmt.bits(fmt.mantissa_bits)), fmt.dtype)
     mantissa = lax.mul(amax, inverse)  # exact: in [1, 2), [2, 4) in the top binade, Inf for Inf
-    scales = true_divide(mantissa, lax.full_like(amax, limit))
+    scales = divided_by_odd(mantissa, limit)  # not a float division: a GPU's is approximate
     zero = lax.eq(amax, fmt.dtype(0))
     scales = lax.select(zero, lax.full_like(scales, 1), scales)
     exponents = lax.select(zero, lax.full_like(exponents, 0), exponents)
@@ -209,7 +193,7 @@ def quantize_parts(x, reduce_axes: Sequence[int], limit: int = INT8_MAX):
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
     scales, exponents, prescale = _scale_parts(absmax(x, reduce_axes), limit)
     # (a non-finite slice's exponent is meaningless, but its scale is Inf and so is every output it feeds)
-    codes = clipped_codes(rounded_quotients(to_compute(x), scales, prescale, kept_axes), limit)
+    codes = clipped_codes(rounded_quotients(to_compute(x), scales, prescale, kept_axes, limit), limit)
     return codes, scales, exponents
 
 
@@ -257,7 +241,8 @@ def quantize_dynamic_parts(x, reduce_axes: Sequence[int]):
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
     values = to_compute(x)
     scales, exponents, prescale = _scale_parts(max_over(lax.abs(values), reduce_axes))
-    codes, poisoned = _codes(values, rounded_quotients(values, scales, prescale, kept_axes), reduce_axes)
+    codes, poisoned = _codes(values, rounded_quotients(values, scales, prescale, kept_axes, INT8_MAX),
+                             reduce_axes)
     nonfinite = _poison(poisoned, scales)
     factor, power = epilogue_factors(scales, exponents)
     return codes, lax.add(scales, nonfinite), exponents, (lax.add(factor, nonfinite), power)

@@ -299,3 +299,39 @@ def deploy_fn(params, x):
     for layer in params["layers"]:
         h = jax.nn.gelu(h @ layer["w"])
     return h @ params["head"]
+
+
+def evaluate_as(platform: str, fn, *args):
+    """``fn(*args)`` computed on this machine with every ``lax.platform_dependent`` choice made as ``platform``
+    (``"cpu"``, ``"cuda"``, ``"tpu"``) makes it: a GPU's or TPU's program run on the CPU (its own arithmetic, not
+    the device's)."""
+    closed = jax.make_jaxpr(fn)(*args)
+    return _evaluate_as(platform, closed.jaxpr, closed.consts, jax.tree_util.tree_leaves(args))
+
+
+def _evaluate_as(platform, jaxpr, consts, args):
+    env = {}
+
+    def read(v):
+        return v.val if hasattr(v, "val") else env[v]
+
+    env.update(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+    for eqn in jaxpr.eqns:
+        values = [read(v) for v in eqn.invars]
+        name = eqn.primitive.name
+        if name == "platform_index":
+            choices = eqn.params["platforms"]
+            outs = [np.int32(next((i for i, names in enumerate(choices) if names is not None and platform in names),
+                                  choices.index(None)))]
+        elif name == "cond":
+            branch = eqn.params["branches"][int(values[0])]
+            outs = _evaluate_as(platform, branch.jaxpr, branch.consts, values[1:])
+        elif name in ("pjit", "jit", "closed_call"):
+            inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+            outs = _evaluate_as(platform, inner.jaxpr, inner.consts, values)
+        else:
+            outs = eqn.primitive.bind(*values, **eqn.params)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        env.update(zip(eqn.outvars, outs))
+    return [read(v) for v in jaxpr.outvars]

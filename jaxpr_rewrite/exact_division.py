@@ -1,0 +1,141 @@
+"""The contract's correctly rounded quotients without relying on the hardware's division.
+
+XLA compiles a float32 division for NVIDIA GPUs to PTX ``div.full.f32`` (its LLVM backend sets
+``-nvptx-prec-divf32=1``, and its Triton fusions emit the same instruction), a full-range approximation within 2 ulp,
+and for TPUs to a multiply by a reciprocal refined by one Newton step (``vrcp``): neither is the correctly rounded
+quotient the contract's ``absmax / 127`` and ``rint(x / s)`` ask for, so a scale could come out an ulp or two off and
+a value near a rounding boundary (every tie among them: integers, dyadic and bfloat16 data) could get the
+neighbouring code. Two exact forms instead:
+
+* :func:`divided_by_odd`: a scale's mantissa divided by 127 (or 7), by integer arithmetic on its bits. Integer
+  division is exact on every platform; it runs on the small per-slice arrays.
+* :func:`rounded_quotients_exactly`, the codes of :func:`rounded_quotients` on every platform but CPU (whose division
+  is IEEE's): ``rint(fl(n / d))`` from an approximate quotient (a multiply by the hardware's reciprocal), settled
+  by an exact comparison of ``n`` with the rounding boundary nearest it; its products are of half-width factors,
+  exact in the float format, so no rounding (and no fused multiply-add a compiler may form) changes the comparison.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from jax import lax
+
+__all__ = ["divided_by_odd", "divisor_parts", "rounded_quotients", "rounded_quotients_exactly", "true_divide"]
+
+
+def _layout(dtype):
+    """``(integer type of the same width, mantissa bits, exponent bias)`` of a float dtype."""
+    info = np.finfo(dtype)
+    return (np.int32 if info.bits == 32 else np.int64), int(info.nmant), int(info.maxexp) - 1
+
+
+def divided_by_odd(m, divisor: int):
+    """``m / divisor`` correctly rounded, for positive floats ``m`` whose quotient is a normal float (NaN and Inf
+    pass through), and an odd ``divisor`` (127 or 7), with integer arithmetic alone.
+
+    With ``m = M * 2**q`` (``M`` the significand, an integer of ``p = mantissa bits + 1`` bits) the quotient's
+    significand is ``round(M * 2**k / divisor)`` for the ``k`` (``ceil(log2(divisor))`` or one less) that puts it in
+    ``[2**(p-1), 2**p)``; the divisor is odd, so there is no tie, and ``(M * 2**k + (divisor - 1) / 2) // divisor`` is
+    that rounding. ``M * 2**k`` stays below ``2**31`` for float32 (``2**60`` for float64).
+    """
+    bits_type, mantissa_bits, _ = _layout(m.dtype)
+    top = int(divisor - 1).bit_length()  # 2**(top - 1) < divisor < 2**top
+    bits = lax.bitcast_convert_type(m, bits_type)
+    field = lax.shift_right_logical(bits, bits_type(mantissa_bits))
+    implicit = bits_type(1 << mantissa_bits)
+    significand = lax.bitwise_or(lax.bitwise_and(bits, bits_type((1 << mantissa_bits) - 1)), implicit)
+    # the quotient's significand fits one binade lower for significands from divisor * 2**(p - top) up
+    shift = lax.select(lax.lt(significand, bits_type(divisor << (mantissa_bits + 1 - top))),
+                       lax.full_like(bits, top), lax.full_like(bits, top - 1))
+    rounded = lax.div(lax.add(lax.shift_left(significand, shift), bits_type((divisor - 1) // 2)), bits_type(divisor))
+    quotient = lax.add(lax.shift_left(lax.sub(field, shift), bits_type(mantissa_bits)), lax.sub(rounded, implicit))
+    return lax.select(lax.is_finite(m), lax.bitcast_convert_type(quotient, m.dtype), m)
+
+
+def divisor_parts(divisors):
+    """``(high, low, reciprocal)`` per divisor (per slice, before the divisors are broadcast to the values they
+    divide): the divisor as ``high + low`` exactly, each half of its significand's bits, and an approximation of its
+    reciprocal (the hardware's division, whatever its rounding)."""
+    bits_type, mantissa_bits, _ = _layout(divisors.dtype)
+    low_bits = (mantissa_bits + 1) // 2
+    mask = bits_type(~((1 << low_bits) - 1))
+    kept = lax.bitwise_and(lax.bitcast_convert_type(divisors, bits_type), mask)
+    high = lax.bitcast_convert_type(kept, divisors.dtype)
+    return high, lax.sub(divisors, high), lax.div(lax.full_like(divisors, 1), divisors)
+
+
+def rounded_quotients_exactly(numerators, divisors, high, low, reciprocals, limit: int,
+                              binade_from_bits: bool = False):
+    """``rint(fl(n / d))`` (the quotient correctly rounded in the float format, then to the nearest integer, ties to
+    even) for positive normal divisors ``d`` of at least ``2**-90``, wherever it is at most ``limit`` in magnitude
+    (the largest code; beyond it a code may be one off, on the side the clip to ``limit`` removes); NaN for a NaN
+    quotient. ``high``, ``low`` and ``reciprocals`` are :func:`divisor_parts` of ``d``, broadcast like it.
+
+    The approximate quotient ``a = n * reciprocal`` (one multiply; any approximation within 1/4 of the quotient will
+    do) names the half-integer ``b`` nearest it, the one rounding boundary the code can be on either side of.
+    ``fl(n / d)`` is ``b`` itself exactly when ``n / d`` lies within ``b +- u`` (``u`` half the spacing of the floats
+    at ``b``; ``b``'s significand is even, so the ends round to it; at ``|b| = 1/2``, where the floats below are
+    closer, both codes on that side are 0), and then the code is ``rint(b)``. Which side ``n`` lies on is the sign
+    of ``n - b * d`` against ``u * d``: ``n - b * high`` is exact (Sterbenz) near the boundary, ``b * high`` and
+    ``b * low`` are exact (half-width factors), and so is their difference there; far from it a rounding cannot
+    move it past a bound that small. ``b``'s binade comes from its exponent bits, or with ``binade_from_bits=False``
+    from comparisons, float arithmetic alone, which XLA's GPU compiler fuses into its Triton kernels (it does not
+    take integer bit operations: a transformer block's quantization passes split into several kernels each).
+    """
+    dtype = numerators.dtype.type
+    bits_type, mantissa_bits, _ = _layout(numerators.dtype)
+    approximate = lax.mul(numerators, reciprocals)
+    nearest = lax.round(approximate, lax.RoundingMethod.TO_NEAREST_EVEN)
+    half = dtype(0.5)
+    boundary = lax.select(lax.ge(approximate, nearest), lax.add(nearest, half), lax.sub(nearest, half))
+    if binade_from_bits:  # the exponent field less mantissa_bits + 1: half the spacing of the floats at b
+        exponent_field = bits_type(((1 << (8 * np.dtype(bits_type).itemsize - 1 - mantissa_bits)) - 1)
+                                   << mantissa_bits)
+        field = lax.bitwise_and(lax.bitcast_convert_type(boundary, bits_type), exponent_field)
+        spacing = lax.bitcast_convert_type(lax.sub(field, bits_type((mantissa_bits + 1) << mantissa_bits)),
+                                           numerators.dtype)
+    else:
+        magnitude = lax.abs(boundary)
+        binade = lax.full_like(boundary, half)
+        for power in (2.0**i for i in range(int(limit).bit_length())):
+            binade = lax.select(lax.ge(magnitude, dtype(power)), lax.full_like(boundary, power), binade)
+        spacing = lax.mul(binade, dtype(2.0 ** -(mantissa_bits + 1)))
+    bound = lax.mul(spacing, divisors)
+    residual = lax.sub(lax.sub(numerators, lax.mul(boundary, high)), lax.mul(boundary, low))
+    return lax.select(lax.gt(residual, bound), lax.add(boundary, half),
+                      lax.select(lax.lt(residual, lax.neg(bound)), lax.sub(boundary, half),
+                                 lax.round(boundary, lax.RoundingMethod.TO_NEAREST_EVEN)))
+
+
+def true_divide(numerator, denominator):
+    """``numerator / denominator`` as an IEEE division, never a multiply by a reciprocal.
+
+    XLA rewrites a division by a constant or by a broadcast into a multiply by its reciprocal. The divisor here
+    is a ``select`` that passes NaN numerators through, which XLA cannot see through, so the division stays.
+    """
+    return lax.div(numerator, lax.select(lax.ne(numerator, numerator), numerator, denominator))
+
+
+def rounded_quotients(values, scales, prescale, kept_axes: tuple, limit: int):
+    """``rint((values * 2**-e) / scales)`` per element wherever it is at most ``limit`` (the largest code, which the
+    caller clips to), the division correctly rounded, the per-slice ``prescale = 2**-e`` and ``scales`` (a mantissa
+    divided by ``limit``) broadcast from ``kept_axes``; the multiply is exact.
+
+    On CPU an IEEE division (:func:`true_divide`). Elsewhere by :func:`rounded_quotients_exactly`: XLA compiles a
+    float division on CUDA to ``div.full.f32`` and on TPU to a multiply by a refined reciprocal, neither correctly
+    rounded.
+    """
+    prescaled = lax.mul(values, lax.broadcast_in_dim(prescale, values.shape, kept_axes))
+    per_element = functools.partial(lax.broadcast_in_dim, shape=values.shape, broadcast_dimensions=kept_axes)
+
+    def by_division(prescaled, scales):
+        return lax.round(true_divide(prescaled, per_element(scales)), lax.RoundingMethod.TO_NEAREST_EVEN)
+
+    def exactly(prescaled, scales, binade_from_bits=False):
+        return rounded_quotients_exactly(prescaled, *map(per_element, (scales, *divisor_parts(scales))), limit,
+                                         binade_from_bits)
+
+    return lax.platform_dependent(prescaled, scales, cpu=by_division, default=exactly,
+                                  tpu=functools.partial(exactly, binade_from_bits=True))

@@ -1,0 +1,129 @@
+"""The contract's correctly rounded divisions without the hardware's: a scale's mantissa divided by 127 (or 7) in
+integer arithmetic, and the codes settled exactly from an approximate quotient, as the CUDA program computes them
+(XLA compiles a GPU's float division to an approximation within 2 ulp)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax import lax
+
+from helpers import evaluate_as, platform_eqns, reference_codes, reference_scale_parts
+from jaxpr_rewrite.exact_division import divided_by_odd, divisor_parts, rounded_quotients_exactly
+from jaxpr_rewrite.quantize import quantize_parts
+
+
+@pytest.mark.parametrize("divisor", [127, 7])
+def test_every_float32_mantissa_divided_by_the_code_limit(divisor):
+    """Every float32 in [1, 4) (the mantissas a scale is made of, the top binade's included), bit for bit."""
+    bits = np.arange(np.float32(1).view(np.int32), np.float32(4).view(np.int32), dtype=np.int32)
+    mantissas = bits.view(np.float32)
+    got = np.asarray(jax.jit(lambda m: divided_by_odd(m, divisor))(mantissas))
+    np.testing.assert_array_equal(got.view(np.int32), (mantissas / np.float32(divisor)).view(np.int32))
+
+
+def test_division_by_odd_passes_nan_and_inf_and_keeps_float64():
+    special = np.array([np.inf, np.nan, 2.0**-22, np.nextafter(np.float32(4), np.float32(0))], np.float32)
+    got = np.asarray(jax.jit(lambda m: divided_by_odd(m, 127))(special))
+    np.testing.assert_array_equal(got, special / np.float32(127))
+    mantissas = np.random.default_rng(0).uniform(1, 4, 200_000)
+    with jax.enable_x64(True):
+        got = np.asarray(jax.jit(lambda m: divided_by_odd(m, 127))(jnp.asarray(mantissas)))
+    np.testing.assert_array_equal(got, mantissas / 127)
+
+
+def _around_every_boundary(scales, limit, dtype=np.float32, spread=6):
+    """Per scale, values within ``spread`` ulp of every rounding boundary ``(k + 1/2) * s`` and the boundaries'
+    float products themselves (ties among them), negative ones and zeros."""
+    int_type = np.int32 if dtype == np.float32 else np.int64
+    halves = (np.arange(-limit - 1, limit + 1) + 0.5).astype(dtype)
+    near = (scales[:, None].astype(np.float64) * halves[None, :]).astype(dtype)
+    offsets = np.arange(-spread, spread + 1, dtype=int_type)
+    values = (near[:, :, None].view(int_type) + offsets).view(dtype).reshape(len(scales), -1)
+    return np.concatenate([values, (scales[:, None] * halves[None, :]).astype(dtype),
+                           np.zeros((len(scales), 2), dtype)], axis=1)
+
+
+def _exact_codes(values, scales, limit=127, error=0.0, binade_from_bits=False):
+    """The codes, the approximate reciprocals multiplied by ``1 + error``."""
+    per_row = lambda v: lax.broadcast_in_dim(v, values.shape, (0,))  # noqa: E731
+    high, low, reciprocal = divisor_parts(scales)
+    reciprocal = lax.mul(reciprocal, reciprocal.dtype.type(1 + error))
+    return rounded_quotients_exactly(values, *map(per_row, (scales, high, low, reciprocal)), limit, binade_from_bits)
+
+
+@pytest.mark.parametrize("binade_from_bits", [False, True])
+@pytest.mark.parametrize("error", [0.0, 2.0**-22, -(2.0**-22), 2.0**-20, -(2.0**-20), 2.0**-10, -(2.0**-10)])
+def test_codes_exact_whatever_the_approximate_reciprocal(error, binade_from_bits):
+    """Scales over their whole range ``[1/127, 4/127)``; the reciprocal the approximate quotient is taken with off
+    by up to ``2**-10`` relative (a GPU's division is within 2 ulp, ``2**-22``): the codes are ``rint(fl(x / s))``
+    bit for bit, ties to even."""
+    rng = np.random.default_rng(int(abs(error) * 2**30) % 1000 + (error < 0))
+    scales = np.concatenate([(rng.uniform(1, 4, 600) / 127), [1 / 127, 2 / 127, 1 / 64]]).astype(np.float32)
+    values = _around_every_boundary(scales, 127)
+    got = np.asarray(jax.jit(lambda v, s: _exact_codes(v, s, error=error, binade_from_bits=binade_from_bits))(
+        values, scales))
+    np.testing.assert_array_equal(got, np.rint(values / scales[:, None]))
+    assert np.count_nonzero(np.abs(values / scales[:, None] % 1) == 0.5) > 1000  # ties were among them
+
+
+def test_codes_exact_for_int4_limits_float64_and_non_finite():
+    rng = np.random.default_rng(1)
+    scales = (rng.uniform(1, 4, 300) / 7).astype(np.float32)
+    values = _around_every_boundary(scales, 7)
+    for from_bits in (False, True):
+        codes = jax.jit(lambda v, s: _exact_codes(v, s, limit=7, binade_from_bits=from_bits))
+        got = np.asarray(codes(values, scales))
+        np.testing.assert_array_equal(np.clip(got, -7, 7), np.clip(np.rint(values / scales[:, None]), -7, 7))
+    scales64 = rng.uniform(1, 4, 100) / 127
+    values64 = _around_every_boundary(scales64, 127, np.float64, spread=3)
+    with jax.enable_x64(True):
+        for from_bits in (False, True):
+            got = np.asarray(jax.jit(lambda v, s: _exact_codes(v, s, binade_from_bits=from_bits))(
+                jnp.asarray(values64), jnp.asarray(scales64)))
+            np.testing.assert_array_equal(got, np.rint(values64 / scales64[:, None]))
+    special = np.array([[np.nan, np.inf, -np.inf, 1.0]], np.float32)
+    got = np.asarray(jax.jit(_exact_codes)(special, np.array([np.float32(1 / 127)])))
+    assert np.isnan(got[0, 0]) and got[0, 3] == 127 and not np.any(np.abs(got[0, 1:3]) < 127)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from([(64, 256), (8, 1024), (3, 5, 96)]), st.integers(0, 2**31 - 1),
+       st.sampled_from(["normal", "integers", "bfloat16", "tiny"]))
+def test_gpu_and_tpu_programs_quantize_like_the_contract(shape, seed, data):
+    """``quantize_parts`` as the CUDA and TPU programs compute it (their ``platform_dependent`` branches, evaluated
+    here), on realistic shapes and data full of ties: the reference's codes, scales and exponents, bit for bit."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32)
+    if data == "integers":
+        x = np.round(x * 40).astype(np.float32)
+    elif data == "bfloat16":
+        x = np.array(jnp.asarray(x * 3, jnp.bfloat16).astype(jnp.float32))
+    elif data == "tiny":  # a / 127 below the normal range; every element a normal float
+        x = (np.sign(x) * rng.uniform(0.5, 1, shape) * 2.0**-120).astype(np.float32)
+    x[0] = 0
+    axes = (x.ndim - 1,)
+    want_scales, want_exponents = reference_scale_parts(x, axes)
+    for platform in ("cuda", "tpu"):
+        codes, scales, exponents = evaluate_as(platform, lambda v: quantize_parts(v, axes), x)
+        np.testing.assert_array_equal(np.asarray(codes), reference_codes(x, axes))
+        np.testing.assert_array_equal(np.asarray(scales), want_scales)
+        np.testing.assert_array_equal(np.asarray(exponents), want_exponents)
+
+
+def test_only_cpu_trusts_the_division_and_no_platform_divides_a_scale_in_floats():
+    """On CPU the codes are an IEEE division per element; on CUDA and TPU no element is divided in floats (one
+    approximate reciprocal per slice, then the exact comparison, which reads the divisor's halves, and on TPU the
+    boundary's exponent bits: more ``and`` on bits than CPU's). No platform divides a mantissa by 127 in floats:
+    the scale is an integer division."""
+    jaxpr = jax.make_jaxpr(lambda v: quantize_parts(v, (1,)))(jnp.ones((8, 64)))
+    eqns = {p: list(platform_eqns(jaxpr, p)) for p in ("cuda", "tpu", "cpu")}
+    masks = {p: sum(e.primitive.name == "and" for e in found) for p, found in eqns.items()}
+    assert masks["tpu"] > masks["cuda"] > masks["cpu"]
+    for platform, found in eqns.items():
+        divisions = [e.outvars[0].aval for e in found if e.primitive.name == "div"]
+        assert any(a.dtype == np.int32 for a in divisions)  # the scale's mantissa / 127
+        per_element = [a for a in divisions if a.dtype == np.float32 and a.shape == (8, 64)]
+        assert len(per_element) == (1 if platform == "cpu" else 0)
