@@ -7,8 +7,8 @@ quotient the contract's ``absmax / 127`` and ``rint(x / s)`` ask for, so a scale
 a value near a rounding boundary (every tie among them: integers, dyadic and bfloat16 data) could get the
 neighbouring code. Two exact forms instead:
 
-* :func:`divided_by_odd`: a scale's mantissa divided by 127 (or 7), by integer arithmetic on its bits. Integer
-  division is exact on every platform; it runs on the small per-slice arrays.
+* :func:`divided_by_odd`: a scale's mantissa divided by 127 (or 7), by integer arithmetic on its bits, on every
+  platform but CPU. Integer division is exact everywhere; it runs on the small per-slice arrays.
 * :func:`rounded_quotients_exactly`, the codes of :func:`rounded_quotients` on every platform but CPU (whose division
   is IEEE's): ``rint(fl(n / d))`` from an approximate quotient (a multiply by the hardware's reciprocal), settled
   by an exact comparison of ``n`` with the rounding boundary nearest it; its products are of half-width factors,

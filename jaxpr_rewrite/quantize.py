@@ -19,11 +19,11 @@ of two is exact, so ``scales * 2**exponents`` *is* the contract's ``a / 127``, a
 ``(v * 2**-e) / scales``, bit for bit. Four things make XLA's answer differ from the contract unless handled, and
 this representation plus two small devices handle all four:
 
-* **Division.** XLA turns ``a / 127`` into ``a * (1/127)`` and, on CPU, ``v / broadcast(s)`` into ``v * (1/s)``, and
-  on CUDA compiles every float division to an approximation within 2 ulp (PTX ``div.full.f32``); each moves values
-  on a rounding tie (integers, dyadic values, bfloat16 data) to the other code. The scale's mantissa is divided by
-  127 in integer arithmetic and the codes use an IEEE division that XLA keeps a division or, on CUDA, an exact
-  correction of the approximate one (:mod:`jaxpr_rewrite.exact_division`).
+* **Division.** XLA turns ``a / 127`` into ``a * (1/127)`` and, on CPU, ``v / broadcast(s)`` into ``v * (1/s)``;
+  on CUDA it compiles every float division to an approximation within 2 ulp (PTX ``div.full.f32``) and on TPU to a
+  refined reciprocal; each moves values on a rounding tie (integers, dyadic values, bfloat16 data) to the other
+  code. On CPU both divisions are IEEE ones that XLA keeps divisions; elsewhere the scale's mantissa is divided by
+  127 in integers and the approximate quotient of each code is corrected exactly (:mod:`jaxpr_rewrite.exact_division`).
 * **NaN and Inf.** XLA's CPU ``reduce_max`` drops NaN. :func:`absmax` turns NaN into Inf before reducing (in
   the same fused pass on GPU and TPU); a slice holding NaN or Inf gets an infinite scale, so every output that
   depends on it comes out non-finite (Inf or NaN). The rewritten program on CPU, whose reduction cannot fuse that
@@ -50,7 +50,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 from jax import lax
 
-from .exact_division import divided_by_odd, rounded_quotients
+from .exact_division import divided_by_odd, rounded_quotients, true_divide
 
 __all__ = [
     "FORMATS",
@@ -170,7 +170,10 @@ def _scale_parts(amax, limit: int = INT8_MAX):
     inverse = lax.bitcast_convert_type(
         lax.shift_left(lax.sub(fmt.bits(2 * fmt.bias), field), fmt.bits(fmt.mantissa_bits)), fmt.dtype)
     mantissa = lax.mul(amax, inverse)  # exact: in [1, 2), [2, 4) in the top binade, Inf for Inf
-    scales = divided_by_odd(mantissa, limit)  # not a float division: a GPU's is approximate
+    # on CPU an IEEE division; elsewhere integer arithmetic (a GPU's and a TPU's float division are approximate),
+    # which XLA:CPU would repeat per element inside the codes' loop
+    scales = lax.platform_dependent(mantissa, cpu=lambda m: true_divide(m, lax.full_like(m, limit)),
+                                    default=functools.partial(divided_by_odd, divisor=limit))
     zero = lax.eq(amax, fmt.dtype(0))
     scales = lax.select(zero, lax.full_like(scales, 1), scales)
     exponents = lax.select(zero, lax.full_like(exponents, 0), exponents)

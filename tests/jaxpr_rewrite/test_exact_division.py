@@ -113,17 +113,16 @@ def test_gpu_and_tpu_programs_quantize_like_the_contract(shape, seed, data):
         np.testing.assert_array_equal(np.asarray(exponents), want_exponents)
 
 
-def test_only_cpu_trusts_the_division_and_no_platform_divides_a_scale_in_floats():
-    """On CPU the codes are an IEEE division per element; on CUDA and TPU no element is divided in floats (one
-    approximate reciprocal per slice, then the exact comparison, which reads the divisor's halves, and on TPU the
-    boundary's exponent bits: more ``and`` on bits than CPU's). No platform divides a mantissa by 127 in floats:
-    the scale is an integer division."""
+def test_only_cpu_trusts_the_division():
+    """On CPU the scale's mantissa and the codes are IEEE divisions; on CUDA and TPU the mantissa is divided by 127
+    in integers and no element is divided in floats (one approximate reciprocal per slice, then the exact
+    comparison, which reads the divisor's halves, and on TPU the boundary's exponent bits: more ``and`` on bits)."""
     jaxpr = jax.make_jaxpr(lambda v: quantize_parts(v, (1,)))(jnp.ones((8, 64)))
     eqns = {p: list(platform_eqns(jaxpr, p)) for p in ("cuda", "tpu", "cpu")}
     masks = {p: sum(e.primitive.name == "and" for e in found) for p, found in eqns.items()}
     assert masks["tpu"] > masks["cuda"] > masks["cpu"]
     for platform, found in eqns.items():
         divisions = [e.outvars[0].aval for e in found if e.primitive.name == "div"]
-        assert any(a.dtype == np.int32 for a in divisions)  # the scale's mantissa / 127
         per_element = [a for a in divisions if a.dtype == np.float32 and a.shape == (8, 64)]
-        assert len(per_element) == (1 if platform == "cpu" else 0)
+        in_integers = [a for a in divisions if a.dtype == np.int32]
+        assert (len(per_element), len(in_integers)) == ((1, 0) if platform == "cpu" else (0, 1))
