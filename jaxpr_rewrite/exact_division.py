@@ -8,7 +8,8 @@ a value near a rounding boundary (every tie among them: integers, dyadic and bfl
 neighbouring code. Two exact forms instead:
 
 * :func:`divided_by_odd`: a scale's mantissa divided by 127 (or 7), by integer arithmetic on its bits, on every
-  platform but CPU. Integer division is exact everywhere; it runs on the small per-slice arrays.
+  platform but CPU (:func:`divided_by_code_limit` chooses). Integer division is exact everywhere; it runs on the
+  small per-slice arrays.
 * :func:`rounded_quotients_exactly`, the codes of :func:`rounded_quotients` on every platform but CPU (whose division
   is IEEE's): ``rint(fl(n / d))`` from an approximate quotient (a multiply by the hardware's reciprocal), settled
   by an exact comparison of ``n`` with the rounding boundary nearest it; its products are of half-width factors,
@@ -22,13 +23,10 @@ import functools
 import numpy as np
 from jax import lax
 
-__all__ = ["divided_by_odd", "divisor_parts", "rounded_quotients", "rounded_quotients_exactly", "true_divide"]
+from .float_formats import float_format
 
-
-def _layout(dtype):
-    """``(integer type of the same width, mantissa bits, exponent bias)`` of a float dtype."""
-    info = np.finfo(dtype)
-    return (np.int32 if info.bits == 32 else np.int64), int(info.nmant), int(info.maxexp) - 1
+__all__ = ["divided_by_code_limit", "divided_by_odd", "divisor_parts", "rounded_quotients", "rounded_quotients_exactly",
+           "true_divide"]
 
 
 def divided_by_odd(m, divisor: int):
@@ -40,7 +38,8 @@ def divided_by_odd(m, divisor: int):
     ``[2**(p-1), 2**p)``; the divisor is odd, so there is no tie, and ``(M * 2**k + (divisor - 1) / 2) // divisor`` is
     that rounding. ``M * 2**k`` stays below ``2**31`` for float32 (``2**60`` for float64).
     """
-    bits_type, mantissa_bits, _ = _layout(m.dtype)
+    fmt = float_format(m)
+    bits_type, mantissa_bits = fmt.bits, fmt.mantissa_bits
     top = int(divisor - 1).bit_length()  # 2**(top - 1) < divisor < 2**top
     bits = lax.bitcast_convert_type(m, bits_type)
     field = lax.shift_right_logical(bits, bits_type(mantissa_bits))
@@ -54,11 +53,20 @@ def divided_by_odd(m, divisor: int):
     return lax.select(lax.is_finite(m), lax.bitcast_convert_type(quotient, m.dtype), m)
 
 
+def divided_by_code_limit(mantissa, limit: int):
+    """A scale's mantissa divided by the code limit (127, or 7 for int4), correctly rounded: on CPU an IEEE division;
+    elsewhere :func:`divided_by_odd` (a GPU's and a TPU's float division are approximate), which on CPU XLA would
+    repeat per element inside the codes' loop."""
+    return lax.platform_dependent(mantissa, cpu=lambda m: true_divide(m, lax.full_like(m, limit)),
+                                  default=functools.partial(divided_by_odd, divisor=limit))
+
+
 def divisor_parts(divisors):
     """``(high, low, reciprocal)`` per divisor (per slice, before the divisors are broadcast to the values they
     divide): the divisor as ``high + low`` exactly, each half of its significand's bits, and an approximation of its
     reciprocal (the hardware's division, whatever its rounding)."""
-    bits_type, mantissa_bits, _ = _layout(divisors.dtype)
+    fmt = float_format(divisors)
+    bits_type, mantissa_bits = fmt.bits, fmt.mantissa_bits
     low_bits = (mantissa_bits + 1) // 2
     mask = bits_type(~((1 << low_bits) - 1))
     kept = lax.bitwise_and(lax.bitcast_convert_type(divisors, bits_type), mask)
@@ -85,7 +93,8 @@ def rounded_quotients_exactly(numerators, divisors, high, low, reciprocals, limi
     take integer bit operations: a transformer block's quantization passes split into several kernels each).
     """
     dtype = numerators.dtype.type
-    bits_type, mantissa_bits, _ = _layout(numerators.dtype)
+    fmt = float_format(numerators)
+    bits_type, mantissa_bits = fmt.bits, fmt.mantissa_bits
     approximate = lax.mul(numerators, reciprocals)
     nearest = lax.round(approximate, lax.RoundingMethod.TO_NEAREST_EVEN)
     half = dtype(0.5)

@@ -50,7 +50,8 @@ from typing import NamedTuple, Sequence
 import numpy as np
 from jax import lax
 
-from .exact_division import divided_by_odd, rounded_quotients, true_divide
+from .exact_division import divided_by_code_limit, rounded_quotients
+from .float_formats import FORMATS, FloatFormat, float_format  # noqa: F401  (part of this module's API)
 
 __all__ = [
     "FORMATS",
@@ -83,30 +84,10 @@ MAX_INT32_SAFE_CONTRACTION = (2**31 - 1) // (INT8_MAX * INT8_MAX)
 SMALLEST_STATIC_ABSMAX = 2.0**-121
 
 
-class FloatFormat(NamedTuple):
-    """The bit layout of a compute dtype, for the exact scale arithmetic."""
-
-    dtype: type
-    bits: type  # the integer type of the same width
-    mantissa_bits: int
-    bias: int  # pow2 is exact for exponents in [1 - bias, bias]
-
-
-FORMATS = {
-    np.dtype(np.float32): FloatFormat(np.float32, np.int32, 23, 127),
-    np.dtype(np.float64): FloatFormat(np.float64, np.int64, 52, 1023),
-}
-
-
 def compute_dtype(dtype) -> np.dtype:
     """The dtype scales and the epilogue are computed in for operands of ``dtype``: float64 for float64, float32
     for every other float (bfloat16 and float16 are upcast)."""
     return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
-
-
-def float_format(x) -> FloatFormat:
-    """The bit layout of ``x``'s dtype (a compute dtype: float32 or float64)."""
-    return FORMATS[np.dtype(x.dtype)]
 
 
 def to_compute(x, dtype=None):
@@ -170,10 +151,7 @@ def _scale_parts(amax, limit: int = INT8_MAX):
     inverse = lax.bitcast_convert_type(
         lax.shift_left(lax.sub(fmt.bits(2 * fmt.bias), field), fmt.bits(fmt.mantissa_bits)), fmt.dtype)
     mantissa = lax.mul(amax, inverse)  # exact: in [1, 2), [2, 4) in the top binade, Inf for Inf
-    # on CPU an IEEE division; elsewhere integer arithmetic (a GPU's and a TPU's float division are approximate),
-    # which XLA:CPU would repeat per element inside the codes' loop
-    scales = lax.platform_dependent(mantissa, cpu=lambda m: true_divide(m, lax.full_like(m, limit)),
-                                    default=functools.partial(divided_by_odd, divisor=limit))
+    scales = divided_by_code_limit(mantissa, limit)
     zero = lax.eq(amax, fmt.dtype(0))
     scales = lax.select(zero, lax.full_like(scales, 1), scales)
     exponents = lax.select(zero, lax.full_like(exponents, 0), exponents)
