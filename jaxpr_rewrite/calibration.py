@@ -17,7 +17,7 @@ from jax.extend.core import Var
 
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
-from .operands import smoothed_activation
+from .operands import smoothed_activation, smoothing_inverse
 from .quantize import SMALLEST_STATIC_ABSMAX, nan_safe_magnitude
 from .quantized import is_quantized, materialise
 from .rewrite import dependents
@@ -234,7 +234,7 @@ def _activation_statistic(closed, targets: dict, smooth: dict, percentile: float
         activation = operands[1 - side]
         if index in smooth:
             (axis,) = eqn.params["dimension_numbers"][0][1 - side]
-            activation = smoothed_activation(activation, smooth[index][0], axis)
+            activation = smoothed_activation(activation, smoothing_inverse(smooth[index][0]), axis)
         return _magnitude(activation, percentile)
 
     return measure_activations(closed, targets, statistic)

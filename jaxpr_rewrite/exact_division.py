@@ -10,6 +10,8 @@ neighbouring code. Two exact forms instead:
 * :func:`divided_by_odd`: a scale's mantissa divided by 127 (or 7), by integer arithmetic on its bits, on every
   platform but CPU (:func:`divided_by_code_limit` chooses). Integer division is exact everywhere; it runs on the
   small per-slice arrays.
+* :func:`reciprocal_by_integers`: a correctly rounded reciprocal (a static scale's, a SmoothQuant factor's) by
+  integer long division of its significand, on every platform but CPU (:func:`reciprocal` chooses).
 * :func:`rounded_quotients_exactly`, the codes of :func:`rounded_quotients` on every platform but CPU (whose division
   is IEEE's): ``rint(fl(n / d))`` from an approximate quotient (a multiply by the hardware's reciprocal), settled
   by an exact comparison of ``n`` with the rounding boundary nearest it; its products are of half-width factors,
@@ -25,8 +27,12 @@ from jax import lax
 
 from .float_formats import float_format
 
-__all__ = ["divided_by_code_limit", "divided_by_odd", "divisor_parts", "rounded_quotients", "rounded_quotients_exactly",
-           "true_divide"]
+__all__ = ["divided_by_code_limit", "divided_by_odd", "divisor_parts", "reciprocal", "reciprocal_by_integers",
+           "rounded_quotients", "rounded_quotients_exactly", "true_divide"]
+
+# Quotient bits per step of the long division: the remainder (below the significand's 2**p) shifted by this many
+# bits stays below 2**31 for float32's int32 bits (2**60 for float64's int64).
+_LONG_DIVISION_STEP = 7
 
 
 def divided_by_odd(m, divisor: int):
@@ -59,6 +65,52 @@ def divided_by_code_limit(mantissa, limit: int):
     repeat per element inside the codes' loop."""
     return lax.platform_dependent(mantissa, cpu=lambda m: true_divide(m, lax.full_like(m, limit)),
                                   default=functools.partial(divided_by_odd, divisor=limit))
+
+
+def reciprocal_by_integers(d):
+    """``1 / d`` correctly rounded, as XLA:CPU's IEEE division gives it (subnormal inputs and results flushed to zero:
+    zero and subnormal ``d`` give Inf, ``d`` above the largest reciprocal of a normal float gives 0; Inf gives 0,
+    NaN stays NaN), with integer arithmetic alone.
+
+    With ``|d| = D * 2**q`` (``D`` the significand, an integer of ``p = mantissa bits + 1`` bits) the reciprocal's
+    significand is ``round(2**(2p - 1) / D)``, in ``(2**(p-1), 2**p]``: a long division, a few bits per step, whose
+    last remainder rounds it (no tie: ``2**(2p)`` is not an odd multiple of ``D`` unless ``D`` is a power of two,
+    whose quotient is exact). A significand of ``2**p`` carries into the exponent field by itself.
+    """
+    fmt = float_format(d)
+    bits_type, mantissa_bits, bias = fmt.bits, fmt.mantissa_bits, fmt.bias
+    implicit = bits_type(1 << mantissa_bits)
+    magnitude_bits = lax.bitcast_convert_type(lax.abs(d), bits_type)
+    field = lax.shift_right_logical(magnitude_bits, bits_type(mantissa_bits))
+    significand = lax.bitwise_or(lax.bitwise_and(magnitude_bits, bits_type((1 << mantissa_bits) - 1)), implicit)
+    top = lax.full_like(significand, 2 << mantissa_bits)
+    quotient = lax.div(top, significand)
+    remainder = lax.sub(top, lax.mul(quotient, significand))
+    for done in range(0, mantissa_bits, _LONG_DIVISION_STEP):
+        step = bits_type(min(_LONG_DIVISION_STEP, mantissa_bits - done))
+        shifted = lax.shift_left(remainder, step)
+        quotient = lax.add(lax.shift_left(quotient, step), lax.div(shifted, significand))
+        remainder = lax.rem(shifted, significand)
+    rounded = lax.add(quotient, lax.convert_element_type(lax.ge(lax.add(remainder, remainder), significand),
+                                                         bits_type))
+    result_field = lax.sub(bits_type(2 * bias - 1), field)
+    magnitude = lax.bitcast_convert_type(
+        lax.add(lax.shift_left(result_field, bits_type(mantissa_bits)), lax.sub(rounded, implicit)), d.dtype)
+    # the result's field is at least 1 wherever the rounded significand carries it up from 0
+    tiny = lax.bitwise_or(lax.lt(result_field, bits_type(0)),
+                          lax.bitwise_and(lax.eq(result_field, bits_type(0)), lax.lt(rounded, top)))
+    magnitude = lax.select(lax.bitwise_or(tiny, lax.eq(field, bits_type(2 * bias + 1))), lax.full_like(d, 0),
+                           magnitude)
+    magnitude = lax.select(lax.eq(field, bits_type(0)), lax.full_like(d, np.inf), magnitude)
+    negative = lax.lt(lax.bitcast_convert_type(d, bits_type), bits_type(0))  # -0.0 included
+    return lax.select(lax.ne(d, d), d, lax.select(negative, lax.neg(magnitude), magnitude))
+
+
+def reciprocal(d):
+    """``1 / d``, correctly rounded on every platform: on CPU an IEEE division, elsewhere
+    :func:`reciprocal_by_integers` (a GPU's and a TPU's float division are approximate). For the small arrays a
+    quantized program takes reciprocals of once (a static scale, a SmoothQuant factor vector)."""
+    return lax.platform_dependent(d, cpu=lambda v: true_divide(lax.full_like(v, 1), v), default=reciprocal_by_integers)
 
 
 def divisor_parts(divisors):

@@ -34,7 +34,7 @@ from .config import RewriteConfig
 from .errors import Int8ifyError
 from .calibration import calibration_tracer, check_percentile, measure_activations, static_scales
 from .quantize import StaticScale, epilogue_factors
-from .operands import quantize
+from .operands import quantize, smoothing_inverse
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
 from .rules.dots import is_plain_dot
 from .scopes import matching_pattern
@@ -232,8 +232,10 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
         activation_scale = None if absmax is None else StaticScale.of(absmax).stored()
         if absmax is not None and float(absmax) == 0:
             zero_calibrated.append(paths[i])
-        new_leaves.append(q.replace(dtype=np.dtype(value.dtype), smooth=factors, smooth_group=group,
-                                    activation_scale=activation_scale, activation_group=activation_group))
+        inverse = None if factors is None else smoothing_inverse(factors)
+        new_leaves.append(q.replace(dtype=np.dtype(value.dtype), smooth=factors, smooth_inverse=inverse,
+                                    smooth_group=group, activation_scale=activation_scale,
+                                    activation_group=activation_group))
         casts = ", ".join(d.name for d in use.casts)
         cast = f" after {'a cast' if len(use.casts) == 1 else 'casts'} to {casts}" if use.casts else ""
         smoothing = " with SmoothQuant factors" if factors is not None else ""

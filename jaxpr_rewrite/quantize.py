@@ -50,7 +50,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 from jax import lax
 
-from .exact_division import divided_by_code_limit, rounded_quotients
+from .exact_division import divided_by_code_limit, reciprocal, rounded_quotients
 from .float_formats import FORMATS, FloatFormat, float_format  # noqa: F401  (part of this module's API)
 
 __all__ = [
@@ -252,8 +252,9 @@ class StaticScale(NamedTuple):
         amax = to_compute(amax)
         scales, exponents, prescale = _scale_parts(amax)
         zero = lax.eq(amax, amax.dtype.type(0))
-        reciprocal = lax.select(zero, lax.full_like(scales, 1), lax.div(prescale, scales))
-        return cls(amax, reciprocal, *epilogue_factors(scales, exponents))
+        # 2**-e / scales: the power of two is exact, and the reciprocal correctly rounded on every platform
+        multiplier = lax.select(zero, lax.full_like(scales, 1), lax.mul(prescale, reciprocal(scales)))
+        return cls(amax, multiplier, *epilogue_factors(scales, exponents))
 
     def stored(self):
         """The scale as one vector of its fields, in order."""

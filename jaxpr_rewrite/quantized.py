@@ -35,6 +35,7 @@ import numpy as np
 from jax import lax
 
 from .errors import Int8ifyError
+from .exact_division import reciprocal
 from .blocks import from_blocks, n_blocks, to_blocks
 from .int4 import packed_length, unpack_int4
 from .quantize import StaticScale, dequantize_codes, epilogue_factors, scale_values, to_compute
@@ -70,6 +71,10 @@ class QuantizedArray:
         dtype: the float dtype of the array it stands for, which the traced program sees.
         smooth: ``None``, or float32 SmoothQuant factors over the (single) contracting axis: the codes then stand
             for ``smooth * w`` and a dot divides its other operand by ``smooth``.
+        smooth_inverse: ``None``, or ``1 / smooth`` correctly rounded, computed once by
+            :func:`~jaxpr_rewrite.quantize_params`: the dot multiplies its other operand by it as it is (a reciprocal
+            computed in the program is, off CPU, integer arithmetic, a GPU kernel per weight; see
+            :meth:`smoothing_multiplier`).
         smooth_group: a token shared by weights holding the same ``smooth`` factors (one per activation, unique
             per :func:`~jaxpr_rewrite.quantize_params` call), so the activation is divided once for all of them.
         bits: 8, or 4 for codes in ``[-7, 7]`` packed two per byte (scales ``absmax / 7``).
@@ -94,13 +99,14 @@ class QuantizedArray:
 
     def __init__(self, codes, scales, exponents, contracting: Sequence[int], dtype, smooth=None, smooth_group=None,
                  bits: int = 8, length: int | None = None, block_size: int | None = None, epilogue_factor=None,
-                 epilogue_power=None, activation_scale=None, activation_group=None):
+                 epilogue_power=None, activation_scale=None, activation_group=None, smooth_inverse=None):
         self.codes = codes
         self.scales = scales
         self.exponents = exponents
         self.from_end = _from_end(contracting, len(codes.shape))
         self.dtype = np.dtype(dtype)
         self.smooth = smooth
+        self.smooth_inverse = smooth_inverse
         self.smooth_group = smooth_group
         self.bits = bits
         self.length = length
@@ -175,8 +181,13 @@ class QuantizedArray:
             if factor is not None and tuple(getattr(factor, "shape", ())) != tuple(self.scales.shape):
                 problems.append(f"{name} has shape {tuple(getattr(factor, 'shape', ()))}, expected "
                                 f"{tuple(self.scales.shape)}")
-        floats = (("scales", self.scales), ("smooth factors", self.smooth), ("epilogue_factor", self.epilogue_factor),
-                  ("epilogue_power", self.epilogue_power), ("activation_scale", self.activation_scale))
+        inverse_shape, smooth_shape = (tuple(getattr(v, "shape", ())) for v in (self.smooth_inverse, self.smooth))
+        if self.smooth_inverse is not None and (self.smooth is None or inverse_shape != smooth_shape):
+            problems.append("smooth_inverse is set without smooth factors" if self.smooth is None else
+                            f"smooth_inverse has shape {inverse_shape}, expected the smooth factors' {smooth_shape}")
+        floats = (("scales", self.scales), ("smooth factors", self.smooth), ("smooth_inverse", self.smooth_inverse),
+                  ("epilogue_factor", self.epilogue_factor), ("epilogue_power", self.epilogue_power),
+                  ("activation_scale", self.activation_scale))
         cast = [f"{name} are {np.dtype(value.dtype).name}, not float32/float64" for name, value in floats
                 if value is not None and np.dtype(value.dtype).name not in ("float32", "float64")]
         if cast:
@@ -193,6 +204,13 @@ class QuantizedArray:
         """The calibrated static activation scale (:attr:`activation_scale` read as a
         :class:`~jaxpr_rewrite.quantize.StaticScale`), or ``None``."""
         return None if self.activation_scale is None else StaticScale.stored_in(self.activation_scale)
+
+    def smoothing_multiplier(self):
+        """What a dot multiplies its other operand by (float32, over the contracting axis): the stored
+        :attr:`smooth_inverse`, or ``1 / smooth`` correctly rounded in the program."""
+        if self.smooth_inverse is not None:
+            return to_compute(self.smooth_inverse, np.float32)
+        return reciprocal(to_compute(self.smooth, np.float32))
 
     def epilogue_factors(self, dtype):
         """The scales' factors for the dot's epilogue in ``dtype`` (see
@@ -315,7 +333,8 @@ class QuantizedArray:
     @classmethod
     def tree_unflatten(cls, aux, children):
         array = object.__new__(cls)  # no validation: the leaves may be anything a tree_map made of them
-        for name, value in zip(ARRAY_FIELDS, children):
+        children = list(children)  # an older layout's children (a program exported before) lack the last ones
+        for name, value in zip(ARRAY_FIELDS, children + [None] * (len(ARRAY_FIELDS) - len(children))):
             setattr(array, name, value)
         for name, value in zip(METADATA_FIELDS, aux):
             setattr(array, name, value)

@@ -26,6 +26,7 @@ import numpy as np
 
 from .errors import Int8ifyError
 from .quantized import ARRAY_FIELDS, LAYOUT_VERSION, QuantizedArray, is_quantized
+from .quantized_layout import READABLE_LAYOUT_VERSIONS, readable_versions
 
 __all__ = ["FORMAT", "abstract_tensors", "check_layout", "leaf_of_tensor", "rebuild", "to_stored"]
 
@@ -109,10 +110,10 @@ def check_layout(layout: Any, where: str) -> None:
         raise Int8ifyError(f"{where} holds no int8ify layout document (it was not written by save_quantized / "
                            "save_safetensors)")
     version = layout.get("layout_version")
-    if version != LAYOUT_VERSION:
+    if version not in READABLE_LAYOUT_VERSIONS:
         first = layout.get("leaves") or [{"path": []}]
         raise Int8ifyError(f"{where} is stored in layout version {version!r} (first leaf "
-                           f"{_describe(first[0]['path'])}); this int8ify reads version {LAYOUT_VERSION}: write it "
+                           f"{_describe(first[0]['path'])}); this int8ify reads {readable_versions()}: write it "
                            "again with this int8ify, or quantize the float params again")
 
 

@@ -127,7 +127,7 @@ def resolve_dot_operands(invals: Sequence, contractions, direct: bool, shared: d
         if shareable and key in shared:
             operands[1 - side] = shared[key][1]
             continue
-        operands[1 - side] = smoothed_activation(other, weight.smooth, other_axis)
+        operands[1 - side] = smoothed_activation(other, weight.smoothing_multiplier(), other_axis)
         if shareable:
             shared[key] = (other, operands[1 - side])  # holds `other`, so no other value reuses its id
     for side in (0, 1):

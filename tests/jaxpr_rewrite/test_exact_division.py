@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 from jax import lax
 
 from helpers import evaluate_as, platform_eqns, reference_codes, reference_scale_parts
-from jaxpr_rewrite.exact_division import divided_by_odd, divisor_parts, rounded_quotients_exactly
-from jaxpr_rewrite.quantize import quantize_parts
+from jaxpr_rewrite.exact_division import (divided_by_odd, divisor_parts, reciprocal, reciprocal_by_integers,
+                                          rounded_quotients_exactly, true_divide)
+from jaxpr_rewrite.operands import smoothed_activation, smoothing_inverse
+from jaxpr_rewrite.quantize import StaticScale, quantize_parts
 
 
 @pytest.mark.parametrize("divisor", [127, 7])
@@ -32,6 +34,68 @@ def test_division_by_odd_passes_nan_and_inf_and_keeps_float64():
     with jax.enable_x64(True):
         got = np.asarray(jax.jit(lambda m: divided_by_odd(m, 127))(jnp.asarray(mantissas)))
     np.testing.assert_array_equal(got, mantissas / 127)
+
+
+def _ieee_reciprocal(values):
+    """``1 / values`` by XLA:CPU's IEEE division (subnormal inputs and results flushed to zero)."""
+    return np.asarray(jax.jit(lambda v: true_divide(lax.full_like(v, 1), v))(values))
+
+
+def _same_bits(got, want):
+    got, want = np.asarray(got), np.asarray(want)
+    int_type = np.int32 if got.dtype == np.float32 else np.int64
+    differ = (got.view(int_type) != want.view(int_type)) & ~(np.isnan(got) & np.isnan(want))
+    assert not differ.any(), (np.asarray(got)[differ][:5], np.asarray(want)[differ][:5])
+
+
+@pytest.mark.parametrize("exponent", [0, -1, 63, -64, 125, 126, 127, -126, -127])
+def test_every_float32_significand_has_its_reciprocal(exponent):
+    """Every float32 significand at binades across the range, the ends where the reciprocal leaves the normal range
+    (flushed to zero, as XLA:CPU's division gives it) and where the input is subnormal (taken as zero): bit for bit,
+    and numpy's correctly rounded reciprocal wherever input and result are normal floats."""
+    bits = np.arange(np.float32(1).view(np.int32), np.float32(2).view(np.int32), dtype=np.int32)
+    values = (bits.view(np.float32).astype(np.float64) * 2.0**exponent).astype(np.float32)
+    got = np.asarray(jax.jit(reciprocal_by_integers)(values))
+    _same_bits(got, _ieee_reciprocal(values))
+    want = (1 / values.astype(np.float64)).astype(np.float32)
+    normal = (np.abs(want) >= np.finfo(np.float32).tiny) & (np.abs(values) >= np.finfo(np.float32).tiny)
+    _same_bits(got[normal], want[normal])
+    assert exponent < 126 or np.count_nonzero(got == 0) > 1000  # the flushed end was reached
+    assert np.isinf(got[np.abs(values) < np.finfo(np.float32).tiny]).all()
+
+
+def test_reciprocal_of_any_bits_signs_zeros_nan_inf_and_float64():
+    rng = np.random.default_rng(2)
+    values = rng.integers(-2**31, 2**31, 2_000_000, dtype=np.int64).astype(np.int32).view(np.float32)
+    special = np.array([0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 2.0**-126, 2.0**126, -(2.0**127), 3e38],
+                       np.float32)
+    values = np.concatenate([values, special])
+    _same_bits(jax.jit(reciprocal_by_integers)(values), _ieee_reciprocal(values))
+    doubles = rng.uniform(1, 2, 500_000) * 2.0 ** rng.integers(-1020, 1020, 500_000)
+    with jax.enable_x64(True):
+        got = np.asarray(jax.jit(reciprocal_by_integers)(jnp.asarray(np.concatenate([doubles, -doubles]))))
+    _same_bits(got, 1 / np.concatenate([doubles, -doubles]))
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.floats(2.0**-121, 2.0**127, width=32), st.integers(0, 2**31 - 1))
+def test_static_scales_and_smoothing_are_the_same_on_every_platform(amax, seed):
+    """What a static scale stores (its reciprocal among it) and the reciprocal of SmoothQuant factors a smoothed
+    activation is multiplied by, as the CUDA and TPU programs compute them (their ``platform_dependent`` branches,
+    evaluated here): CPU's IEEE values, bit for bit."""
+    amax = np.float32(amax)
+    rng = np.random.default_rng(seed)
+    factors = (rng.uniform(1, 2, 256) * 2.0 ** rng.integers(-60, 60, 256)).astype(np.float32)
+    activation = rng.standard_normal((8, 256)).astype(np.float32)
+    want_scale = np.asarray(StaticScale.of(amax).stored())
+    want_inverse = _ieee_reciprocal(factors)
+    _same_bits(jax.jit(smoothing_inverse)(factors), want_inverse)
+    _same_bits(jax.jit(lambda v, f: smoothed_activation(v, smoothing_inverse(f), 1))(activation, factors),
+               activation * want_inverse)
+    for platform in ("cuda", "tpu"):
+        _same_bits(evaluate_as(platform, lambda a: StaticScale.of(a).stored(), amax), want_scale)
+        _same_bits(evaluate_as(platform, smoothing_inverse, factors), want_inverse)
+        _same_bits(evaluate_as(platform, reciprocal, factors), want_inverse)
 
 
 def _around_every_boundary(scales, limit, dtype=np.float32, spread=6):

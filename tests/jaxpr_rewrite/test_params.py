@@ -157,6 +157,30 @@ def test_smoothing_matches_its_reference_and_cuts_the_error():
     assert err(got) < 0.5 * err(plain), (err(got), err(plain))
 
 
+def test_smoothing_stores_the_exact_reciprocal_of_its_factors():
+    """``quantize_params`` stores ``1 / smooth`` correctly rounded, so the program multiplies by it as it is (off
+    CPU a reciprocal in the program is integer long division: a GPU kernel per weight); a smoothed weight without it
+    (built by hand, or read from an older file) computes it in the program, to the same bits."""
+    from helpers import platform_eqns
+
+    x, params = outlier_data()
+    q = quantize_params(dense, params, x, smooth_alpha=0.5)
+    s = np.asarray(q["w"].smooth, np.float32)
+    np.testing.assert_array_equal(np.asarray(q["w"].smooth_inverse).view(np.int32), (np.float32(1) / s).view(np.int32))
+    without = {"w": q["w"].replace(smooth_inverse=None)}
+    np.testing.assert_array_equal(jax.jit(int8ify(dense))(without, x), jax.jit(int8ify(dense))(q, x))
+
+    def long_divisions(qparams):
+        jaxpr = jax.make_jaxpr(int8ify(dense))(qparams, x)
+        return sum(e.primitive.name == "rem" for e in platform_eqns(jaxpr, "cuda"))
+
+    assert long_divisions(q) == 0 and long_divisions(without) > 0
+    with pytest.raises(Int8ifyError, match="smooth_inverse has shape"):
+        q["w"].replace(smooth_inverse=jnp.ones(3)).check()
+    with pytest.raises(Int8ifyError, match="smooth_inverse is set without smooth factors"):
+        q["w"].replace(smooth=None).check()
+
+
 def test_smoothed_weights_keep_float_semantics():
     x, params = outlier_data()
     q = quantize_params(dense, params, x, smooth_alpha=0.5, calibration=[(x[:8],), (x[8:],)])

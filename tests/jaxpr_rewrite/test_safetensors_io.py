@@ -75,7 +75,7 @@ def test_another_tool_reads_the_documented_layout(tmp_path, model):
     with safe_open(tmp_path / "model.safetensors", framework="numpy") as file:
         layout = json.loads(file.metadata()[LAYOUT_KEY])
         tensors = {name: file.get_tensor(name) for name in file.keys()}
-    assert layout["format"] == "int8ify.quantized-pytree" and layout["layout_version"] == 1
+    assert layout["format"] == "int8ify.quantized-pytree" and layout["layout_version"] == 2
     originals = {"embed.w": params["embed"]["w"], "layers.1.w": params["layers"][1]["w"], "head": params["head"]}
     found = []
     for leaf in layout["leaves"]:
@@ -121,20 +121,48 @@ def test_another_layout_version_is_refused_naming_the_leaf(tmp_path, model):
     with safe_open(tmp_path / "model.safetensors", framework="numpy") as file:
         layout = json.loads(file.metadata()[LAYOUT_KEY])
         tensors = {name: file.get_tensor(name) for name in file.keys()}
+    layout["layout_version"] = 3
+    save_file(tensors, tmp_path / "v3.safetensors", metadata={LAYOUT_KEY: json.dumps(layout)})
+    with pytest.raises(Int8ifyError,
+                       match=r"layout version 3 \(first leaf \['embed'\]\['b'\]\).*reads versions 1 and 2"):
+        load_safetensors(tmp_path / "v3.safetensors")
+    # a leaf whose own metadata is of another version (the document says 2) is named too
     layout["layout_version"] = 2
-    save_file(tensors, tmp_path / "v2.safetensors", metadata={LAYOUT_KEY: json.dumps(layout)})
-    with pytest.raises(Int8ifyError, match=r"layout version 2 \(first leaf \['embed'\]\['b'\]\).*reads version 1"):
-        load_safetensors(tmp_path / "v2.safetensors")
-    # a leaf whose own metadata is of another version (the document says 1) is named too
-    layout["layout_version"] = 1
-    layout["leaves"][-1]["metadata"]["layout_version"] = 2
+    layout["leaves"][-1]["metadata"]["layout_version"] = 3
     save_file(tensors, tmp_path / "leaf.safetensors", metadata={LAYOUT_KEY: json.dumps(layout)})
     with pytest.raises(Int8ifyError, match=r"leaf \['layers'\]\[1\]\['w'\] is stored in QuantizedArray layout "
-                                           "version 2"):
+                                           "version 3"):
         load_safetensors(tmp_path / "leaf.safetensors")
     save_file(tensors, tmp_path / "plain.safetensors")
     with pytest.raises(Int8ifyError, match="not written by save_safetensors"):
         load_safetensors(tmp_path / "plain.safetensors")
+
+
+def test_a_version_1_file_reads_its_smoothed_weights(tmp_path):
+    """Layout version 1 had no ``smooth_inverse``: its smoothed weights load without it and the program computes
+    the reciprocal itself, to the same bits."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    x[:, 3] *= 30
+    params = {"w": (rng.standard_normal((64, 16)) / 8).astype(np.float32)}
+    fn = lambda p, x: x @ p["w"]  # noqa: E731
+    qparams = quantize_params(fn, params, x, smooth_alpha=0.5)
+    save_safetensors(tmp_path / "v2.safetensors", qparams)
+    with safe_open(tmp_path / "v2.safetensors", framework="numpy") as file:
+        layout = json.loads(file.metadata()[LAYOUT_KEY])
+        assert "w.smooth_inverse" in file.keys()
+        tensors = {name: file.get_tensor(name) for name in file.keys() if name != "w.smooth_inverse"}
+    layout["layout_version"] = 1
+    for leaf in layout["leaves"]:
+        leaf.get("tensors", {}).pop("smooth_inverse", None)
+        leaf.get("metadata", {})["layout_version"] = 1
+    layout["tensors"] = {name: spec for name, spec in layout["tensors"].items() if name in tensors}
+    save_file(tensors, tmp_path / "v1.safetensors", metadata={LAYOUT_KEY: json.dumps(layout)})
+    old = load_safetensors(tmp_path / "v1.safetensors")
+    assert old["w"].smooth is not None and old["w"].smooth_inverse is None
+    children, aux = qparams["w"].tree_flatten()  # a program exported before: version 1's seven children
+    assert QuantizedArray.tree_unflatten(aux, children[:-1]).smooth_inverse is None
+    np.testing.assert_array_equal(jax.jit(int8ify(fn))(old, x), jax.jit(int8ify(fn))(qparams, x))
 
 
 def test_a_target_whose_shapes_differ_is_refused_naming_the_leaf(tmp_path, model):
