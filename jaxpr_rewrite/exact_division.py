@@ -134,40 +134,40 @@ def rounded_quotients_exactly(numerators, divisors, high, low, reciprocals, limi
     quotient. ``high``, ``low`` and ``reciprocals`` are :func:`divisor_parts` of ``d``, broadcast like it.
 
     The approximate quotient ``a = n * reciprocal`` (one multiply; any approximation within 1/4 of the quotient will
-    do) names the half-integer ``b`` nearest it, the one rounding boundary the code can be on either side of.
-    ``fl(n / d)`` is ``b`` itself exactly when ``n / d`` lies within ``b +- u`` (``u`` half the spacing of the floats
-    at ``b``; ``b``'s significand is even, so the ends round to it; at ``|b| = 1/2``, where the floats below are
-    closer, both codes on that side are 0), and then the code is ``rint(b)``. Which side ``n`` lies on is the sign
-    of ``n - b * d`` against ``u * d``: ``n - b * high`` is exact (Sterbenz) near the boundary, ``b * high`` and
-    ``b * low`` are exact (half-width factors), and so is their difference there; far from it a rounding cannot
-    move it past a bound that small. ``b``'s binade comes from its exponent bits, or with ``binade_from_bits=False``
-    from comparisons, float arithmetic alone, which XLA's GPU compiler fuses into its Triton kernels (it does not
-    take integer bit operations: a transformer block's quantization passes split into several kernels each).
+    do) names the half-integer ``b = floor(a) + 1/2`` nearest it, the one rounding boundary the code can be on either
+    side of: the code is ``floor(a)`` or one more. ``fl(n / d)`` is ``b`` itself exactly when ``n / d`` lies within
+    ``b +- u`` (``u`` half the spacing of the floats at ``b``; ``b``'s significand is even, so the ends round to it;
+    at ``|b| = 1/2``, where the floats below are closer, both codes on that side are 0), and then the code is
+    ``rint(b)``. Which side ``n`` lies on is the sign of ``n - b * d``, and whether it is within the tie band its
+    magnitude against ``u * d``: ``n - b * high`` is exact (Sterbenz) near the boundary, ``b * high`` and ``b * low``
+    are exact (half-width factors), and so is their difference there; far from it a rounding cannot move it past a
+    bound that small. ``u`` is ``b``'s power of two (its exponent bits, or with ``binade_from_bits=False``
+    comparisons, float arithmetic alone, which XLA's GPU compiler fuses into its Triton kernels: it does not take
+    integer bit operations, and a transformer block's quantization passes split into several kernels each) times
+    ``2**-(mantissa bits + 1)``, which the divisor takes.
     """
     dtype = numerators.dtype.type
     fmt = float_format(numerators)
     bits_type, mantissa_bits = fmt.bits, fmt.mantissa_bits
     approximate = lax.mul(numerators, reciprocals)
-    nearest = lax.round(approximate, lax.RoundingMethod.TO_NEAREST_EVEN)
+    below = lax.floor(approximate)
     half = dtype(0.5)
-    boundary = lax.select(lax.ge(approximate, nearest), lax.add(nearest, half), lax.sub(nearest, half))
-    if binade_from_bits:  # the exponent field less mantissa_bits + 1: half the spacing of the floats at b
+    boundary = lax.add(below, half)
+    if binade_from_bits:  # b's exponent field alone: its power of two
         exponent_field = bits_type(((1 << (8 * np.dtype(bits_type).itemsize - 1 - mantissa_bits)) - 1)
                                    << mantissa_bits)
-        field = lax.bitwise_and(lax.bitcast_convert_type(boundary, bits_type), exponent_field)
-        spacing = lax.bitcast_convert_type(lax.sub(field, bits_type((mantissa_bits + 1) << mantissa_bits)),
-                                           numerators.dtype)
+        binade = lax.bitcast_convert_type(lax.bitwise_and(lax.bitcast_convert_type(boundary, bits_type),
+                                                          exponent_field), numerators.dtype)
     else:
         magnitude = lax.abs(boundary)
         binade = lax.full_like(boundary, half)
         for power in (2.0**i for i in range(int(limit).bit_length())):
             binade = lax.select(lax.ge(magnitude, dtype(power)), lax.full_like(boundary, power), binade)
-        spacing = lax.mul(binade, dtype(2.0 ** -(mantissa_bits + 1)))
-    bound = lax.mul(spacing, divisors)
+    bound = lax.mul(binade, lax.mul(divisors, dtype(2.0 ** -(mantissa_bits + 1))))
     residual = lax.sub(lax.sub(numerators, lax.mul(boundary, high)), lax.mul(boundary, low))
-    return lax.select(lax.gt(residual, bound), lax.add(boundary, half),
-                      lax.select(lax.lt(residual, lax.neg(bound)), lax.sub(boundary, half),
-                                 lax.round(boundary, lax.RoundingMethod.TO_NEAREST_EVEN)))
+    beyond = lax.add(below, lax.convert_element_type(lax.gt(residual, dtype(0)), numerators.dtype))
+    return lax.select(lax.le(lax.abs(residual), bound), lax.round(boundary, lax.RoundingMethod.TO_NEAREST_EVEN),
+                      beyond)
 
 
 def true_divide(numerator, denominator):
