@@ -96,12 +96,21 @@ def smoothing_factors(activation_absmax, weight_absmax, alpha: float):
         alpha: how much of the outliers moves into the weight (0: none, 1: all).
 
     Returns:
-        float32 factors; 1 where either side is all zero or not finite.
+        float32 factors, the float64 value rounded once; 1 where either side is all zero or not finite, and where
+        the factor is not a normal float32 (its reciprocal, which the activation is multiplied by, would be). Computed
+        with numpy on the host: a device's float32 ``pow`` and division differ by platform (a GPU's division is
+        approximate), and the factors are stored with the weights, so a checkpoint would depend on where it was
+        quantized.
     """
-    a, b = jnp.asarray(activation_absmax, jnp.float32), jnp.asarray(weight_absmax, jnp.float32)
-    usable = (a > 0) & (b > 0) & jnp.isfinite(a) & jnp.isfinite(b)
-    factors = jnp.power(jnp.where(usable, a, 1.0), alpha) / jnp.power(jnp.where(usable, b, 1.0), 1 - alpha)
-    return jnp.where(usable, factors, 1.0)
+    a = np.asarray(activation_absmax, np.float32).astype(np.float64)
+    b = np.asarray(weight_absmax, np.float32).astype(np.float64)
+    usable = (a > 0) & (b > 0) & np.isfinite(a) & np.isfinite(b)
+    with np.errstate(over="ignore"):
+        factors = (np.power(np.where(usable, a, 1.0), alpha) / np.power(np.where(usable, b, 1.0), 1 - alpha)).astype(
+            np.float32)
+    tiny, largest = np.finfo(np.float32).tiny, np.finfo(np.float32).max
+    usable &= (factors >= tiny) & (factors <= largest) & (1 / factors.astype(np.float64) >= tiny)
+    return jnp.asarray(np.where(usable, factors, np.float32(1)))
 
 
 def _activation_absmax(closed, targets: dict) -> Callable:

@@ -157,6 +157,25 @@ def test_smoothing_matches_its_reference_and_cuts_the_error():
     assert err(got) < 0.5 * err(plain), (err(got), err(plain))
 
 
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.5, 1.0])
+def test_smoothing_factors_are_the_same_wherever_they_are_computed(alpha):
+    """The factors are the float64 ``a**alpha / b**(1 - alpha)`` rounded once to float32 (computed on the host, so a
+    checkpoint does not depend on the device's ``pow`` and division), bit for bit; a factor that is not a normal
+    float32, or whose reciprocal is not, is 1, as for an all-zero or non-finite side."""
+    from jaxpr_rewrite.params import smoothing_factors
+
+    rng = np.random.default_rng(int(alpha * 10))
+    a = (rng.uniform(1, 2, 4096) * 2.0 ** rng.integers(-40, 40, 4096)).astype(np.float32)
+    b = (rng.uniform(1, 2, 4096) * 2.0 ** rng.integers(-40, 40, 4096)).astype(np.float32)
+    want = (a.astype(np.float64) ** alpha / b.astype(np.float64) ** (1 - alpha)).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(smoothing_factors(a, b, alpha)).view(np.int32), want.view(np.int32))
+    extreme_a = np.array([0, np.inf, np.nan, 3e38, 1.0], np.float32)
+    extreme_b = np.array([1, 1, 1, 1e-38, 1e-45], np.float32)
+    got = np.asarray(smoothing_factors(extreme_a, extreme_b, alpha))
+    finite = np.isfinite(got) & (got >= np.finfo(np.float32).tiny) & (1 / got.astype(np.float64) >= 1.2e-38)
+    assert finite.all() and (got[:3] == 1).all(), got
+
+
 def test_smoothing_stores_the_exact_reciprocal_of_its_factors():
     """``quantize_params`` stores ``1 / smooth`` correctly rounded, so the program multiplies by it as it is (off
     CPU a reciprocal in the program is integer long division: a GPU kernel per weight); a smoothed weight without it
