@@ -5,7 +5,7 @@ XLA compiles a float32 division for NVIDIA GPUs to PTX ``div.full.f32`` (its LLV
 and for TPUs to a multiply by a reciprocal refined by one Newton step (``vrcp``): neither is the correctly rounded
 quotient the contract's ``absmax / 127`` and ``rint(x / s)`` ask for, so a scale could come out an ulp or two off and
 a value near a rounding boundary (every tie among them: integers, dyadic and bfloat16 data) could get the
-neighbouring code. Two exact forms instead:
+neighbouring code. Exact forms instead:
 
 * :func:`divided_by_odd`: a scale's mantissa divided by 127 (or 7), by integer arithmetic on its bits, on every
   platform but CPU (:func:`divided_by_code_limit` chooses). Integer division is exact everywhere; it runs on the
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import numpy as np
 from jax import lax
 
@@ -106,11 +107,20 @@ def reciprocal_by_integers(d):
     return lax.select(lax.ne(d, d), d, lax.select(negative, lax.neg(magnitude), magnitude))
 
 
+@jax.custom_jvp
 def reciprocal(d):
     """``1 / d``, correctly rounded on every platform: on CPU an IEEE division, elsewhere
     :func:`reciprocal_by_integers` (a GPU's and a TPU's float division are approximate). For the small arrays a
-    quantized program takes reciprocals of once (a static scale, a SmoothQuant factor vector)."""
+    quantized program takes reciprocals of once (a static scale, a SmoothQuant factor vector). Its derivative is
+    ``-1 / d**2`` on every platform (the integer form alone would have none)."""
     return lax.platform_dependent(d, cpu=lambda v: true_divide(lax.full_like(v, 1), v), default=reciprocal_by_integers)
+
+
+@reciprocal.defjvp
+def _reciprocal_jvp(primals, tangents):
+    (d,), (tangent,) = primals, tangents
+    inverse = reciprocal(d)
+    return inverse, lax.neg(lax.mul(lax.mul(inverse, inverse), tangent))
 
 
 def divisor_parts(divisors):

@@ -327,8 +327,8 @@ def _evaluate_as(platform, jaxpr, consts, args):
         elif name == "cond":
             branch = eqn.params["branches"][int(values[0])]
             outs = _evaluate_as(platform, branch.jaxpr, branch.consts, values[1:])
-        elif name in ("pjit", "jit", "closed_call"):
-            inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+        elif name in ("pjit", "jit", "closed_call", "custom_jvp_call", "custom_vjp_call"):
+            inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr", eqn.params.get("fun_jaxpr")))
             outs = _evaluate_as(platform, inner.jaxpr, inner.consts, values)
         else:
             outs = eqn.primitive.bind(*values, **eqn.params)

@@ -96,6 +96,8 @@ def test_static_scales_and_smoothing_are_the_same_on_every_platform(amax, seed):
         _same_bits(evaluate_as(platform, lambda a: StaticScale.of(a).stored(), amax), want_scale)
         _same_bits(evaluate_as(platform, smoothing_inverse, factors), want_inverse)
         _same_bits(evaluate_as(platform, reciprocal, factors), want_inverse)
+        np.testing.assert_allclose(evaluate_as(platform, jax.grad(lambda f: reciprocal(f).sum()), factors)[0],
+                                   -(want_inverse.astype(np.float64) ** 2), rtol=1e-6)
 
 
 def _around_every_boundary(scales, limit, dtype=np.float32, spread=6):
