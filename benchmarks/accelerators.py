@@ -15,6 +15,8 @@ batch 1024 and one pre-LN transformer block (d 384, 6 heads, MLP 1536) at batch 
 * ``int8ify static``   the same with static activation scales (``quantize_params(activations="static")``);
 * ``int8ify static+attn`` (models with matmuls between two activations) the attention einsums' activations static
   too (``int8ify(fn, activation_scales=calibrate_activation_dots(...))``);
+* ``+smooth``          ``int8ify+qparams`` and ``int8ify static`` with SmoothQuant (``smooth_alpha=0.5``), whose dots
+  multiply their activation by the stored reciprocal of its factors;
 * ``bare int8 dots``   only the model's int8 x int8 -> int32 dots.
 
 GPU: the kernels the program launches (fusions, library calls) from XLA's real H200 compiler. TPU: the kernels,
@@ -105,6 +107,8 @@ def main(argv=None) -> int:
             continue
         qparams = quantize_params(model, params, x)
         static = quantize_params(model, params, x, activations="static")
+        smoothed = {mode: quantize_params(model, params, x, smooth_alpha=0.5, activations=mode)
+                    for mode in ("dynamic", "static")}
         bare, bare_args = speed.bare_dots(model, params, x)
         on_accelerator = int8ify(model, late_inlining=False)
         variants = {
@@ -116,6 +120,8 @@ def main(argv=None) -> int:
         attention = calibrate_activation_dots(model, params, x)
         if attention.dots:
             variants["int8ify static+attn"] = (on_accelerator.with_options(activation_scales=attention), (static, x))
+        variants["int8ify+qparams+smooth"] = (on_accelerator, (smoothed["dynamic"], x))
+        variants["int8ify static+smooth"] = (on_accelerator, (smoothed["static"], x))
         variants["bare int8 dots"] = (bare, (bare_args,))
         for target in targets:
             for variant, (fn, fn_args) in variants.items():
