@@ -136,12 +136,12 @@ def divisor_parts(divisors):
     return high, lax.sub(divisors, high), lax.div(lax.full_like(divisors, 1), divisors)
 
 
-def rounded_quotients_exactly(numerators, divisors, high, low, reciprocals, limit: int,
-                              binade_from_bits: bool = False):
+def rounded_quotients_exactly(numerators, divisors, high, low, reciprocals, binade_from_bits: bool = False):
     """``rint(fl(n / d))`` (the quotient correctly rounded in the float format, then to the nearest integer, ties to
-    even) for positive normal divisors ``d`` of at least ``2**-90``, wherever it is at most ``limit`` in magnitude
-    (the largest code; beyond it a code may be one off, on the side the clip to ``limit`` removes); NaN for a NaN
-    quotient. ``high``, ``low`` and ``reciprocals`` are :func:`divisor_parts` of ``d``, broadcast like it.
+    even) for positive normal divisors ``d`` of at least ``2**-90``, wherever the approximate quotient is within 1/4
+    of it (with a reciprocal within 2 ulp, every quotient below ``2**19`` in magnitude; beyond, a code may be one off,
+    which the clip to the code limit removes); NaN for a NaN quotient. ``high``, ``low`` and ``reciprocals`` are
+    :func:`divisor_parts` of ``d``, broadcast like it.
 
     The approximate quotient ``a = n * reciprocal`` (one multiply; any approximation within 1/4 of the quotient will
     do) names the half-integer ``b = floor(a) + 1/2`` nearest it, the one rounding boundary the code can be on either
@@ -151,10 +151,14 @@ def rounded_quotients_exactly(numerators, divisors, high, low, reciprocals, limi
     ``rint(b)``. Which side ``n`` lies on is the sign of ``n - b * d``, and whether it is within the tie band its
     magnitude against ``u * d``: ``n - b * high`` is exact (Sterbenz) near the boundary, ``b * high`` and ``b * low``
     are exact (half-width factors), and so is their difference there; far from it a rounding cannot move it past a
-    bound that small. ``u`` is ``b``'s power of two (its exponent bits, or with ``binade_from_bits=False``
-    comparisons, float arithmetic alone, which XLA's GPU compiler fuses into its Triton kernels: it does not take
-    integer bit operations, and a transformer block's quantization passes split into several kernels each) times
-    ``2**-(mantissa bits + 1)``, which the divisor takes.
+    bound that small. ``u`` is ``b``'s power of two times ``2**-(mantissa bits + 1)`` (from its exponent bits), or
+    with ``binade_from_bits=False`` half the float spacing at ``|b|`` in float arithmetic alone, which XLA's GPU
+    compiler fuses into its Triton kernels (it does not take integer bit operations: a transformer block's
+    quantization passes split into several kernels each): ``fl(|b| + |b| * e) - |b|`` with ``e = 2**-(mantissa bits
+    + 1)`` is that spacing for every half-integer but 1/2 (``|b| * e``, exact, is then strictly between half the
+    spacing and the spacing, so the sum rounds to the next float up, and the difference is exact; an FMA of the
+    multiply and the add rounds the same), and the maximum with ``fl(|b| + e)`` (``|b|`` itself above 1/2: a tie, to
+    the even ``|b|``) gives 1/2's.
     """
     dtype = numerators.dtype.type
     fmt = float_format(numerators)
@@ -163,17 +167,17 @@ def rounded_quotients_exactly(numerators, divisors, high, low, reciprocals, limi
     below = lax.floor(approximate)
     half = dtype(0.5)
     boundary = lax.add(below, half)
+    epsilon = dtype(2.0 ** -(mantissa_bits + 1))
     if binade_from_bits:  # b's exponent field alone: its power of two
         exponent_field = bits_type(((1 << (8 * np.dtype(bits_type).itemsize - 1 - mantissa_bits)) - 1)
                                    << mantissa_bits)
         binade = lax.bitcast_convert_type(lax.bitwise_and(lax.bitcast_convert_type(boundary, bits_type),
                                                           exponent_field), numerators.dtype)
+        bound = lax.mul(binade, lax.mul(divisors, epsilon))
     else:
         magnitude = lax.abs(boundary)
-        binade = lax.full_like(boundary, half)
-        for power in (2.0**i for i in range(int(limit).bit_length())):
-            binade = lax.select(lax.ge(magnitude, dtype(power)), lax.full_like(boundary, power), binade)
-    bound = lax.mul(binade, lax.mul(divisors, dtype(2.0 ** -(mantissa_bits + 1))))
+        above = lax.max(lax.add(magnitude, lax.mul(magnitude, epsilon)), lax.add(magnitude, epsilon))
+        bound = lax.mul(lax.sub(above, magnitude), lax.mul(divisors, half))
     residual = lax.sub(lax.sub(numerators, lax.mul(boundary, high)), lax.mul(boundary, low))
     beyond = lax.add(below, lax.convert_element_type(lax.gt(residual, dtype(0)), numerators.dtype))
     return lax.select(lax.le(lax.abs(residual), bound), lax.round(boundary, lax.RoundingMethod.TO_NEAREST_EVEN),
@@ -189,10 +193,10 @@ def true_divide(numerator, denominator):
     return lax.div(numerator, lax.select(lax.ne(numerator, numerator), numerator, denominator))
 
 
-def rounded_quotients(values, scales, prescale, kept_axes: tuple, limit: int):
-    """``rint((values * 2**-e) / scales)`` per element wherever it is at most ``limit`` (the largest code, which the
-    caller clips to), the division correctly rounded, the per-slice ``prescale = 2**-e`` and ``scales`` (a mantissa
-    divided by ``limit``) broadcast from ``kept_axes``; the multiply is exact.
+def rounded_quotients(values, scales, prescale, kept_axes: tuple):
+    """``rint((values * 2**-e) / scales)`` per element (exact wherever it is below ``2**19`` in magnitude, beyond the
+    code limit the caller clips to), the division correctly rounded, the per-slice ``prescale = 2**-e`` and
+    ``scales`` (a mantissa divided by the code limit) broadcast from ``kept_axes``; the multiply is exact.
 
     On CPU an IEEE division (:func:`true_divide`). Elsewhere by :func:`rounded_quotients_exactly`: XLA compiles a
     float division on CUDA to ``div.full.f32`` and on TPU to a multiply by a refined reciprocal, neither correctly
@@ -205,7 +209,7 @@ def rounded_quotients(values, scales, prescale, kept_axes: tuple, limit: int):
         return lax.round(true_divide(prescaled, per_element(scales)), lax.RoundingMethod.TO_NEAREST_EVEN)
 
     def exactly(prescaled, scales, binade_from_bits=False):
-        return rounded_quotients_exactly(prescaled, *map(per_element, (scales, *divisor_parts(scales))), limit,
+        return rounded_quotients_exactly(prescaled, *map(per_element, (scales, *divisor_parts(scales))),
                                          binade_from_bits)
 
     return lax.platform_dependent(prescaled, scales, cpu=by_division, default=exactly,

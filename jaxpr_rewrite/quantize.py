@@ -174,7 +174,7 @@ def quantize_parts(x, reduce_axes: Sequence[int], limit: int = INT8_MAX):
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
     scales, exponents, prescale = _scale_parts(absmax(x, reduce_axes), limit)
     # (a non-finite slice's exponent is meaningless, but its scale is Inf and so is every output it feeds)
-    codes = clipped_codes(rounded_quotients(to_compute(x), scales, prescale, kept_axes, limit), limit)
+    codes = clipped_codes(rounded_quotients(to_compute(x), scales, prescale, kept_axes), limit)
     return codes, scales, exponents
 
 
@@ -222,8 +222,7 @@ def quantize_dynamic_parts(x, reduce_axes: Sequence[int]):
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
     values = to_compute(x)
     scales, exponents, prescale = _scale_parts(max_over(lax.abs(values), reduce_axes))
-    codes, poisoned = _codes(values, rounded_quotients(values, scales, prescale, kept_axes, INT8_MAX),
-                             reduce_axes)
+    codes, poisoned = _codes(values, rounded_quotients(values, scales, prescale, kept_axes), reduce_axes)
     nonfinite = _poison(poisoned, scales)
     factor, power = epilogue_factors(scales, exponents)
     return codes, lax.add(scales, nonfinite), exponents, (lax.add(factor, nonfinite), power)

@@ -112,12 +112,12 @@ def _around_every_boundary(scales, limit, dtype=np.float32, spread=6):
                            np.zeros((len(scales), 2), dtype)], axis=1)
 
 
-def _exact_codes(values, scales, limit=127, error=0.0, binade_from_bits=False):
+def _exact_codes(values, scales, error=0.0, binade_from_bits=False):
     """The codes, the approximate reciprocals multiplied by ``1 + error``."""
     per_row = lambda v: lax.broadcast_in_dim(v, values.shape, (0,))  # noqa: E731
     high, low, reciprocal = divisor_parts(scales)
     reciprocal = lax.mul(reciprocal, reciprocal.dtype.type(1 + error))
-    return rounded_quotients_exactly(values, *map(per_row, (scales, high, low, reciprocal)), limit, binade_from_bits)
+    return rounded_quotients_exactly(values, *map(per_row, (scales, high, low, reciprocal)), binade_from_bits)
 
 
 @pytest.mark.parametrize("binade_from_bits", [False, True])
@@ -140,7 +140,7 @@ def test_codes_exact_for_int4_limits_float64_and_non_finite():
     scales = (rng.uniform(1, 4, 300) / 7).astype(np.float32)
     values = _around_every_boundary(scales, 7)
     for from_bits in (False, True):
-        codes = jax.jit(lambda v, s: _exact_codes(v, s, limit=7, binade_from_bits=from_bits))
+        codes = jax.jit(lambda v, s: _exact_codes(v, s, binade_from_bits=from_bits))
         got = np.asarray(codes(values, scales))
         np.testing.assert_array_equal(np.clip(got, -7, 7), np.clip(np.rint(values / scales[:, None]), -7, 7))
     scales64 = rng.uniform(1, 4, 100) / 127
