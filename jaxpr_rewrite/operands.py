@@ -8,18 +8,16 @@ import math
 from typing import Sequence
 
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from .blocks import from_blocks, to_blocks
 from .errors import Int8ifyError
-from .exact_division import reciprocal
 from .int4 import pack_int4
-from .quantize import epilogue_factors, quantize_dynamic_parts, quantize_parts, quantize_static_parts, to_compute
+from .quantize import epilogue_factors, quantize_dynamic_parts, quantize_parts, quantize_static_parts
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
 from .static_activations import ScaledActivation
 
-__all__ = ["checks_codes", "quantize", "quantize_operand", "smoothed_activation", "smoothing_inverse"]
+__all__ = ["checks_codes", "quantize", "quantize_operand", "smoothed_activation"]
 
 
 def quantize(x, reduce_axes: Sequence[int], bits: int = 8, block_size: int | None = None) -> QuantizedArray:
@@ -139,13 +137,8 @@ def _quantize_with_factors(x, reduce_axes):
 
 def smoothed_activation(activation, inverse, axis: int):
     """``activation / smooth`` along ``axis``, as a smoothed weight's dot computes it: a multiply per element by
-    ``inverse``, the factors' correctly rounded reciprocal in float32 (:func:`smoothing_inverse`, or a weight's
+    ``inverse``, the factors' correctly rounded reciprocal in float32
+    (:func:`~jaxpr_rewrite.quantize.smoothing_inverse`, or a weight's
     :meth:`~jaxpr_rewrite.quantized.QuantizedArray.smoothing_multiplier`), cast to the activation's dtype."""
     inverse = lax.convert_element_type(inverse, activation.dtype)
     return lax.mul(activation, lax.broadcast_in_dim(inverse, activation.shape, (axis,)))
-
-
-def smoothing_inverse(smooth):
-    """``1 / smooth`` of SmoothQuant factors, correctly rounded in float32 on every platform (what
-    :func:`smoothed_activation` multiplies by)."""
-    return reciprocal(to_compute(smooth, np.float32))

@@ -33,8 +33,8 @@ from jax import lax
 from .config import RewriteConfig
 from .errors import Int8ifyError
 from .calibration import calibration_tracer, check_percentile, measure_activations, static_scales
-from .quantize import StaticScale, epilogue_factors
-from .operands import quantize, smoothing_inverse
+from .quantize import StaticScale, epilogue_factors, smoothing_inverse
+from .operands import quantize
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
 from .rules.dots import is_plain_dot
 from .scopes import matching_pattern
@@ -105,11 +105,11 @@ def smoothing_factors(activation_absmax, weight_absmax, alpha: float):
     a = np.asarray(activation_absmax, np.float32).astype(np.float64)
     b = np.asarray(weight_absmax, np.float32).astype(np.float64)
     usable = (a > 0) & (b > 0) & np.isfinite(a) & np.isfinite(b)
-    with np.errstate(over="ignore"):
+    tiny, largest = np.finfo(np.float32).tiny, np.finfo(np.float32).max
+    with np.errstate(over="ignore", divide="ignore"):  # out-of-range factors are replaced by 1 just below
         factors = (np.power(np.where(usable, a, 1.0), alpha) / np.power(np.where(usable, b, 1.0), 1 - alpha)).astype(
             np.float32)
-    tiny, largest = np.finfo(np.float32).tiny, np.finfo(np.float32).max
-    usable &= (factors >= tiny) & (factors <= largest) & (1 / factors.astype(np.float64) >= tiny)
+        usable &= (factors >= tiny) & (factors <= largest) & (1 / factors.astype(np.float64) >= tiny)
     return jnp.asarray(np.where(usable, factors, np.float32(1)))
 
 

@@ -73,6 +73,7 @@ __all__ = [
     "StaticScale",
     "scale_values",
     "scale_product",
+    "smoothing_inverse",
     "to_compute",
 ]
 
@@ -314,6 +315,12 @@ def quantize_static_parts(x, static: StaticScale, reduce_axes: Sequence[int]):
     factor = lax.add(per_slice(static.factor), nonfinite)
     return (codes, lax.add(per_slice(scale), nonfinite), lax.broadcast(exponent, kept_shape),
             (factor, per_slice(static.power)))
+
+
+def smoothing_inverse(smooth):
+    """``1 / smooth`` of SmoothQuant factors, correctly rounded in float32 on every platform (what a smoothed
+    weight's dot multiplies its other operand by)."""
+    return reciprocal(to_compute(smooth, np.float32))
 
 
 def dequantize_codes(codes, scales, exponents, kept_axes: Sequence[int]):

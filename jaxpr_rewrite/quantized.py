@@ -35,10 +35,10 @@ import numpy as np
 from jax import lax
 
 from .errors import Int8ifyError
-from .exact_division import reciprocal
 from .blocks import from_blocks, n_blocks, to_blocks
 from .int4 import packed_length, unpack_int4
-from .quantize import StaticScale, dequantize_codes, epilogue_factors, scale_values, to_compute
+from .quantize import (StaticScale, dequantize_codes, epilogue_factors, scale_values, smoothing_inverse,
+                       to_compute)
 from .quantized_layout import (ARRAY_FIELDS, CODE_LIMITS, FIELD_AXES, LAYOUT_VERSION, METADATA_FIELDS,
                                OPTIONAL_ARRAY_FIELDS, read_metadata, register_export)
 
@@ -210,7 +210,7 @@ class QuantizedArray:
         :attr:`smooth_inverse`, or ``1 / smooth`` correctly rounded in the program."""
         if self.smooth_inverse is not None:
             return to_compute(self.smooth_inverse, np.float32)
-        return reciprocal(to_compute(self.smooth, np.float32))
+        return smoothing_inverse(self.smooth)
 
     def epilogue_factors(self, dtype):
         """The scales' factors for the dot's epilogue in ``dtype`` (see

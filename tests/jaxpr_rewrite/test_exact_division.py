@@ -13,8 +13,8 @@ from jax import lax
 from helpers import evaluate_as, platform_eqns, reference_codes, reference_scale_parts
 from jaxpr_rewrite.exact_division import (divided_by_odd, divisor_parts, reciprocal, reciprocal_by_integers,
                                           rounded_quotients_exactly, true_divide)
-from jaxpr_rewrite.operands import smoothed_activation, smoothing_inverse
-from jaxpr_rewrite.quantize import StaticScale, quantize_parts
+from jaxpr_rewrite.operands import smoothed_activation
+from jaxpr_rewrite.quantize import StaticScale, quantize_parts, smoothing_inverse
 
 
 @pytest.mark.parametrize("divisor", [127, 7])
