@@ -12,10 +12,14 @@ neighbouring code. Exact forms instead:
   small per-slice arrays.
 * :func:`reciprocal_by_integers`: a correctly rounded reciprocal (a static scale's, a SmoothQuant factor's) by
   integer long division of its significand, on every platform but CPU (:func:`reciprocal` chooses).
-* :func:`rounded_quotients_exactly`, the codes of :func:`rounded_quotients` on every platform but CPU (whose division
-  is IEEE's): ``rint(fl(n / d))`` from an approximate quotient (a multiply by the hardware's reciprocal), settled
-  by an exact comparison of ``n`` with the rounding boundary nearest it; its products are of half-width factors,
-  exact in the float format, so no rounding (and no fused multiply-add a compiler may form) changes the comparison.
+* :func:`rounded_quotients_by_float64`, the codes of :func:`rounded_quotients` of float32 values on GPUs:
+  ``fl32(n * r)`` with ``r = 1 / d`` and the product in float64 is ``fl32(n / d)`` exactly (a float32 quotient is
+  never within 2**-49 of a float32 rounding boundary unless it is on one, which it cannot be), so one float64
+  multiply and two conversions per element replace the division.
+* :func:`rounded_quotients_exactly`, the codes on TPU (which has no float64) and of float64 values: ``rint(fl(n /
+  d))`` from an approximate quotient (a multiply by the hardware's reciprocal), settled by an exact comparison of
+  ``n`` with the rounding boundary nearest it; its products are of half-width factors, exact in the float format,
+  so no rounding (and no fused multiply-add a compiler may form) changes the comparison.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from jax import lax
 from .float_formats import float_format
 
 __all__ = ["divided_by_code_limit", "divided_by_odd", "divisor_parts", "reciprocal", "reciprocal_by_integers",
-           "rounded_quotients", "rounded_quotients_exactly", "true_divide"]
+           "rounded_quotients", "rounded_quotients_by_float64", "rounded_quotients_exactly", "true_divide"]
 
 # Quotient bits per step of the long division: the remainder (below the significand's 2**p) shifted by this many
 # bits stays below 2**31 for float32's int32 bits (2**60 for float64's int64).
@@ -136,7 +140,7 @@ def divisor_parts(divisors):
     return high, lax.sub(divisors, high), lax.div(lax.full_like(divisors, 1), divisors)
 
 
-def rounded_quotients_exactly(numerators, divisors, high, low, reciprocals, binade_from_bits: bool = False):
+def rounded_quotients_exactly(numerators, divisors, high, low, reciprocals):
     """``rint(fl(n / d))`` (the quotient correctly rounded in the float format, then to the nearest integer, ties to
     even) for positive normal divisors ``d`` of at least ``2**-90``, wherever the approximate quotient is within 1/4
     of it (with a reciprocal within 2 ulp, every quotient below ``2**19`` in magnitude; beyond, a code may be one off,
@@ -151,37 +155,49 @@ def rounded_quotients_exactly(numerators, divisors, high, low, reciprocals, bina
     ``rint(b)``. Which side ``n`` lies on is the sign of ``n - b * d``, and whether it is within the tie band its
     magnitude against ``u * d``: ``n - b * high`` is exact (Sterbenz) near the boundary, ``b * high`` and ``b * low``
     are exact (half-width factors), and so is their difference there; far from it a rounding cannot move it past a
-    bound that small. ``u`` is ``b``'s power of two times ``2**-(mantissa bits + 1)`` (from its exponent bits), or
-    with ``binade_from_bits=False`` half the float spacing at ``|b|`` in float arithmetic alone, which XLA's GPU
-    compiler fuses into its Triton kernels (it does not take integer bit operations: a transformer block's
-    quantization passes split into several kernels each): ``fl(|b| + |b| * e) - |b|`` with ``e = 2**-(mantissa bits
-    + 1)`` is that spacing for every half-integer but 1/2 (``|b| * e``, exact, is then strictly between half the
-    spacing and the spacing, so the sum rounds to the next float up, and the difference is exact; an FMA of the
-    multiply and the add rounds the same), and the maximum with ``fl(|b| + e)`` (``|b|`` itself above 1/2: a tie, to
-    the even ``|b|``) gives 1/2's.
+    bound that small. ``u`` is ``b``'s power of two (its exponent bits) times ``2**-(mantissa bits + 1)``.
     """
     dtype = numerators.dtype.type
     fmt = float_format(numerators)
     bits_type, mantissa_bits = fmt.bits, fmt.mantissa_bits
     approximate = lax.mul(numerators, reciprocals)
     below = lax.floor(approximate)
-    half = dtype(0.5)
-    boundary = lax.add(below, half)
-    epsilon = dtype(2.0 ** -(mantissa_bits + 1))
-    if binade_from_bits:  # b's exponent field alone: its power of two
-        exponent_field = bits_type(((1 << (8 * np.dtype(bits_type).itemsize - 1 - mantissa_bits)) - 1)
-                                   << mantissa_bits)
-        binade = lax.bitcast_convert_type(lax.bitwise_and(lax.bitcast_convert_type(boundary, bits_type),
-                                                          exponent_field), numerators.dtype)
-        bound = lax.mul(binade, lax.mul(divisors, epsilon))
-    else:
-        magnitude = lax.abs(boundary)
-        above = lax.max(lax.add(magnitude, lax.mul(magnitude, epsilon)), lax.add(magnitude, epsilon))
-        bound = lax.mul(lax.sub(above, magnitude), lax.mul(divisors, half))
+    boundary = lax.add(below, dtype(0.5))
+    exponent_field = bits_type(((1 << (8 * np.dtype(bits_type).itemsize - 1 - mantissa_bits)) - 1) << mantissa_bits)
+    binade = lax.bitcast_convert_type(lax.bitwise_and(lax.bitcast_convert_type(boundary, bits_type), exponent_field),
+                                      numerators.dtype)
+    bound = lax.mul(binade, lax.mul(divisors, dtype(2.0 ** -(mantissa_bits + 1))))
     residual = lax.sub(lax.sub(numerators, lax.mul(boundary, high)), lax.mul(boundary, low))
     beyond = lax.add(below, lax.convert_element_type(lax.gt(residual, dtype(0)), numerators.dtype))
     return lax.select(lax.le(lax.abs(residual), bound), lax.round(boundary, lax.RoundingMethod.TO_NEAREST_EVEN),
                       beyond)
+
+
+def rounded_quotients_by_float64(numerators, reciprocals):
+    """``rint(fl32(n / d))`` for float32 numerators ``n`` (NaN for NaN, as the division gives it) from
+    ``reciprocals``, ``1 / d`` in float64 within ``2**-52`` relative (:func:`reciprocals_in_float64`): one float64
+    multiply, its rounding to float32 and to the nearest integer, ties to even.
+
+    Why the float32 rounding of ``p = fl64(n * r)`` is ``fl32(n / d)``, with no correction: ``p`` is within
+    ``2**-51`` relative of ``n / d``. With ``n = N * 2**a`` and ``d = D * 2**b`` (``N``, ``D`` integers below
+    ``2**24``), a float32 rounding boundary, the midpoint ``m = M * 2**c`` of two neighbouring floats (``M`` odd, below
+    ``2**25``), is never ``n / d`` itself (``N * 2**a = M * D * 2**(b + c)`` would give ``N`` the 25 bits of ``M``
+    at least), and otherwise ``|n - m * d|`` is a nonzero multiple of ``2**(b + c)``, so ``n / d`` is at least
+    ``1 / (M * D) > 2**-49`` relative away from it: ``p`` is on the same side of every boundary, and rounds to the
+    same float32. The product is a plain multiply (no add for a compiler to fuse into it), and a GPU's float64
+    division and conversions are IEEE's.
+    """
+    with jax.enable_x64(True):  # float64 inside the program, whatever the program's own setting
+        products = lax.mul(lax.convert_element_type(numerators, np.float64), reciprocals)
+        quotients = lax.convert_element_type(products, np.float32)
+    return lax.round(quotients, lax.RoundingMethod.TO_NEAREST_EVEN)
+
+
+def reciprocals_in_float64(divisors):
+    """``1 / divisors`` in float64, correctly rounded (a float64 division), per slice: what
+    :func:`rounded_quotients_by_float64` multiplies the values by."""
+    with jax.enable_x64(True):
+        return lax.div(np.float64(1), lax.convert_element_type(divisors, np.float64))
 
 
 def true_divide(numerator, denominator):
@@ -198,9 +214,12 @@ def rounded_quotients(values, scales, prescale, kept_axes: tuple):
     code limit the caller clips to), the division correctly rounded, the per-slice ``prescale = 2**-e`` and
     ``scales`` (a mantissa divided by the code limit) broadcast from ``kept_axes``; the multiply is exact.
 
-    On CPU an IEEE division (:func:`true_divide`). Elsewhere by :func:`rounded_quotients_exactly`: XLA compiles a
-    float division on CUDA to ``div.full.f32`` and on TPU to a multiply by a refined reciprocal, neither correctly
-    rounded.
+    On CPU an IEEE division (:func:`true_divide`). On TPU by :func:`rounded_quotients_exactly`: XLA compiles a float
+    division there to a multiply by a refined reciprocal, not correctly rounded. On GPUs (CUDA, ROCm), whose float32
+    division XLA compiles to ``div.full.f32`` (within 2 ulp), by :func:`rounded_quotients_by_float64` with each
+    slice's reciprocal taken in float64: four operations per element instead of the exact comparison's fifteen (the
+    transformer block of ``benchmarks/accelerators.py`` launches 34 kernels on an H200 instead of 36, and no program
+    there more). Float64 values take the exact comparison there too.
     """
     prescaled = lax.mul(values, lax.broadcast_in_dim(prescale, values.shape, kept_axes))
     per_element = functools.partial(lax.broadcast_in_dim, shape=values.shape, broadcast_dimensions=kept_axes)
@@ -208,9 +227,11 @@ def rounded_quotients(values, scales, prescale, kept_axes: tuple):
     def by_division(prescaled, scales):
         return lax.round(true_divide(prescaled, per_element(scales)), lax.RoundingMethod.TO_NEAREST_EVEN)
 
-    def exactly(prescaled, scales, binade_from_bits=False):
-        return rounded_quotients_exactly(prescaled, *map(per_element, (scales, *divisor_parts(scales))),
-                                         binade_from_bits)
+    def exactly(prescaled, scales):
+        return rounded_quotients_exactly(prescaled, *map(per_element, (scales, *divisor_parts(scales))))
 
-    return lax.platform_dependent(prescaled, scales, cpu=by_division, default=exactly,
-                                  tpu=functools.partial(exactly, binade_from_bits=True))
+    def by_float64(prescaled, scales):
+        return rounded_quotients_by_float64(prescaled, per_element(reciprocals_in_float64(scales)))
+
+    on_gpu = by_float64 if values.dtype == np.float32 else exactly
+    return lax.platform_dependent(prescaled, scales, cpu=by_division, tpu=exactly, default=on_gpu)

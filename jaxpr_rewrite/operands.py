@@ -8,12 +8,15 @@ import math
 from typing import Sequence
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .blocks import from_blocks, to_blocks
 from .errors import Int8ifyError
+from .float64_scales import quantize_by_float64
 from .int4 import pack_int4
-from .quantize import epilogue_factors, quantize_dynamic_parts, quantize_parts, quantize_static_parts
+from .quantize import (compute_dtype, epilogue_factors, quantize_dynamic_parts, quantize_parts,
+                       quantize_static_parts)
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
 from .static_activations import ScaledActivation
 
@@ -64,7 +67,9 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     the same codes and scale values for every finite slice either way. On CPU,
     :func:`~jaxpr_rewrite.quantize.quantize_dynamic_parts`: XLA:CPU's reduction cannot fuse
     :func:`~jaxpr_rewrite.quantize.absmax`'s NaN-to-Inf select, which then writes a temporary as large as the
-    operand, so NaN and Inf are caught on the int8 codes instead. Elsewhere, and for operands of higher rank,
+    operand, so NaN and Inf are caught on the int8 codes instead. On GPUs,
+    :func:`~jaxpr_rewrite.float64_scales.quantize_by_float64`: the scale taken inside the absmax reduction, so no
+    kernel of its own computes it. On TPU, and for operands of higher rank,
     :func:`~jaxpr_rewrite.quantize.quantize_parts`: GPU and TPU fuse that select into the reduction (the check on
     the codes costs TPU cycles), and XLA:CPU's dot reads a higher-rank operand's codes through a reshape, so a
     second reader of the codes (the check) makes it compute them twice and write out the quotients (the MiniLM
@@ -81,8 +86,11 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     if static is not None:
         parts = _static_parts(x, static, reduce_axes)
     elif x.ndim <= 2:
+        on_tpu = functools.partial(_quantize_with_factors, reduce_axes=reduce_axes)
+        on_gpu = (functools.partial(quantize_by_float64, reduce_axes=reduce_axes)
+                  if compute_dtype(x.dtype) == np.float32 else on_tpu)
         parts = lax.platform_dependent(x, cpu=functools.partial(quantize_dynamic_parts, reduce_axes=reduce_axes),
-                                       default=functools.partial(_quantize_with_factors, reduce_axes=reduce_axes))
+                                       tpu=on_tpu, default=on_gpu)
     else:
         parts = _quantize_with_factors(x, reduce_axes)
     codes, scales, exponents, (factor, power) = parts

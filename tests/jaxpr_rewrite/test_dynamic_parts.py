@@ -65,10 +65,12 @@ def _absmax_producers(jaxpr, platform):
 
 def test_cpu_absmax_of_a_matrix_reads_the_operand_directly():
     """On CPU a matrix operand's absmax is ``reduce_max(abs(x))`` (fused into XLA's reduction), not of a NaN-to-Inf
-    select that XLA:CPU writes out as a temporary as large as the operand; CUDA and TPU keep that select, and so do
-    operands of higher rank on CPU (whose codes XLA's dot reads through a reshape)."""
+    select that XLA:CPU writes out as a temporary as large as the operand; TPU keeps that select, and so do
+    operands of higher rank on CPU (whose codes XLA's dot reads through a reshape); CUDA reduces the elements'
+    scales, rounded on their bits (``float64_scales``)."""
     matrices = jax.make_jaxpr(int8ify(lambda a, b: a @ b))(jnp.ones((64, 256)), jnp.ones((256, 128)))
     assert _absmax_producers(matrices, "cpu") == ["abs", "abs"]  # both operands are float: one absmax each
-    assert _absmax_producers(matrices, "tpu") == _absmax_producers(matrices, "cuda") == ["select_n", "select_n"]
+    assert _absmax_producers(matrices, "tpu") == ["select_n", "select_n"]
+    assert _absmax_producers(matrices, "cuda") == ["bitcast_convert_type", "bitcast_convert_type"]
     batched = jax.make_jaxpr(int8ify(lambda a, b: a @ b))(jnp.ones((4, 16, 256)), jnp.ones((256, 128)))
     assert _absmax_producers(batched, "cpu") == ["select_n", "abs"]  # the (4, 16, 256) activation, the weight

@@ -1,6 +1,7 @@
 """The contract's correctly rounded divisions without the hardware's: a scale's mantissa divided by 127 (or 7) in
-integer arithmetic, and the codes settled exactly from an approximate quotient, as the CUDA program computes them
-(XLA compiles a GPU's float division to an approximation within 2 ulp)."""
+integer arithmetic, the codes from a float64 reciprocal, as the GPU program computes them (XLA compiles a GPU's float32
+division to an approximation within 2 ulp), and settled exactly from an approximate quotient, as the TPU program
+computes them."""
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ from jax import lax
 
 from helpers import evaluate_as, platform_eqns, reference_codes, reference_scale_parts
 from jaxpr_rewrite.exact_division import (divided_by_odd, divisor_parts, reciprocal, reciprocal_by_integers,
+                                          reciprocals_in_float64, rounded_quotients_by_float64,
                                           rounded_quotients_exactly, true_divide)
 from jaxpr_rewrite.operands import smoothed_activation
 from jaxpr_rewrite.quantize import StaticScale, quantize_parts, smoothing_inverse
@@ -112,25 +114,30 @@ def _around_every_boundary(scales, limit, dtype=np.float32, spread=6):
                            np.zeros((len(scales), 2), dtype)], axis=1)
 
 
-def _exact_codes(values, scales, error=0.0, binade_from_bits=False):
+def _exact_codes(values, scales, error=0.0):
     """The codes, the approximate reciprocals multiplied by ``1 + error``."""
     per_row = lambda v: lax.broadcast_in_dim(v, values.shape, (0,))  # noqa: E731
     high, low, reciprocal = divisor_parts(scales)
     reciprocal = lax.mul(reciprocal, reciprocal.dtype.type(1 + error))
-    return rounded_quotients_exactly(values, *map(per_row, (scales, high, low, reciprocal)), binade_from_bits)
+    return rounded_quotients_exactly(values, *map(per_row, (scales, high, low, reciprocal)))
 
 
-@pytest.mark.parametrize("binade_from_bits", [False, True])
+def _float64_codes(values, scales, error=0.0):
+    """The GPU's codes, the float64 reciprocals multiplied by ``1 + error``."""
+    with jax.enable_x64(True):
+        reciprocals = lax.mul(reciprocals_in_float64(scales), np.float64(1 + error))
+    return rounded_quotients_by_float64(values, lax.broadcast_in_dim(reciprocals, values.shape, (0,)))
+
+
 @pytest.mark.parametrize("error", [0.0, 2.0**-22, -(2.0**-22), 2.0**-20, -(2.0**-20), 2.0**-10, -(2.0**-10)])
-def test_codes_exact_whatever_the_approximate_reciprocal(error, binade_from_bits):
+def test_codes_exact_whatever_the_approximate_reciprocal(error):
     """Scales over their whole range ``[1/127, 4/127)``; the reciprocal the approximate quotient is taken with off
     by up to ``2**-10`` relative (a GPU's division is within 2 ulp, ``2**-22``): the codes are ``rint(fl(x / s))``
     bit for bit, ties to even."""
     rng = np.random.default_rng(int(abs(error) * 2**30) % 1000 + (error < 0))
     scales = np.concatenate([(rng.uniform(1, 4, 600) / 127), [1 / 127, 2 / 127, 1 / 64]]).astype(np.float32)
     values = _around_every_boundary(scales, 127)
-    got = np.asarray(jax.jit(lambda v, s: _exact_codes(v, s, error=error, binade_from_bits=binade_from_bits))(
-        values, scales))
+    got = np.asarray(jax.jit(lambda v, s: _exact_codes(v, s, error=error))(values, scales))
     np.testing.assert_array_equal(got, np.rint(values / scales[:, None]))
     assert np.count_nonzero(np.abs(values / scales[:, None] % 1) == 0.5) > 1000  # ties were among them
 
@@ -139,20 +146,39 @@ def test_codes_exact_for_int4_limits_float64_and_non_finite():
     rng = np.random.default_rng(1)
     scales = (rng.uniform(1, 4, 300) / 7).astype(np.float32)
     values = _around_every_boundary(scales, 7)
-    for from_bits in (False, True):
-        codes = jax.jit(lambda v, s: _exact_codes(v, s, binade_from_bits=from_bits))
-        got = np.asarray(codes(values, scales))
-        np.testing.assert_array_equal(np.clip(got, -7, 7), np.clip(np.rint(values / scales[:, None]), -7, 7))
+    got = np.asarray(jax.jit(_exact_codes)(values, scales))
+    np.testing.assert_array_equal(np.clip(got, -7, 7), np.clip(np.rint(values / scales[:, None]), -7, 7))
     scales64 = rng.uniform(1, 4, 100) / 127
     values64 = _around_every_boundary(scales64, 127, np.float64, spread=3)
     with jax.enable_x64(True):
-        for from_bits in (False, True):
-            got = np.asarray(jax.jit(lambda v, s: _exact_codes(v, s, binade_from_bits=from_bits))(
-                jnp.asarray(values64), jnp.asarray(scales64)))
-            np.testing.assert_array_equal(got, np.rint(values64 / scales64[:, None]))
+        got = np.asarray(jax.jit(_exact_codes)(jnp.asarray(values64), jnp.asarray(scales64)))
+    np.testing.assert_array_equal(got, np.rint(values64 / scales64[:, None]))
     special = np.array([[np.nan, np.inf, -np.inf, 1.0]], np.float32)
     got = np.asarray(jax.jit(_exact_codes)(special, np.array([np.float32(1 / 127)])))
     assert np.isnan(got[0, 0]) and got[0, 3] == 127 and not np.any(np.abs(got[0, 1:3]) < 127)
+
+
+@pytest.mark.parametrize("error", [0.0, 2.0**-51, -(2.0**-51)])
+@pytest.mark.parametrize("limit", [127, 7])
+def test_float64_codes_exact_around_every_boundary(limit, error):
+    """The GPU's codes: a float64 reciprocal per slice, one float64 multiply per element. Scales over their whole
+    range ``[1/limit, 4/limit)`` and at its ends, values within 6 ulp of every rounding boundary and on them (ties),
+    the reciprocal off by up to ``2**-51`` (twice a float64 division's rounding): ``rint(fl32(x / s))`` bit for
+    bit."""
+    rng = np.random.default_rng(limit + int(error * 2**53))
+    scales = np.concatenate([rng.uniform(1, 4, 2000) / limit,
+                             [1 / limit, 2 / limit, np.nextafter(np.float32(4 / limit), 0)]]).astype(np.float32)
+    values = _around_every_boundary(scales, limit)
+    got = np.asarray(jax.jit(lambda v, s: _float64_codes(v, s, error=error))(values, scales))
+    np.testing.assert_array_equal(got, np.rint(values / scales[:, None]))
+    assert np.count_nonzero(np.abs(values / scales[:, None] % 1) == 0.5) > 1000  # ties were among them
+
+
+def test_float64_codes_of_non_finite_values_and_zeros():
+    special = np.array([[np.nan, np.inf, -np.inf, 1.0, -0.0, 0.0]], np.float32)
+    got = np.asarray(jax.jit(_float64_codes)(special, np.array([np.float32(1 / 127)])))
+    np.testing.assert_array_equal(got[:, 1:], [[np.inf, -np.inf, 127, 0, 0]])
+    assert np.isnan(got[0, 0])
 
 
 @settings(max_examples=25, deadline=None)
@@ -181,8 +207,9 @@ def test_gpu_and_tpu_programs_quantize_like_the_contract(shape, seed, data):
 
 def test_only_cpu_trusts_the_division():
     """On CPU the scale's mantissa and the codes are IEEE divisions; on CUDA and TPU the mantissa is divided by 127
-    in integers and no element is divided in floats (one approximate reciprocal per slice, then the exact
-    comparison, which reads the divisor's halves, and on TPU the boundary's exponent bits: more ``and`` on bits)."""
+    in integers and no element is divided in float32: on CUDA one float64 division per slice and a float64 multiply
+    per element; on TPU one approximate reciprocal per slice, then the exact comparison (the boundary's exponent
+    bits: more ``and`` on bits)."""
     jaxpr = jax.make_jaxpr(lambda v: quantize_parts(v, (1,)))(jnp.ones((8, 64)))
     eqns = {p: list(platform_eqns(jaxpr, p)) for p in ("cuda", "tpu", "cpu")}
     masks = {p: sum(e.primitive.name == "and" for e in found) for p, found in eqns.items()}
@@ -191,4 +218,9 @@ def test_only_cpu_trusts_the_division():
         divisions = [e.outvars[0].aval for e in found if e.primitive.name == "div"]
         per_element = [a for a in divisions if a.dtype == np.float32 and a.shape == (8, 64)]
         in_integers = [a for a in divisions if a.dtype == np.int32]
+        in_float64 = [a.shape for a in divisions if a.dtype == np.float64]
         assert (len(per_element), len(in_integers)) == ((1, 0) if platform == "cpu" else (0, 1))
+        assert in_float64 == ([(8,)] if platform == "cuda" else [])
+        products = [e.outvars[0].aval.shape for e in found if e.primitive.name == "mul"
+                    and e.outvars[0].aval.dtype == np.float64]
+        assert products == ([(8, 64)] if platform == "cuda" else [])

@@ -1,0 +1,132 @@
+"""A GPU's quantization of a matrix operand: each slice's scale taken inside its absmax reduction, in float64.
+
+XLA's GPU compiler makes the per-row work between a row's absmax and its codes (the scale ``absmax / 127``, its
+split into mantissa and power of two, the epilogue factors) a kernel of its own per dot: it does not repeat it inside
+the kernels that read it (the 4 x 1024 MLP of ``benchmarks/accelerators.py``: 17 kernels on an H200). Here every
+element contributes its own candidate scale, ``|x| / 127`` rounded to a float32 significand (24 bits, its exponent
+unbounded) in float64, and a slice's scale is their maximum: the rounding is monotone, so that maximum is the
+absmax's rounded quotient, the contract's scale, bit for bit. What the other kernels need from it is a divide per
+element (the codes) and integer work on its bits (the split, the factors), which XLA repeats where they are read:
+the MLP launches 13 kernels, the hand-written program's count. Operands of higher rank keep
+:func:`~jaxpr_rewrite.quantize.quantize_parts` (XLA's Triton layer-norm and softmax fusions take the float64 form
+less well: a transformer block's program launches 30 kernels with it, 28 without).
+
+Why each rounding is exact (``n``, ``d`` float32 values, ``N``, ``D`` their integer significands, below ``2**24``):
+
+* ``fl64(|x| * fl64(1 / limit))`` is within ``2**-52`` relative of ``|x| / limit``, which is never a midpoint between
+  two 24-bit significands (``N = limit * M * 2**k`` for an odd 25-bit ``M`` has more than 24 bits) and otherwise at
+  least ``1 / (limit * M) > 2**-32`` relative from one: rounding the float64 to 24 bits gives the correctly rounded
+  quotient, whatever its exponent (subnormal absmaxes included).
+* ``fl32(fl64(n / d))``, the codes' quotient, is ``fl32(n / d)``: a quotient of two 24-bit significands is never a
+  float32 midpoint and otherwise more than ``2**-49`` relative from one (:func:`~jaxpr_rewrite.exact_division.
+  rounded_quotients_by_float64`), farther than a float64 division's rounding. A GPU's float64 division and
+  conversions are IEEE's (XLA's approximate division is float32's ``div.full.f32``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import numpy as np
+from jax import lax
+
+from .quantize import FORMATS, INT8_MAX, clipped_codes, max_over, nan_safe_magnitude, pow2, to_compute
+
+__all__ = ["quantize_by_float64", "rounded_significands"]
+
+_FLOAT64_EXPONENT_BIAS = 1023
+_FLOAT64_MANTISSA_BITS = 52
+# float64 significand bits below a float32 significand's 24
+_DROPPED_BITS = _FLOAT64_MANTISSA_BITS - FORMATS[np.dtype(np.float32)].mantissa_bits
+
+
+def rounded_significands(quotients):
+    """Positive float64 ``quotients`` rounded to the nearest float32 significand (24 bits), their exponent
+    unbounded, on the bits: half the dropped part added, then dropped (a carry moves into the exponent field). No
+    quotient here lies halfway (so this is round-to-nearest without a tie rule). 0 and Inf stay as they are.
+
+    Integer arithmetic because a float32 round trip is not one to XLA: with its default
+    ``xla_allow_excess_precision`` it removes a ``float64 -> float32 -> float64`` conversion pair as an excess
+    precision it may keep."""
+    bits = lax.bitcast_convert_type(quotients, np.int64)
+    half = np.int64(1 << (_DROPPED_BITS - 1))
+    kept = np.int64(~((1 << _DROPPED_BITS) - 1))
+    return lax.bitcast_convert_type(lax.bitwise_and(lax.add(bits, half), kept), np.float64)
+
+
+def _own_exponents(scale):
+    """``e`` with the float64 ``scale`` in ``[2**(e - 7), 2**(e - 6))``: the absmax's power of two, or one more
+    for the mantissas whose quotient by 127 reaches ``2**-6``; at most 128 (for an infinite scale)."""
+    bits = lax.bitcast_convert_type(scale, np.int64)
+    power = lax.convert_element_type(lax.shift_right_logical(bits, np.int64(_FLOAT64_MANTISSA_BITS)), np.int32)
+    return lax.min(lax.sub(power, np.int32(_FLOAT64_EXPONENT_BIAS - 7)), np.int32(128))
+
+
+def _split(scale, own):
+    """The float64 ``scale`` (a float32 significand times a power of two, or Inf) as
+    :func:`~jaxpr_rewrite.quantize.quantize_parts` holds it, ``scales * 2**exponents``: ``exponents`` the absmax's
+    power of two (within ``[-127, 126]``), ``scales`` in ``[1/127, 2/127)`` (beyond in the end binades).
+
+    ``own`` (:func:`_own_exponents`) is that power of two or one more: one more where it leaves ``scales`` below
+    ``1/127``. One float32 scale stands for two absmaxes, ``2**e`` and the float32 below it (whose quotient by 127
+    rounds up to ``2/127``); it is split as ``2**e``'s."""
+    lowest = np.float64(np.float32(1) / np.float32(INT8_MAX))
+    below = lax.lt(lax.mul(scale, _pow2_float64(lax.neg(own))), lowest)
+    exponents = lax.clamp(np.int32(-127), lax.sub(own, lax.convert_element_type(below, np.int32)), np.int32(126))
+    return lax.convert_element_type(lax.mul(scale, _pow2_float64(lax.neg(exponents))), np.float32), exponents
+
+
+def _factors(scale, own):
+    """The epilogue factors of the float64 ``scale``, ``(scale * 2**(c - own), 2**(own - c))`` with ``c =
+    clip(own, -60, 60)`` (:func:`~jaxpr_rewrite.quantize.epilogue_factors`' window): the first in ``[2**-7, 2**-6)
+    times ``2**c``, the second 1 wherever ``own`` is within the window. Split by the scale's own power of two
+    rather than the absmax's, so they need nothing but the scale's exponent bits (XLA repeats that inside the kernel
+    reading them, where it kept a correction to the absmax's exponent in a kernel of its own); the window's
+    guarantees hold as for :func:`~jaxpr_rewrite.quantize.epilogue_factors`, whose first factor lies in ``[2**-7,
+    2**-5)`` times ``2**c``, and so the epilogue's products are the same."""
+    window = (FORMATS[np.dtype(np.float32)].bias - 7) // 2
+    clipped = lax.clamp(np.int32(-window), own, np.int32(window))
+    factor = lax.convert_element_type(lax.mul(scale, _pow2_float64(lax.sub(clipped, own))), np.float32)
+    return factor, pow2(lax.sub(own, clipped))
+
+
+def _pow2_float64(exponents):
+    """``2.0 ** exponents`` in float64, exactly, for int32 ``exponents`` in float64's normal range."""
+    biased = lax.convert_element_type(lax.add(exponents, np.int32(_FLOAT64_EXPONENT_BIAS)), np.int64)
+    return lax.bitcast_convert_type(lax.shift_left(biased, np.int64(_FLOAT64_MANTISSA_BITS)), np.float64)
+
+
+def quantize_by_float64(x, reduce_axes: Sequence[int]):
+    """The contract's int8 quantization of ``x`` (a float32, bfloat16 or float16 array) with one scale per slice
+    over ``reduce_axes``, the scale taken inside the absmax reduction in float64.
+
+    Arguments:
+        x: the operand.
+        reduce_axes: the axes one scale covers (the dot's contracting dims).
+
+    Returns:
+        ``(codes, scales, exponents, factors)``, as :func:`~jaxpr_rewrite.quantize.quantize_dynamic_parts` returns
+        them: the codes, scales and exponents of :func:`~jaxpr_rewrite.quantize.quantize_parts`, bit for bit (a
+        slice holding NaN or Inf has an infinite scale), and epilogue factors (:func:`_factors`) that give the
+        epilogue of its scales' :func:`~jaxpr_rewrite.quantize.epilogue_factors`.
+    """
+    reduce_axes = tuple(reduce_axes)
+    kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
+    values = to_compute(x)
+    magnitudes = nan_safe_magnitude(values)
+    with jax.enable_x64(True):  # float64 inside the program, whatever the program's own setting
+        quotients = lax.mul(lax.convert_element_type(magnitudes, np.float64), np.float64(1) / np.float64(INT8_MAX))
+        scale = max_over(rounded_significands(quotients), reduce_axes)
+        zero = lax.eq(scale, np.float64(0))
+        scale = lax.select(zero, lax.full_like(scale, 1), scale)  # the contract's scale of an all-zero slice
+        divided = lax.div(lax.convert_element_type(values, np.float64),
+                          lax.broadcast_in_dim(scale, values.shape, kept_axes))
+        codes = clipped_codes(lax.round(lax.convert_element_type(divided, np.float32),
+                                        lax.RoundingMethod.TO_NEAREST_EVEN))
+        own = _own_exponents(scale)
+        scales, exponents = _split(scale, own)
+        factors = _factors(scale, own)
+    scales = lax.select(zero, lax.full_like(scales, 1), scales)
+    exponents = lax.select(zero, lax.full_like(exponents, 0), exponents)
+    return codes, scales, exponents, factors
