@@ -9,7 +9,7 @@ absmax's rounded quotient, the contract's scale, bit for bit. What the other ker
 element (the codes) and integer work on its bits (the split, the factors), which XLA repeats where they are read:
 the MLP launches 13 kernels, the hand-written program's count. Operands of higher rank keep
 :func:`~jaxpr_rewrite.quantize.quantize_parts` (XLA's Triton layer-norm and softmax fusions take the float64 form
-less well: a transformer block's program launches 30 kernels with it, 28 without).
+less well: a transformer block with its weights' static scales launches 30 kernels with it, 28 without).
 
 Why each rounding is exact (``n``, ``d`` float32 values, ``N``, ``D`` their integer significands, below ``2**24``):
 

@@ -23,7 +23,9 @@ this representation plus two small devices handle all four:
   on CUDA it compiles every float division to an approximation within 2 ulp (PTX ``div.full.f32``) and on TPU to a
   refined reciprocal; each moves values on a rounding tie (integers, dyadic values, bfloat16 data) to the other
   code. On CPU both divisions are IEEE ones that XLA keeps divisions; elsewhere the scale's mantissa is divided by
-  127 in integers and the approximate quotient of each code is corrected exactly (:mod:`jaxpr_rewrite.exact_division`).
+  127 in integers, and each code is a float64 quotient rounded to float32 on a GPU and the approximate quotient
+  corrected exactly on a TPU (:mod:`jaxpr_rewrite.exact_division`; a GPU's matrix operands:
+  :mod:`jaxpr_rewrite.float64_scales`).
 * **NaN and Inf.** XLA's CPU ``reduce_max`` drops NaN. :func:`absmax` turns NaN into Inf before reducing (in
   the same fused pass on GPU and TPU); a slice holding NaN or Inf gets an infinite scale, so every output that
   depends on it comes out non-finite (Inf or NaN). The rewritten program on CPU, whose reduction cannot fuse that

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from hypothesis import strategies as st
 
 from jaxpr_rewrite import dot_eqns, iter_eqns  # noqa: F401  (re-exported for the tests)
 
@@ -127,6 +128,42 @@ def away_from_ties(x, reduce_axes, margin=0.01, dtype=np.float32) -> np.ndarray:
     near_tie = np.abs(np.abs(r - np.floor(r)) - 0.5) < margin
     fixed = (np.round(r) - 0.25 * np.sign(r)) * s if dtype == np.float32 else np.zeros_like(r)
     return np.where(near_tie, fixed, x).astype(dtype)
+
+
+def with_zero_and_non_finite_rows(draw, x, max_bad: int):
+    """For a hypothesis strategy: the matrix ``x`` with, as drawn, one of its rows all zeros and up to ``max_bad``
+    rows holding a NaN or an Inf; returns ``(x, sorted indices of those rows)``."""
+    rows, cols = x.shape
+    if draw(st.booleans()):
+        x[draw(st.integers(0, rows - 1))] = 0.0  # an all-zero slice
+    bad_rows = draw(st.sets(st.integers(0, rows - 1), max_size=max_bad))
+    for r in bad_rows:
+        x[r, draw(st.integers(0, cols - 1))] = draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    return x, sorted(bad_rows)
+
+
+def assert_finite_slices_quantized_as_the_contract(quantize_fn, x, bad_rows, axis: int, split=None):
+    """``quantize_fn(x, (axis,))`` under ``jit`` (returning ``(codes, scales, exponents, (factor, power))``, as the
+    rewritten program's dynamic quantizations do) against the reference on every slice but ``bad_rows``: the codes,
+    scales and exponents bit for bit (``split(scales, exponents, amax)`` adjusts the reference's split where a
+    quantization documents another one of the same value), and ``factor * power`` exactly the scale. Returns
+    ``(scales, factor, finite)`` for the caller's checks of the other slices."""
+    codes, scales, exponents, (factor, power) = jax.jit(lambda v: quantize_fn(v, (axis,)))(x)
+    scales, factor = np.asarray(scales), np.asarray(factor)
+    with np.errstate(invalid="ignore"):  # the reference's codes of a non-finite slice are not compared
+        want_codes = reference_codes(x, (axis,))
+        want_scales, want_exponents = reference_scale_parts(x, (axis,))
+    if split is not None:
+        want_scales, want_exponents = split(want_scales, want_exponents, np.max(np.abs(x), axis=axis))
+    finite = np.ones(x.shape[1 - axis], bool)
+    finite[bad_rows] = False
+    take = (lambda a: a[:, finite]) if axis == 0 else (lambda a: a[finite])
+    np.testing.assert_array_equal(take(np.asarray(codes)), take(want_codes))
+    np.testing.assert_array_equal(scales[finite], want_scales[finite])
+    np.testing.assert_array_equal(np.asarray(exponents)[finite], want_exponents[finite])
+    got = factor.astype(np.float64)[finite] * np.asarray(power, np.float64)[finite]
+    np.testing.assert_array_equal(got, want_scales[finite].astype(np.float64) * 2.0 ** want_exponents[finite])
+    return scales, factor, finite
 
 
 def assert_all_dots_int8(jaxpr, expected_count=None):

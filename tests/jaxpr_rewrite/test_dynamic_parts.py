@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import platform_eqns, reference_codes, reference_scale_parts
+from helpers import assert_finite_slices_quantized_as_the_contract, platform_eqns, with_zero_and_non_finite_rows
 from jaxpr_rewrite import int8ify
 
 qz = importlib.import_module("jaxpr_rewrite.quantize")
@@ -27,34 +27,17 @@ def operands(draw):
          "huge": lambda: rng.normal(size=(rows, cols)) * 2.0**120,
          "zeros": lambda: np.zeros((rows, cols))}[kind]().astype(np.float32)
     x[np.abs(x) < np.finfo(np.float32).tiny] = 0.0  # XLA reads subnormal inputs as zero (README)
-    if draw(st.booleans()):
-        x[draw(st.integers(0, rows - 1))] = 0.0  # an all-zero slice
-    bad_rows = draw(st.sets(st.integers(0, rows - 1), max_size=rows))
-    for r in bad_rows:
-        x[r, draw(st.integers(0, cols - 1))] = draw(st.sampled_from([np.nan, np.inf, -np.inf]))
-    return x, sorted(bad_rows)
+    return with_zero_and_non_finite_rows(draw, x, max_bad=rows)
 
 
 @settings(max_examples=100, deadline=None)
 @given(operands(), st.booleans())
 def test_codes_and_scales_match_the_contract_on_finite_slices(case, transposed):
     x, bad_rows = case
-    axis = 0 if transposed else 1
     x = x.T if transposed else x
-    codes, scales, exponents, (factor, power) = jax.jit(lambda v: qz.quantize_dynamic_parts(v, (axis,)))(x)
-    with np.errstate(invalid="ignore"):  # the reference's codes of a non-finite slice are not compared
-        want_codes = reference_codes(x, (axis,))
-        want_scales, want_exponents = reference_scale_parts(x, (axis,))
-    finite = np.ones(x.shape[1 - axis], bool)
-    finite[bad_rows] = False
-    take = (lambda a: a[:, finite]) if transposed else (lambda a: a[finite])
-    np.testing.assert_array_equal(take(np.asarray(codes)), take(want_codes))
-    np.testing.assert_array_equal(np.asarray(scales)[finite], want_scales[finite])
-    np.testing.assert_array_equal(np.asarray(exponents)[finite], want_exponents[finite])
-    # the epilogue factors are the contract's scale: f * g == scales * 2**exponents, exactly
-    got = np.asarray(factor, np.float64)[finite] * np.asarray(power, np.float64)[finite]
-    np.testing.assert_array_equal(got, want_scales[finite].astype(np.float64) * 2.0 ** want_exponents[finite])
-    assert np.isnan(np.asarray(scales)[~finite]).all() and np.isnan(np.asarray(factor)[~finite]).all()
+    scales, factor, finite = assert_finite_slices_quantized_as_the_contract(
+        qz.quantize_dynamic_parts, x, bad_rows, 0 if transposed else 1)
+    assert np.isnan(scales[~finite]).all() and np.isnan(factor[~finite]).all()
 
 
 def _absmax_producers(jaxpr, platform):

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
 
-from helpers import evaluate_as, platform_eqns, reference_codes, reference_scale_parts
+from helpers import (assert_finite_slices_quantized_as_the_contract, evaluate_as, platform_eqns, reference_codes,
+                     reference_scale_parts, with_zero_and_non_finite_rows)
 from jaxpr_rewrite import int8ify
 from jaxpr_rewrite.float64_scales import quantize_by_float64
 from jaxpr_rewrite.quantize import epilogue_factors, scale_product
@@ -41,40 +42,23 @@ def matrices(draw):
         x[:, 0] = (peak if kind == "powers" else peak * ALL_ONES / 2).astype(np.float32)
     x = np.array(x, np.float32)
     x[np.abs(x) < TINY] = 0.0  # XLA reads subnormal inputs as zero (README)
-    if draw(st.booleans()):
-        x[draw(st.integers(0, rows - 1))] = 0.0  # an all-zero slice
-    bad_rows = draw(st.sets(st.integers(0, rows - 1), max_size=2))
-    for r in bad_rows:
-        x[r, draw(st.integers(0, cols - 1))] = draw(st.sampled_from([np.nan, np.inf, -np.inf]))
-    return x, sorted(bad_rows)
+    return with_zero_and_non_finite_rows(draw, x, max_bad=2)
 
 
 @settings(max_examples=60, deadline=None)
 @given(matrices(), st.booleans())
 def test_codes_scales_and_exponents_are_the_contracts(case, transposed):
     x, bad_rows = case
-    axis = 0 if transposed else 1
     x = x.T if transposed else x
-    codes, scales, exponents, (factor, power) = jax.jit(lambda v: quantize_by_float64(v, (axis,)))(x)
-    codes, scales, exponents = np.asarray(codes), np.asarray(scales), np.asarray(exponents)
-    with np.errstate(invalid="ignore"):  # the reference's codes of a non-finite slice are not compared
-        want_codes = reference_codes(x, (axis,))
-        want_scales, want_exponents = reference_scale_parts(x, (axis,))
-    finite = np.ones(x.shape[1 - axis], bool)
-    finite[bad_rows] = False
-    take = (lambda a: a[:, finite]) if transposed else (lambda a: a[finite])
-    np.testing.assert_array_equal(take(codes), take(want_codes))
-    # one scale, fl(2 / 127) * 2**(e - 1), stands for the absmax just below 2**e too: split as 2**e's
-    amax = np.max(np.abs(x), axis=axis)
-    below_a_power = finite & (np.frexp(amax)[0] * 2 == ALL_ONES)
-    want_scales = np.where(below_a_power, want_scales / 2, want_scales)
-    want_exponents = np.where(below_a_power, want_exponents + 1, want_exponents)
-    np.testing.assert_array_equal(scales[finite], want_scales[finite])
-    np.testing.assert_array_equal(exponents[finite], want_exponents[finite])
-    # the epilogue factors are the contract's scale: f * g == scales * 2**exponents, exactly
-    got = np.asarray(factor, np.float64) * np.asarray(power, np.float64)
-    np.testing.assert_array_equal(got[finite], want_scales[finite].astype(np.float64) * 2.0 ** want_exponents[finite])
-    assert np.isinf(scales[~finite]).all() and np.isinf(np.asarray(factor)[~finite]).all()
+    scales, factor, finite = assert_finite_slices_quantized_as_the_contract(
+        quantize_by_float64, x, bad_rows, 0 if transposed else 1, split=_as_the_power_of_twos)
+    assert np.isinf(scales[~finite]).all() and np.isinf(factor[~finite]).all()
+
+
+def _as_the_power_of_twos(scales, exponents, amax):
+    """One scale, ``fl(2 / 127) * 2**(e - 1)``, stands for the absmax just below ``2**e`` too: split as ``2**e``'s."""
+    below_a_power = np.frexp(amax)[0] * 2 == ALL_ONES
+    return np.where(below_a_power, scales / 2, scales), np.where(below_a_power, exponents + 1, exponents)
 
 
 def test_the_scale_below_a_power_of_two_is_split_as_the_power_of_twos():
