@@ -131,3 +131,23 @@ def test_a_gpu_matmul_is_the_contracts(seed, shape):
     f = int8ify(lambda a, b: a @ b)
     (on_gpu,) = evaluate_as("cuda", f, a, b)
     np.testing.assert_array_equal(np.asarray(on_gpu), np.asarray(jax.jit(f)(a, b)))
+
+
+def test_vectors_empty_slices_and_half_precision_inputs():
+    """A vector (one slice, a scalar scale), slices with no element (the contract's scale 1), and bfloat16 and
+    float16 operands (quantized as their float32 values)."""
+    rng = np.random.default_rng(7)
+    vector = np.round(rng.normal(size=256) * 16).astype(np.float32) / 16
+    codes, scales, exponents, _ = jax.jit(lambda v: quantize_by_float64(v, (0,)))(vector)
+    np.testing.assert_array_equal(np.asarray(codes), reference_codes(vector, (0,)))
+    np.testing.assert_array_equal((np.asarray(scales), np.asarray(exponents)), reference_scale_parts(vector, (0,)))
+    _, scales, exponents, (factor, power) = jax.jit(lambda v: quantize_by_float64(v, (1,)))(np.ones((4, 0), np.float32))
+    np.testing.assert_array_equal(np.asarray(scales), 1)
+    np.testing.assert_array_equal(np.asarray(exponents), 0)
+    np.testing.assert_array_equal(np.asarray(factor) * np.asarray(power), 1)
+    for dtype in (jnp.bfloat16, jnp.float16):
+        x = jnp.asarray(rng.normal(size=(16, 128)) * 4, dtype)
+        codes, scales, exponents, _ = jax.jit(lambda v: quantize_by_float64(v, (1,)))(x)
+        as_float = np.asarray(x.astype(jnp.float32))
+        np.testing.assert_array_equal(np.asarray(codes), reference_codes(as_float, (1,)))
+        np.testing.assert_array_equal(np.asarray(scales), reference_scale_parts(as_float, (1,))[0])
