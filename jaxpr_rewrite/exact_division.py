@@ -33,7 +33,8 @@ from jax import lax
 from .float_formats import float_format
 
 __all__ = ["divided_by_code_limit", "divided_by_odd", "divisor_parts", "reciprocal", "reciprocal_by_integers",
-           "rounded_quotients", "rounded_quotients_by_float64", "rounded_quotients_exactly", "true_divide"]
+           "reciprocals_in_float64", "rounded_quotients", "rounded_quotients_by_float64", "rounded_quotients_exactly",
+           "true_divide"]
 
 # Quotient bits per step of the long division: the remainder (below the significand's 2**p) shifted by this many
 # bits stays below 2**31 for float32's int32 bits (2**60 for float64's int64).

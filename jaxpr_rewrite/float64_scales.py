@@ -33,14 +33,14 @@ import jax
 import numpy as np
 from jax import lax
 
-from .quantize import FORMATS, INT8_MAX, clipped_codes, max_over, nan_safe_magnitude, pow2, to_compute
+from .quantize import (FORMATS, INT8_MAX, clipped_codes, epilogue_window, max_over, nan_safe_magnitude, pow2,
+                       to_compute)
 
 __all__ = ["quantize_by_float64", "rounded_significands"]
 
-_FLOAT64_EXPONENT_BIAS = 1023
-_FLOAT64_MANTISSA_BITS = 52
+_FLOAT32, _FLOAT64 = FORMATS[np.dtype(np.float32)], FORMATS[np.dtype(np.float64)]
 # float64 significand bits below a float32 significand's 24
-_DROPPED_BITS = _FLOAT64_MANTISSA_BITS - FORMATS[np.dtype(np.float32)].mantissa_bits
+_DROPPED_BITS = _FLOAT64.mantissa_bits - _FLOAT32.mantissa_bits
 
 
 def rounded_significands(quotients):
@@ -61,8 +61,8 @@ def _own_exponents(scale):
     """``e`` with the float64 ``scale`` in ``[2**(e - 7), 2**(e - 6))``: the absmax's power of two, or one more
     for the mantissas whose quotient by 127 reaches ``2**-6``; at most 128 (for an infinite scale)."""
     bits = lax.bitcast_convert_type(scale, np.int64)
-    power = lax.convert_element_type(lax.shift_right_logical(bits, np.int64(_FLOAT64_MANTISSA_BITS)), np.int32)
-    return lax.min(lax.sub(power, np.int32(_FLOAT64_EXPONENT_BIAS - 7)), np.int32(128))
+    power = lax.convert_element_type(lax.shift_right_logical(bits, np.int64(_FLOAT64.mantissa_bits)), np.int32)
+    return lax.min(lax.sub(power, np.int32(_FLOAT64.bias - 7)), np.int32(128))
 
 
 def _split(scale, own):
@@ -74,9 +74,9 @@ def _split(scale, own):
     ``1/127``. One float32 scale stands for two absmaxes, ``2**e`` and the float32 below it (whose quotient by 127
     rounds up to ``2/127``); it is split as ``2**e``'s."""
     lowest = np.float64(np.float32(1) / np.float32(INT8_MAX))
-    below = lax.lt(lax.mul(scale, _pow2_float64(lax.neg(own))), lowest)
+    below = lax.lt(lax.mul(scale, pow2(lax.neg(own), np.float64)), lowest)
     exponents = lax.clamp(np.int32(-127), lax.sub(own, lax.convert_element_type(below, np.int32)), np.int32(126))
-    return lax.convert_element_type(lax.mul(scale, _pow2_float64(lax.neg(exponents))), np.float32), exponents
+    return lax.convert_element_type(lax.mul(scale, pow2(lax.neg(exponents), np.float64)), np.float32), exponents
 
 
 def _factors(scale, own):
@@ -87,16 +87,10 @@ def _factors(scale, own):
     reading them, where it kept a correction to the absmax's exponent in a kernel of its own); the window's
     guarantees hold as for :func:`~jaxpr_rewrite.quantize.epilogue_factors`, whose first factor lies in ``[2**-7,
     2**-5)`` times ``2**c``, and so the epilogue's products are the same."""
-    window = (FORMATS[np.dtype(np.float32)].bias - 7) // 2
+    window = epilogue_window(_FLOAT32)
     clipped = lax.clamp(np.int32(-window), own, np.int32(window))
-    factor = lax.convert_element_type(lax.mul(scale, _pow2_float64(lax.sub(clipped, own))), np.float32)
+    factor = lax.convert_element_type(lax.mul(scale, pow2(lax.sub(clipped, own), np.float64)), np.float32)
     return factor, pow2(lax.sub(own, clipped))
-
-
-def _pow2_float64(exponents):
-    """``2.0 ** exponents`` in float64, exactly, for int32 ``exponents`` in float64's normal range."""
-    biased = lax.convert_element_type(lax.add(exponents, np.int32(_FLOAT64_EXPONENT_BIAS)), np.int64)
-    return lax.bitcast_convert_type(lax.shift_left(biased, np.int64(_FLOAT64_MANTISSA_BITS)), np.float64)
 
 
 def quantize_by_float64(x, reduce_axes: Sequence[int]):

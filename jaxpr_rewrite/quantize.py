@@ -65,6 +65,7 @@ __all__ = [
     "compute_dtype",
     "dequantize_codes",
     "epilogue_factors",
+    "epilogue_window",
     "float_format",
     "max_over",
     "nan_safe_magnitude",
@@ -349,9 +350,14 @@ def epilogue_factors(scales, exponents) -> tuple:
     slice. Both are exact: a multiply by a power of two.
     """
     fmt = float_format(scales)
-    window = (fmt.bias - 7) // 2
+    window = epilogue_window(fmt)
     clipped = lax.clamp(np.int32(-window), exponents, np.int32(window))
     return lax.mul(scales, pow2(clipped, fmt.dtype)), pow2(lax.sub(exponents, clipped), fmt.dtype)
+
+
+def epilogue_window(fmt: FloatFormat) -> int:
+    """``W``, the exponents :func:`epilogue_factors` leaves in a scale's first factor: within ``+-W``."""
+    return (fmt.bias - 7) // 2
 
 
 def scale_product(acc, lhs: Sequence, rhs: Sequence):
