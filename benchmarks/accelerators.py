@@ -109,7 +109,7 @@ def main(argv=None) -> int:
         static = quantize_params(model, params, x, activations="static")
         smoothed = {mode: quantize_params(model, params, x, smooth_alpha=0.5, activations=mode)
                     for mode in ("dynamic", "static")}
-        bare, bare_args = speed.bare_dots(model, params, x)
+        bare, bare_args = speed.bare_dots(model, params, x, platform="cuda" if args.which == "gpu" else "tpu")
         on_accelerator = int8ify(model, late_inlining=False)
         variants = {
             "bf16": (model, (to_bf16(params), x.astype(jnp.bfloat16))),

@@ -30,7 +30,7 @@ from jax import lax
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
-from jaxpr_rewrite import dot_eqns, int8ify, quantize, quantize_params  # noqa: E402
+from jaxpr_rewrite import default_platform, dot_eqns, int8ify, quantize, quantize_params  # noqa: E402
 from jaxpr_rewrite.plotting import bar_chart, new_figure, save  # noqa: E402
 
 MATMUL = (((1,), (0,)), ((), ()))
@@ -119,11 +119,12 @@ def hand_block(qp, x, heads=4):
     return x + hand_dense(jax.nn.gelu(hand_dense(h, qp["w1"])), qp["w2"])
 
 
-def bare_dots(program_fn, *args):
-    """The int8 dots of ``program_fn``'s int8ify'd program alone, fed int8 inputs of the right shapes."""
+def bare_dots(program_fn, *args, platform=None):
+    """The int8 dots of ``program_fn``'s int8ify'd program alone, as ``platform`` (default: this machine's) runs
+    it, fed int8 inputs of the right shapes."""
     dots = [
         (e.invars[0].aval.shape, e.invars[1].aval.shape, e.params["dimension_numbers"])
-        for e in dot_eqns(jax.make_jaxpr(int8ify(program_fn))(*args))
+        for e in dot_eqns(jax.make_jaxpr(int8ify(program_fn))(*args), platform=platform or default_platform())
         if e.invars[0].aval.dtype == jnp.int8
     ]
     operands = [(jnp.ones(a, jnp.int8), jnp.ones(b, jnp.int8)) for a, b, _ in dots]

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpr_rewrite import dot_eqns, int8ify, quantize_params
+from jaxpr_rewrite import default_platform, dot_eqns, int8ify, quantize_params
 
 
 def init_mlp(key, width: int, layers: int):
@@ -33,10 +33,11 @@ def mlp(params, x):
 
 
 def dot_summary(jaxpr) -> list[str]:
-    """One line per dot_general of a (possibly nested) jaxpr: operand types and accumulation type."""
+    """One line per dot_general of a (possibly nested) jaxpr as this machine runs it: operand types and
+    accumulation type."""
     return [
         f"{' x '.join(v.aval.str_short() for v in eqn.invars)} -> {eqn.outvars[0].aval.str_short()}"
-        for eqn in dot_eqns(jaxpr)
+        for eqn in dot_eqns(jaxpr, platform=default_platform())
     ]
 
 

@@ -11,7 +11,8 @@ Public API (explicit re-exports):
 * :func:`report`, :class:`Report`, :class:`DotRow` -- one row per matmul: source, scope, types, decision, error.
 * :func:`verify`, :func:`assert_int8`, :class:`Finding` -- check a traced program against the int8 contract.
 * :class:`RewriteConfig`, :func:`register_backend` -- the options, and the registry of what a float dot becomes.
-* :func:`iter_eqns`, :func:`dot_eqns` -- every equation / matmul of a program, nested jaxprs included.
+* :func:`iter_eqns`, :func:`dot_eqns`, :func:`default_platform` -- every equation / matmul of a program, nested
+  jaxprs included, of every platform's branch or of the one a platform runs.
 * :class:`Int8ifyError`, :class:`TracedValueError` -- raised for programs or options the rewrite cannot handle.
 """
 
@@ -22,7 +23,7 @@ from .calibration import calibrate_activation_dots
 from .backends import register_backend, register_backend_alias
 from .config import RewriteConfig
 from .errors import Int8ifyError, TracedValueError
-from .jaxprs import dot_eqns, iter_eqns
+from .jaxprs import default_platform, dot_eqns, iter_eqns
 from .matmul import int8_matmul
 from .params import QuantizationWarning, quantize_params
 from .operands import quantize
@@ -45,6 +46,7 @@ __all__ = [
     "assert_int8",
     "calibrate_activation_dots",
     "int8_matmul",
+    "default_platform",
     "dot_eqns",
     "int8ify",
     "iter_eqns",

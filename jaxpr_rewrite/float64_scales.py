@@ -1,17 +1,18 @@
-"""A GPU's quantization of a matrix operand: each slice's scale taken inside its absmax reduction, in float64.
+"""A GPU's dynamic quantization and epilogue: each slice's scale taken inside its absmax reduction, in float64, and
+read by the epilogue as it is.
 
-XLA's GPU compiler makes the per-row work between a row's absmax and its codes (the scale ``absmax / 127``, its
+XLA's GPU compiler makes the per-row work between a row's absmax and its uses (the scale ``absmax / 127``, its
 split into mantissa and power of two, the epilogue factors) a kernel of its own per dot: it does not repeat it inside
-the kernels that read it (the 4 x 1024 MLP of ``benchmarks/accelerators.py``: 17 kernels on an H200). Here every
-element contributes its own candidate scale, ``|x| / 127`` rounded to a float32 significand (24 bits, its exponent
-unbounded) in float64, and a slice's scale is their maximum: the rounding is monotone, so that maximum is the
-absmax's rounded quotient, the contract's scale, bit for bit. What the other kernels need from it is a divide per
-element (the codes) and integer work on its bits (the split, the factors), which XLA repeats where they are read:
-the MLP launches 13 kernels, the hand-written program's count (the divide is per element: a per-row reciprocal
-made XLA compute it in a kernel of its own again; it is about ten float64 operations, cheap where FP64 runs at half
-the FP32 rate, as on A100/H100/H200, and not on GPUs with 1/64-rate FP64). Operands of higher rank keep
-:func:`~jaxpr_rewrite.quantize.quantize_parts` (XLA's Triton layer-norm and softmax fusions take the float64 form
-less well: a transformer block with its weights' static scales launches 30 kernels with it, 28 without).
+the kernels that read it (the 4 x 1024 MLP of ``benchmarks/accelerators.py``: 17 kernels on an H200, a transformer
+block 34). Here every element contributes its own candidate scale, ``|x| / 127`` rounded to a float32 significand
+(24 bits, its exponent unbounded) in float64, and a slice's scale is their maximum: the rounding is monotone, so that
+maximum is the absmax's rounded quotient, the contract's scale, bit for bit. The codes divide by it per element
+(:func:`quantize_with_float64_scales`), and the epilogue multiplies by it in float64 and rounds once
+(:func:`scale_product_in_float64`), so no kernel works per row: the MLP launches 13 kernels and the block 26, at
+most the hand-written program's (13 and 28). The divide stays per element because a per-row reciprocal made XLA
+compute it in a kernel of its own again; it is about ten float64 operations, cheap where FP64 runs at half the FP32
+rate, as on A100/H100/H200, and not on GPUs with 1/64-rate FP64. :func:`quantize_by_float64` gives the same
+quantization with float32 epilogue factors, for the ragged dot's epilogue.
 
 Why each rounding is exact (``n``, ``d`` float32 values, ``N``, ``D`` their integer significands, below ``2**24``):
 
@@ -23,38 +24,49 @@ Why each rounding is exact (``n``, ``d`` float32 values, ``N``, ``D`` their inte
   float32 midpoint and otherwise more than ``2**-49`` relative from one (:func:`~jaxpr_rewrite.exact_division.
   rounded_quotients_by_float64`), farther than a float64 division's rounding. A GPU's float64 division and
   conversions are IEEE's (XLA's approximate division is float32's ``div.full.f32``).
+* The epilogue's float64 products are exact: each multiplies a float32 significand (24 bits) by another and by
+  powers of two, 48 bits, within float64's range by hundreds of binades. The result is then rounded twice, as the
+  contract's ``(acc * s_rhs) * s_lhs`` is: first to 24 bits (``fl32(acc * f)`` for a weight's stored factor, or
+  :func:`rounded_significands`), then, once, to float32.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
 import numpy as np
 from jax import lax
 
-from .quantize import (FORMATS, INT8_MAX, clipped_codes, epilogue_window, max_over, nan_safe_magnitude, pow2,
+from .quantize import (FORMATS, INT8_MAX, clipped_codes, epilogue_window, nan_safe_magnitude, pow2,
                        to_compute)
 
-__all__ = ["quantize_by_float64", "rounded_significands"]
+__all__ = ["quantize_by_float64", "quantize_with_float64_scales", "rounded_significands", "scale_product_in_float64"]
 
 _FLOAT32, _FLOAT64 = FORMATS[np.dtype(np.float32)], FORMATS[np.dtype(np.float64)]
 # float64 significand bits below a float32 significand's 24
 _DROPPED_BITS = _FLOAT64.mantissa_bits - _FLOAT32.mantissa_bits
+# a slice of zeros' float64 scale: the smallest normal float64, below every slice's real scale (at least
+# 2**-149 / 127), so its zeros divide into zero codes and its zero sums scale to zero, with no select per slice (XLA's
+# GPU compiler made that select a kernel of its own)
+_FLOOR = np.float64(np.finfo(np.float64).tiny)
 
 
-def rounded_significands(quotients):
-    """Positive float64 ``quotients`` rounded to the nearest float32 significand (24 bits), their exponent
-    unbounded, on the bits: half the dropped part added, then dropped (a carry moves into the exponent field). No
-    quotient here lies halfway (so this is round-to-nearest without a tie rule). 0 and Inf stay as they are.
+def rounded_significands(values):
+    """Float64 ``values`` rounded to the nearest float32 significand (24 bits, ties to even), their exponent
+    unbounded, on the bits: the dropped part rounded into the kept one (a carry moves into the exponent field), so a
+    value's sign and range stay as they are. 0 and Inf stay as they are.
 
     Integer arithmetic because a float32 round trip is not one to XLA: with its default
     ``xla_allow_excess_precision`` it removes a ``float64 -> float32 -> float64`` conversion pair as an excess
-    precision it may keep."""
-    bits = lax.bitcast_convert_type(quotients, np.int64)
-    half = np.int64(1 << (_DROPPED_BITS - 1))
+    precision it may keep (and a float32 would bound the exponent)."""
+    bits = lax.bitcast_convert_type(values, np.int64)
+    kept_lowest = lax.bitwise_and(lax.shift_right_logical(bits, np.int64(_DROPPED_BITS)), np.int64(1))
+    below_half = np.int64((1 << (_DROPPED_BITS - 1)) - 1)
     kept = np.int64(~((1 << _DROPPED_BITS) - 1))
-    return lax.bitcast_convert_type(lax.bitwise_and(lax.add(bits, half), kept), np.float64)
+    return lax.bitcast_convert_type(lax.bitwise_and(lax.add(lax.add(bits, below_half), kept_lowest), kept),
+                                    np.float64)
 
 
 def _own_exponents(scale):
@@ -107,22 +119,65 @@ def quantize_by_float64(x, reduce_axes: Sequence[int]):
         slice holding NaN or Inf has an infinite scale), and epilogue factors (:func:`_factors`) that give the
         epilogue of its scales' :func:`~jaxpr_rewrite.quantize.epilogue_factors`.
     """
+    codes, scales, exponents, scale = quantize_with_float64_scales(x, reduce_axes)
+    with jax.enable_x64(True):
+        scale = lax.select(lax.eq(scale, _FLOOR), lax.full_like(scale, 1), scale)
+        factors = _factors(scale, _own_exponents(scale))
+    return codes, scales, exponents, factors
+
+
+def quantize_with_float64_scales(x, reduce_axes: Sequence[int]):
+    """:func:`quantize_by_float64`'s codes, scales and exponents, and each slice's scale as one float64 value for
+    :func:`scale_product_in_float64`: ``scales * 2**exponents`` exactly, Inf for a slice holding NaN or Inf, and
+    for a slice of zeros (whose contract scale is 1) the smallest normal float64, which its zero sums scale to
+    zero as well."""
     reduce_axes = tuple(reduce_axes)
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
     values = to_compute(x)
     magnitudes = nan_safe_magnitude(values)
     with jax.enable_x64(True):  # float64 inside the program, whatever the program's own setting
         quotients = lax.mul(lax.convert_element_type(magnitudes, np.float64), np.float64(1) / np.float64(INT8_MAX))
-        scale = max_over(rounded_significands(quotients), reduce_axes)
-        zero = lax.eq(scale, np.float64(0))
-        scale = lax.select(zero, lax.full_like(scale, 1), scale)  # the contract's scale of an all-zero slice
+        # the reduction starts from _FLOOR, far below any slice's scale: a slice of zeros (or none) keeps it
+        scale = lax.reduce(rounded_significands(quotients), _FLOOR, lax.max, reduce_axes)
+        zero = lax.eq(scale, _FLOOR)
         divided = lax.div(lax.convert_element_type(values, np.float64),
                           lax.broadcast_in_dim(scale, values.shape, kept_axes))
         codes = clipped_codes(lax.round(lax.convert_element_type(divided, np.float32),
                                         lax.RoundingMethod.TO_NEAREST_EVEN))
-        own = _own_exponents(scale)
-        scales, exponents = _split(scale, own)
-        factors = _factors(scale, own)
+        scales, exponents = _split(scale, _own_exponents(scale))
     scales = lax.select(zero, lax.full_like(scales, 1), scales)
     exponents = lax.select(zero, lax.full_like(exponents, 0), exponents)
-    return codes, scales, exponents, factors
+    return codes, scales, exponents, scale
+
+
+def scale_product_in_float64(acc, lhs, rhs):
+    """``acc * s_lhs * s_rhs`` for float32 sums on a GPU: the contract's ``(acc * s_rhs) * s_lhs`` with its first
+    product rounded to a float32 significand and the second rounded once, from float64, to the float32 result.
+
+    Arguments:
+        acc: the sums, float32, in the dot's output layout.
+        lhs, rhs: each operand's scales placed into ``acc``'s layout: one float64 array (the slice scales of
+            :func:`quantize_with_float64_scales`), or a pair of float32 :func:`~jaxpr_rewrite.quantize.
+            epilogue_factors` ``(f, g)`` (a pre-quantized weight's stored ones; a weight on the right keeps its
+            ``acc * f`` in float32, the multiply XLA fuses into its GEMM kernel).
+
+    Each float64 product is exact (two 24-bit significands, and powers of two, far inside float64's range), so the
+    result is ``fl32(fl24(acc * s_rhs) * s_lhs)``, ``fl24`` rounding to a float32 significand with the exponent
+    unbounded: wherever the contract's product and its intermediate are normal floats, that formula bit for bit,
+    and elsewhere one rounding closer to the exact product than :func:`~jaxpr_rewrite.quantize.scale_product`, with
+    no intermediate to overflow or underflow. The epilogue reads each activation's float64 scale straight from its
+    absmax reduction: no kernel computes per-row factors (a transformer block on an H200: 28 kernels, the
+    hand-written program's count, instead of 34)."""
+    with jax.enable_x64(True):
+        wide = functools.partial(lax.convert_element_type, new_dtype=np.float64)
+        if isinstance(rhs, tuple):
+            factor, power = rhs
+            first = lax.mul(wide(lax.mul(acc, factor)), wide(power))  # fl32(acc * f) is fl24(acc * s) times 1/power
+        else:
+            first = rounded_significands(lax.mul(wide(acc), rhs))
+        if isinstance(lhs, tuple):
+            factor, power = lhs
+            product = lax.mul(lax.mul(first, wide(factor)), wide(power))
+        else:
+            product = lax.mul(first, lhs)
+        return lax.convert_element_type(product, np.float32)

@@ -13,17 +13,22 @@ in :mod:`~jaxpr_rewrite.straight_through`, and the ``"int8"`` backend built from
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from .config import RewriteConfig
 from .int32_dot import int32_dot
 from .layout import blocked, blocked_dimension_numbers, contraction_size, scale_to_output
-from .quantize import scale_product
-from .operands import quantize_operand
+from .float64_scales import scale_product_in_float64
+from .quantize import compute_dtype, scale_product
+from .operands import has_dynamic_scales, quantize_operand, quantize_operand_in_float64
 from .quantized import is_quantized
+from .static_activations import ScaledActivation
 
 __all__ = ["PER_CHANNEL", "Scheme", "int8_dot_general_impl", "scaled_int8_dot"]
 
@@ -67,6 +72,11 @@ def scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce: Sequence[int], rhs_
     """Quantize both operands (one scale per slice over ``*_reduce``), take their int8 dot into int32, and scale
     it back: ``acc * lhs_scale * rhs_scale`` in float32 (float64 for float64 operands or output).
 
+    A float32 dot with dynamic scales is lowered per platform (``lax.platform_dependent``): on GPUs its epilogue
+    reads each activation's float64 scale (:func:`~jaxpr_rewrite.float64_scales.scale_product_in_float64`), the
+    same result wherever the contract's product is an ordinary float; CPU and TPU take
+    :func:`~jaxpr_rewrite.quantize.scale_product`.
+
     Arguments:
         lhs, rhs: floating operands, or :class:`QuantizedArray` ones whose scales run over the axes not in
             ``*_reduce``.
@@ -75,17 +85,46 @@ def scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce: Sequence[int], rhs_
         out_dtype: the dot's output dtype; a float64 one makes the epilogue float64.
 
     Returns:
-        ``(lhs_q, rhs_q, out)``: both operands quantized, and the result in the epilogue's dtype.
+        The result, in the epilogue's dtype.
     """
-    lhs_q = quantize_operand(lhs, lhs_reduce, rhs)
-    rhs_q = quantize_operand(rhs, rhs_reduce, lhs)
-    acc = int32_dot(lhs_q.codes, rhs_q.codes, dimension_numbers, _common_dtype(lhs_q, rhs_q, out_dtype))
+    def portable():
+        lhs_q = quantize_operand(lhs, lhs_reduce, rhs)
+        rhs_q = quantize_operand(rhs, rhs_reduce, lhs)
+        acc = int32_dot(lhs_q.codes, rhs_q.codes, dimension_numbers, _common_dtype(lhs_q, rhs_q, out_dtype))
+        return _scaled(acc, (lhs_q, rhs_q), _placements(lhs_q, rhs_q, dimension_numbers, acc.shape))
 
-    def placement(q, side):
-        return lambda values: scale_to_output(values, q.kept_axes, q.ndim, dimension_numbers, side, acc.shape)
+    def on_gpu():
+        (lhs_q, lhs_scale), (rhs_q, rhs_scale) = (quantize_operand_in_float64(lhs, lhs_reduce, rhs),
+                                                  quantize_operand_in_float64(rhs, rhs_reduce, lhs))
+        acc = int32_dot(lhs_q.codes, rhs_q.codes, dimension_numbers, np.float32)
+        sides = []
+        for q, scale, place in zip((lhs_q, rhs_q), (lhs_scale, rhs_scale),
+                                   _placements(lhs_q, rhs_q, dimension_numbers, acc.shape)):
+            with jax.enable_x64(True):
+                sides.append(place(scale) if scale is not None
+                             else tuple(place(f) for f in q.epilogue_factors(np.float32)))
+        return scale_product_in_float64(acc, *sides)
 
-    out = _scaled(acc, (lhs_q, rhs_q), (placement(lhs_q, 0), placement(rhs_q, 1)))
-    return lhs_q, rhs_q, out
+    if not _takes_float64_epilogue(lhs, rhs, out_dtype):
+        return portable()
+    return lax.platform_dependent(cpu=portable, tpu=portable, default=on_gpu)
+
+
+def _placements(lhs_q, rhs_q, dimension_numbers, out_shape):
+    """For each operand, the function that broadcasts its per-slice values into the dot's output layout."""
+    return tuple(functools.partial(scale_to_output, kept_axes=q.kept_axes, ndim=q.ndim,
+                                   dimension_numbers=dimension_numbers, side=side, out_shape=out_shape)
+                 for side, q in enumerate((lhs_q, rhs_q)))
+
+
+def _takes_float64_epilogue(lhs, rhs, out_dtype) -> bool:
+    """Whether a GPU's epilogue of this dot is :func:`~jaxpr_rewrite.float64_scales.scale_product_in_float64`: a
+    float32 epilogue with at least one operand on dynamic scales."""
+    dtypes = [x.scales.dtype if is_quantized(x)
+              else compute_dtype(jnp.result_type(x.value if isinstance(x, ScaledActivation) else x))
+              for x in (lhs, rhs)]
+    return (np.promote_types(np.promote_types(*dtypes), out_dtype) == np.float32
+            and (has_dynamic_scales(lhs, rhs) or has_dynamic_scales(rhs, lhs)))
 
 
 def _block_scaled_dot(lhs, rhs, dimension_numbers, block_size: int, out_dtype):
@@ -96,7 +135,7 @@ def _block_scaled_dot(lhs, rhs, dimension_numbers, block_size: int, out_dtype):
     lhs3 = lhs.block_operand(lc, lb, block_size) if is_quantized(lhs) else blocked(lhs, lc, lb, n_blocks, block_size)
     rhs3 = rhs.block_operand(rc, rb, block_size) if is_quantized(rhs) else blocked(rhs, rc, rb, n_blocks, block_size)
     dims3 = blocked_dimension_numbers(dimension_numbers, lhs.ndim, rhs.ndim)
-    _, _, partial_sums = scaled_int8_dot(lhs3, rhs3, dims3, (lhs3.ndim - 1,), (rhs3.ndim - 1,), out_dtype)
+    partial_sums = scaled_int8_dot(lhs3, rhs3, dims3, (lhs3.ndim - 1,), (rhs3.ndim - 1,), out_dtype)
     # partial_sums is (batch..., block, lhs free..., rhs free...): add the scaled blocks.
     return lax.reduce_sum(partial_sums, (len(lb),))
 
@@ -114,5 +153,5 @@ def int8_dot_general_impl(lhs, rhs, dimension_numbers, out_dtype, scheme: Scheme
         per_tensor = scheme.granularity == "per-tensor"
         lhs_reduce = tuple(range(lhs.ndim)) if per_tensor else lc
         rhs_reduce = tuple(range(rhs.ndim)) if per_tensor else rc
-        _, _, out = scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dtype)
+        out = scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dtype)
     return out if out.dtype == out_dtype else lax.convert_element_type(out, out_dtype)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import jax
 import jax.extend  # noqa: F401  (makes jax.extend.core importable)
 import jax.numpy as jnp
 from jax.extend.core import ClosedJaxpr, Jaxpr
@@ -17,9 +18,12 @@ from jax.extend.core import ClosedJaxpr, Jaxpr
 from ._compat import scan_counts
 
 __all__ = [
+    "BRANCH_PARAMS",
     "DERIVATIVE_ONLY_PARAMS",
     "MATMUL_PRIMITIVES",
+    "PLATFORM_INDEX",
     "SUBJAXPR_PARAMS",
+    "default_platform",
     "derivative_jaxprs",
     "dot_eqns",
     "forward_jaxprs",
@@ -44,6 +48,14 @@ SUBJAXPR_PARAMS: dict[str, tuple[str, ...]] = {}
 # Fields of those params that hold sub-jaxprs only defining derivatives: their dots never run in the forward pass,
 # so they stay float (like the tangent dots of a custom_jvp rule). Filled by the rules (``derivative_only=``).
 DERIVATIVE_ONLY_PARAMS: dict[str, tuple[str, ...]] = {}
+
+# primitive name -> the params holding its branches, of which its first operand picks the one that runs (cond's
+# ``branches``). Filled by the rules (``register(name, branches=True)``).
+BRANCH_PARAMS: dict[str, tuple[str, ...]] = {}
+
+# The primitive that picks a ``lax.platform_dependent`` branch: its result, read as a branch primitive's first
+# operand, is the index of the branch of the platform the program is lowered for.
+PLATFORM_INDEX = "platform_index"
 
 # Matrix-multiplying primitives: each is either rewritten to int8 or reported.
 MATMUL_PRIMITIVES = frozenset({"dot_general", "ragged_dot_general"})
@@ -106,23 +118,50 @@ def forward_jaxprs(eqn) -> list[Jaxpr]:
     return [sub for sub in sub_jaxprs(eqn) if id(sub) not in derivative]
 
 
-def iter_eqns(jaxpr, *, forward_only: bool = False) -> Iterator:
+def iter_eqns(jaxpr, *, forward_only: bool = False, platform: str | None = None) -> Iterator:
     """Every equation of ``jaxpr`` and of the jaxprs nested in it, depth first, in program order.
 
     Arguments:
         jaxpr: a ``Jaxpr`` or ``ClosedJaxpr``.
         forward_only: leave out sub-jaxprs that only define derivatives (see :data:`DERIVATIVE_ONLY_PARAMS`).
+        platform: ``None`` for every branch of every ``lax.platform_dependent`` choice (a ``cond`` on a
+            ``platform_index``), or a lowering platform (``"cpu"``, ``"cuda"``, ``"rocm"``, ``"tpu"``;
+            :func:`default_platform`) for the one branch it compiles: the program as that platform runs it. The
+            rewritten program chooses per platform how it quantizes and scales (one int8 dot in each branch).
     """
     stack = [iter(open_jaxpr(jaxpr).eqns)]
+    chosen = {}  # id of a platform_index result -> the branch ``platform`` takes
     while stack:
         eqn = next(stack[-1], None)
         if eqn is None:
             stack.pop()
             continue
+        if platform is not None and eqn.primitive.name == PLATFORM_INDEX:
+            chosen.update({id(v): _branch_of(eqn.params["platforms"], platform) for v in eqn.outvars})
         yield eqn
-        subs = forward_jaxprs(eqn) if forward_only else sub_jaxprs(eqn)
+        if eqn.primitive.name in BRANCH_PARAMS and eqn.invars and id(eqn.invars[0]) in chosen:
+            index = chosen[id(eqn.invars[0])]
+            subs = [list(_sub_values(eqn.params[param]))[index] for param in BRANCH_PARAMS[eqn.primitive.name]]
+        else:
+            subs = forward_jaxprs(eqn) if forward_only else sub_jaxprs(eqn)
         for sub in reversed(list(subs)):
             stack.append(iter(open_jaxpr(sub).eqns))
+
+
+def _branch_of(platforms, platform: str) -> int:
+    """The branch of a ``platform_index`` choice (its ``platforms`` param: per branch a tuple of platform names,
+    ``None`` for the default) that ``platform`` takes."""
+    named = (i for i, names in enumerate(platforms) if names is not None and platform in names)
+    return next(named, platforms.index(None) if None in platforms else 0)
+
+
+def default_platform() -> str:
+    """The lowering platform of JAX's default backend (``"cpu"``, ``"cuda"``, ``"rocm"``, ``"tpu"``), for
+    :func:`iter_eqns`' ``platform``."""
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        return device.platform
+    return "rocm" if "rocm" in str(getattr(device.client, "platform_version", "")).lower() else "cuda"
 
 
 def is_matmul(eqn) -> bool:
@@ -135,9 +174,10 @@ def matmul_dimension_numbers(eqn):
     return dims if dims is not None else eqn.params["ragged_dot_dimension_numbers"].dot_dimension_numbers
 
 
-def dot_eqns(jaxpr, *, forward_only: bool = False) -> list:
-    """The matmul equations (``dot_general``, ``ragged_dot_general``) of ``jaxpr``, nested ones included."""
-    return [e for e in iter_eqns(jaxpr, forward_only=forward_only) if is_matmul(e)]
+def dot_eqns(jaxpr, *, forward_only: bool = False, platform: str | None = None) -> list:
+    """The matmul equations (``dot_general``, ``ragged_dot_general``) of ``jaxpr``, nested ones included (for
+    ``forward_only`` and ``platform``, see :func:`iter_eqns`)."""
+    return [e for e in iter_eqns(jaxpr, forward_only=forward_only, platform=platform) if is_matmul(e)]
 
 
 def is_float_dot(eqn) -> bool:

@@ -7,6 +7,7 @@ import numpy as np
 from jax import lax
 
 from .int8_dot import scaled_int8_dot
+from .operands import quantize_operand
 from .quantize import scale_values
 
 _MATMUL_DIMS = (((1,), (0,)), ((), ()))
@@ -31,7 +32,8 @@ def int8_matmul(x, w) -> dict:
     for name, v in (("x", x), ("w", w)):
         if not jax.numpy.issubdtype(v.dtype, jax.numpy.floating):
             raise TypeError(f"int8_matmul expects floating {name}, got {v.dtype}")
-    x_q, w_q, y = scaled_int8_dot(x, w, _MATMUL_DIMS, (1,), (0,))
+    x_q, w_q = quantize_operand(x, (1,), w), quantize_operand(w, (0,), x)
+    y = scaled_int8_dot(x, w, _MATMUL_DIMS, (1,), (0,))
     return {"w_q": w_q.codes, "w_scales": _scale_values(w_q), "x_q": x_q.codes, "x_scales": _scale_values(x_q), "y": y}
 
 

@@ -13,14 +13,15 @@ from jax import lax
 
 from .blocks import from_blocks, to_blocks
 from .errors import Int8ifyError
-from .float64_scales import quantize_by_float64
+from .float64_scales import quantize_by_float64, quantize_with_float64_scales
 from .int4 import pack_int4
 from .quantize import (compute_dtype, epilogue_factors, quantize_dynamic_parts, quantize_parts,
                        quantize_static_parts)
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
 from .static_activations import ScaledActivation
 
-__all__ = ["checks_codes", "quantize", "quantize_operand", "smoothed_activation"]
+__all__ = ["checks_codes", "has_dynamic_scales", "quantize", "quantize_operand", "quantize_operand_in_float64",
+           "smoothed_activation"]
 
 
 def quantize(x, reduce_axes: Sequence[int], bits: int = 8, block_size: int | None = None) -> QuantizedArray:
@@ -69,7 +70,8 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     :func:`~jaxpr_rewrite.quantize.absmax`'s NaN-to-Inf select, which then writes a temporary as large as the
     operand, so NaN and Inf are caught on the int8 codes instead. On GPUs,
     :func:`~jaxpr_rewrite.float64_scales.quantize_by_float64`: the scale taken inside the absmax reduction, so no
-    kernel of its own computes it. On TPU, and for operands of higher rank,
+    kernel of its own computes it (a ragged dot's; a dot's dynamic scales on a GPU are
+    :func:`quantize_operand_in_float64`'s, read by its float64 epilogue). On TPU, and for operands of higher rank,
     :func:`~jaxpr_rewrite.quantize.quantize_parts`: GPU and TPU fuse that select into the reduction (the check on
     the codes costs TPU cycles), and XLA:CPU's dot reads a higher-rank operand's codes through a reshape, so a
     second reader of the codes (the check) makes it compute them twice and write out the quotients (the MiniLM
@@ -96,6 +98,25 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     codes, scales, exponents, (factor, power) = parts
     return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, epilogue_factor=factor,
                           epilogue_power=power)
+
+
+def quantize_operand_in_float64(x, reduce_axes: Sequence[int], partner):
+    """:func:`quantize_operand` for a GPU's float64 epilogue
+    (:func:`~jaxpr_rewrite.float64_scales.scale_product_in_float64`): ``(q, scale)``, an operand with dynamic
+    scales quantized by :func:`~jaxpr_rewrite.float64_scales.quantize_with_float64_scales` (any rank) with its
+    float64 slice scales, any other as :func:`quantize_operand` makes it with ``None``."""
+    if not has_dynamic_scales(x, partner):
+        return quantize_operand(x, reduce_axes, partner), None
+    x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
+    reduce_axes = tuple(sorted(a % max(x.ndim, 1) for a in reduce_axes))
+    codes, scales, exponents, scale = quantize_with_float64_scales(x, reduce_axes)
+    return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype), scale
+
+
+def has_dynamic_scales(x, partner) -> bool:
+    """Whether :func:`quantize_operand` ``(x, ..., partner)`` takes the contract's dynamic per-slice scales: ``x``
+    is neither quantized already nor given a static scale (its own, or its partner's)."""
+    return not (is_quantized(x) or isinstance(x, ScaledActivation) or _has_static_scale(partner))
 
 
 def checks_codes(x, partner) -> bool:

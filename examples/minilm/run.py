@@ -41,10 +41,12 @@ sys.path.insert(0, str(HERE))
 import model as minilm  # noqa: E402
 
 try:
-    from jaxpr_rewrite import calibrate_activation_dots, dot_eqns, int8ify, quantize_params, report
+    from jaxpr_rewrite import (calibrate_activation_dots, default_platform, dot_eqns, int8ify, quantize_params,
+                               report)
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(1, str(HERE.parents[1]))
-    from jaxpr_rewrite import calibrate_activation_dots, dot_eqns, int8ify, quantize_params, report
+    from jaxpr_rewrite import (calibrate_activation_dots, default_platform, dot_eqns, int8ify, quantize_params,
+                               report)
 
 # The speed benchmark times fixed shapes: every batch padded (or cut) to this many tokens.
 BENCH_SEQ_LEN = 128
@@ -652,7 +654,7 @@ def main(argv=None) -> int:
           f"{nbytes(qparams) / 2**20:.1f} MiB ({nbytes(qparams) / nbytes(params):.2f}x)")
     ids, mask = minilm.tokenize(tokenizer, sentences[:2])
     dots = Counter("x".join(str(v.aval.dtype) for v in eqn.invars[:2])
-                   for eqn in dot_eqns(jax.make_jaxpr(int8_encode)(qparams, ids, mask)))
+                   for eqn in dot_eqns(jax.make_jaxpr(int8_encode)(qparams, ids, mask), platform=default_platform()))
     print("dot_generals in the int8ify'd program: " + ", ".join(f"{k} {t}" for t, k in sorted(dots.items())))
     print("\n".join(accuracy_lines(sentences, f32, i8)) + "\n", flush=True)
     encoders = {"float32": f32_fn, "int8": int8_fn}

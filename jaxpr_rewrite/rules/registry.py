@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any, Callable
 
 from ..errors import Int8ifyError
-from ..jaxprs import DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS
+from ..jaxprs import BRANCH_PARAMS, DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS
 from ..source import UNKNOWN, Location
 
 __all__ = ["PrimitiveRule", "RuleContext", "RULES", "register", "rule_for"]
@@ -80,7 +80,9 @@ class PrimitiveRule:
         measure: how the report measures the matmuls inside (none: they get a ``n/a (inside ...)`` note).
         inline_call: a call that takes its operands one to one and that XLA inlines anyway, so the rewrite may
             evaluate it inline (to keep only the tangent matmuls of a jvp float); a remat keeps its boundary.
-        branches: it runs one of its sub-jaxprs, so a matmul the report did not see run was in a branch not taken.
+        branches: it runs one of its sub-jaxprs, the one its first operand picks, so a matmul the report did not see
+            run was in a branch not taken (recorded in :data:`~jaxpr_rewrite.jaxprs.BRANCH_PARAMS`, which
+            :func:`~jaxpr_rewrite.jaxprs.iter_eqns` reads to follow a platform's branch).
         label: what the command line's diff shows of an equation's params (none: its ``axes`` or ``name``).
     """
 
@@ -130,6 +132,8 @@ def register(*names: str, subjaxprs: tuple[str, ...] = (), derivative_only: tupl
             SUBJAXPR_PARAMS[name] = subjaxprs
         if derivative_only:
             DERIVATIVE_ONLY_PARAMS[name] = derivative_only
+        if branches:
+            BRANCH_PARAMS[name] = subjaxprs
     return rule
 
 

@@ -20,6 +20,9 @@ from hypothesis import strategies as st
 
 from jaxpr_rewrite import dot_eqns, iter_eqns  # noqa: F401  (re-exported for the tests)
 
+# the lowering platforms whose programs the rewrite may choose apart (``lax.platform_dependent``)
+PLATFORMS = ("cpu", "cuda", "tpu")
+
 
 def reference_scale_parts(x, reduce_axes, limit=127) -> tuple[np.ndarray, np.ndarray]:
     """The contract's scale of each slice over ``reduce_axes`` (kept axes in order) as ``(scales, exponents)``
@@ -166,38 +169,43 @@ def assert_finite_slices_quantized_as_the_contract(quantize_fn, x, bad_rows, axi
     return scales, factor, finite
 
 
+def program_dots(jaxpr):
+    """The matmuls of the program each platform runs (:func:`dot_eqns` of one ``lax.platform_dependent`` branch
+    each), asserted the same on CPU, GPU and TPU (operand and result types); returns the CPU program's."""
+    by_platform = {platform: dot_eqns(jaxpr, platform=platform) for platform in PLATFORMS}
+    types = {platform: [[str(v.aval) for v in (*e.invars, *e.outvars)] for e in dots]
+             for platform, dots in by_platform.items()}
+    assert types["cuda"] == types["cpu"] == types["tpu"], types
+    return by_platform["cpu"]
+
+
+def is_max_reduction(eqn) -> bool:
+    """Whether ``eqn`` takes maxima: ``reduce_max``, or a ``reduce`` by ``max`` from another initial value (the
+    GPU's float64 scales start from the smallest normal float64)."""
+    if eqn.primitive.name == "reduce":
+        return [e.primitive.name for e in eqn.params["jaxpr"].eqns] == ["max"]
+    return eqn.primitive.name == "reduce_max"
+
+
 def assert_all_dots_int8(jaxpr, expected_count=None):
-    """Every dot_general in the program is int8 x int8 -> int32 (optionally: exactly ``expected_count``)."""
-    dots = dot_eqns(jaxpr)
-    for e in dots:
+    """Every dot_general in the program, each platform's branches included, is int8 x int8 -> int32 (optionally:
+    exactly ``expected_count`` in the program each of CPU, GPU and TPU runs). Returns the CPU program's dots."""
+    for e in dot_eqns(jaxpr):
         dtypes = [str(v.aval.dtype) for v in e.invars]
         assert dtypes == ["int8", "int8"], f"float dot left: {e}"
         assert str(e.outvars[0].aval.dtype) == "int32", f"dot without int32 accumulation: {e}"
     if expected_count is not None:
-        assert len(dots) == expected_count, f"expected {expected_count} dots, found {len(dots)}"
-    return dots
+        for platform in PLATFORMS:
+            count = len(dot_eqns(jaxpr, platform=platform))
+            assert count == expected_count, f"expected {expected_count} dots on {platform}, found {count}"
+    return dot_eqns(jaxpr, platform="cpu")
 
 
 def platform_eqns(jaxpr, platform: str):
     """The equations of ``jaxpr`` (nested ones included) as ``platform`` (``"cpu"``, ``"cuda"``, ``"tpu"``) compiles
     them: of each ``lax.platform_dependent`` choice (a ``cond`` on a ``platform_index``) only that platform's
     branch, or the default one."""
-    from jaxpr_rewrite.jaxprs import open_jaxpr, sub_jaxprs
-
-    chosen = {}
-    for eqn in open_jaxpr(jaxpr).eqns:
-        if eqn.primitive.name == "platform_index":
-            choices = eqn.params["platforms"]
-            index = next((i for i, names in enumerate(choices) if names is not None and platform in names),
-                         choices.index(None))
-            chosen.update({id(v): index for v in eqn.outvars})
-            continue
-        yield eqn
-        if eqn.primitive.name == "cond" and id(eqn.invars[0]) in chosen:
-            yield from platform_eqns(eqn.params["branches"][chosen[id(eqn.invars[0])]], platform)
-        else:
-            for sub in sub_jaxprs(eqn):
-                yield from platform_eqns(sub, platform)
+    return iter_eqns(jaxpr, platform=platform)
 
 
 def assert_close_to_reference(got, want, rtol=1e-6, atol=0.0):

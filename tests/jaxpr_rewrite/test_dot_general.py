@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import assert_all_dots_int8, away_from_ties, dot_eqns, reference_dot
+from helpers import assert_all_dots_int8, away_from_ties, dot_eqns, program_dots, reference_dot
 from jaxpr_rewrite import int8ify
 
 # Output tolerance per dtype: float32 is the contract's 1e-6; narrower outputs add one rounding.
@@ -80,7 +80,7 @@ def test_int8_dot_keeps_dimension_numbers():
     dims = (((2, 0), (0, 3)), ((1,), (2,)))
     lhs, rhs = jnp.ones((3, 4, 5, 6)), jnp.ones((5, 7, 4, 3))
     (float_dot,) = dot_eqns(jax.make_jaxpr(lambda a, b: jax.lax.dot_general(a, b, dims))(lhs, rhs))
-    (int8_dot,) = dot_eqns(jax.make_jaxpr(int8ify(lambda a, b: jax.lax.dot_general(a, b, dims)))(lhs, rhs))
+    (int8_dot,) = program_dots(jax.make_jaxpr(int8ify(lambda a, b: jax.lax.dot_general(a, b, dims)))(lhs, rhs))
     assert int8_dot.params["dimension_numbers"] == float_dot.params["dimension_numbers"]
     assert int8_dot.params["preferred_element_type"] == np.int32
 

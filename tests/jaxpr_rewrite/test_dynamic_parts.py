@@ -10,7 +10,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_finite_slices_quantized_as_the_contract, platform_eqns, with_zero_and_non_finite_rows
+from helpers import (assert_finite_slices_quantized_as_the_contract, is_max_reduction, platform_eqns,
+                     with_zero_and_non_finite_rows)
 from jaxpr_rewrite import int8ify
 
 qz = importlib.import_module("jaxpr_rewrite.quantize")
@@ -43,7 +44,7 @@ def test_codes_and_scales_match_the_contract_on_finite_slices(case, transposed):
 def _absmax_producers(jaxpr, platform):
     eqns = list(platform_eqns(jaxpr, platform))
     made_by = {id(v): e.primitive.name for e in eqns for v in e.outvars}
-    return [made_by.get(id(e.invars[0])) for e in eqns if e.primitive.name == "reduce_max"]
+    return [made_by.get(id(e.invars[0])) for e in eqns if is_max_reduction(e)]
 
 
 def test_cpu_absmax_of_a_matrix_reads_the_operand_directly():

@@ -1,19 +1,22 @@
-"""A GPU's quantization of a matrix operand, the scale taken inside the absmax reduction in float64
-(``float64_scales.quantize_by_float64``), computed on this CPU (the same float64 arithmetic): the contract's codes,
-scales and exponents bit for bit, and epilogue factors whose epilogue is the contract's."""
+"""A GPU's dynamic quantization, the scale taken inside the absmax reduction in float64
+(``float64_scales.quantize_by_float64``), and its float64 epilogue (``scale_product_in_float64``), computed on this
+CPU (the same float64 arithmetic): the contract's codes, scales and exponents bit for bit, epilogue factors whose
+epilogue is the contract's, an epilogue rounded as the contract's product is, and whole GPU programs bit for bit
+the CPU's."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
 
-from helpers import (assert_finite_slices_quantized_as_the_contract, evaluate_as, platform_eqns, reference_codes,
-                     reference_scale_parts, with_zero_and_non_finite_rows)
-from jaxpr_rewrite import int8ify
-from jaxpr_rewrite.float64_scales import quantize_by_float64
-from jaxpr_rewrite.quantize import epilogue_factors, scale_product
+from helpers import (assert_finite_slices_quantized_as_the_contract, evaluate_as, is_max_reduction, platform_eqns,
+                     reference_codes, reference_scale_parts, with_zero_and_non_finite_rows)
+from jaxpr_rewrite import int8ify, quantize_params
+from jaxpr_rewrite.float64_scales import quantize_by_float64, rounded_significands, scale_product_in_float64
+from jaxpr_rewrite.quantize import epilogue_factors, pow2, scale_product
 
 TINY = np.finfo(np.float32).tiny
 ALL_ONES = np.float32(2 - 2.0**-23)  # the mantissa whose scale, fl(2 / 127), is also the next binade's smallest
@@ -99,18 +102,30 @@ def test_epilogue_of_the_factors_is_the_contracts_in_every_pair_of_binades():
     assert np.isinf(got[np.isinf(want)]).all()
 
 
-def test_only_a_gpu_takes_the_scale_inside_the_reduction():
-    """In a rewritten matrix dot, the GPU's absmax reduction is over float64 scales (one reduction per operand, no
-    float32 division and no float64 one per slice: the codes divide per element); CPU and TPU keep theirs; a
-    float64 program (no wider format) keeps the contract's form on a GPU too."""
-    jaxpr = jax.make_jaxpr(int8ify(lambda a, b: a @ b))(jnp.ones((64, 256)), jnp.ones((256, 128)))
+@pytest.mark.parametrize("spec, shapes", [
+    ("ij,jk->ik", [(64, 256), (256, 128)]),
+    ("btd,de->bte", [(4, 16, 256), (256, 128)]),  # a transformer's activation
+    ("bqhd,bkhd->bhqk", [(2, 16, 3, 64), (2, 16, 3, 64)]),  # attention: both operands activations
+])
+def test_only_a_gpu_takes_the_scale_inside_the_reduction(spec, shapes):
+    """In a rewritten dot, the GPU's absmax reduction is over float64 scales (one reduction per activation, no
+    float32 division and no float64 one per slice: the codes divide per element), and its epilogue rounds a
+    float64 product to the float32 result; CPU and TPU keep theirs; a float64 program (no wider format) keeps the
+    contract's form on a GPU too."""
+    jaxpr = jax.make_jaxpr(int8ify(lambda a, b: jnp.einsum(spec, a, b)))(*(jnp.ones(s) for s in shapes))
+    out_shape = jax.eval_shape(lambda a, b: jnp.einsum(spec, a, b), *(jnp.ones(s) for s in shapes)).shape
     for platform, dtype in (("cuda", np.float64), ("cpu", np.float32), ("tpu", np.float32)):
         eqns = list(platform_eqns(jaxpr, platform))
-        reductions = [e.outvars[0].aval.dtype for e in eqns if e.primitive.name == "reduce_max"]
+        reductions = [e.outvars[0].aval.dtype for e in eqns if is_max_reduction(e)]
         assert reductions == [dtype, dtype], (platform, reductions)
         divisions = [e.outvars[0].aval for e in eqns if e.primitive.name == "div"]
+        wide_products = [e for e in eqns if e.primitive.name == "mul" and e.outvars[0].aval.shape == out_shape
+                         and e.outvars[0].aval.dtype == np.float64]
         if platform == "cuda":
-            assert sorted(a.shape for a in divisions) == [(64, 256), (256, 128)]
+            assert sorted(a.shape for a in divisions) == sorted(shapes)
+            assert wide_products
+        else:
+            assert not wide_products
     with jax.enable_x64(True):
         doubles = jax.make_jaxpr(int8ify(lambda a, b: a @ b))(jnp.ones((8, 64)), jnp.ones((64, 16)))
     assert [e.outvars[0].aval.dtype for e in platform_eqns(doubles, "cuda") if e.primitive.name == "reduce_max"] == [
@@ -119,18 +134,118 @@ def test_only_a_gpu_takes_the_scale_inside_the_reduction():
                    for e in platform_eqns(doubles, "cuda"))
 
 
-@settings(max_examples=10, deadline=None)
-@given(st.integers(0, 2**31 - 1), st.sampled_from([(32, 256, 64), (128, 1024, 256)]))
-def test_a_gpu_matmul_is_the_contracts(seed, shape):
-    """``int8ify(a @ b)`` as the GPU program computes it, evaluated here: the contract's result, bit for bit the
-    CPU program's."""
-    m, k, n = shape
+def test_significands_round_to_nearest_even_with_any_exponent():
+    """Ties between two float32 significands go to the even one, in every binade of float64 (far beyond
+    float32's), for either sign; zeros and infinities stay as they are."""
+    significands = np.array([1, 1 + 2**-24, 1 + 3 * 2**-24, 1 + 2**-24 + 2**-40, 2 - 2**-24, 1.5 + 2**-25])
+    want = np.array([1, 1, 1 + 2**-22, 1 + 2**-23, 2, 1.5])
+    powers = 2.0 ** np.array([-1000, -160, -1, 0, 100, 900])[:, None]
+    values = np.concatenate([(significands * powers).ravel(), -(significands * powers).ravel(), [0.0, np.inf]])
+    expected = np.concatenate([(want * powers).ravel(), -(want * powers).ravel(), [0.0, np.inf]])
+    with jax.enable_x64(True):
+        got = np.asarray(jax.jit(rounded_significands)(values))
+    np.testing.assert_array_equal(got, expected)
+
+
+def _rounded_to_significand(v):
+    """``v`` (float64) rounded to 24 significant bits, ties to even, the exponent unbounded (numpy reference)."""
+    mantissa, exponent = np.frexp(v)
+    return np.ldexp(np.rint(np.ldexp(mantissa, 24)), exponent - 24)
+
+
+@pytest.mark.parametrize("lhs_form, rhs_form", [("float64", "factors"), ("float64", "float64"),
+                                                ("factors", "float64")])
+def test_float64_epilogue_in_every_pair_of_binades(lhs_form, rhs_form):
+    """The GPU's epilogue over every pair of scale binades, float32's normal range and the subnormal absmaxes'
+    scales below it: the contract's ``(acc * s_rhs) * s_lhs`` with its first product rounded to a float32
+    significand and its second rounded once (numpy's float64 reference, exact here), whatever each side's form (an
+    activation's float64 scale, a weight's stored factors); so bit for bit the contract's plain formula wherever
+    that one's scales and intermediate are normal floats, and :func:`scale_product`'s wherever that result is a
+    normal float or overflows."""
+    rng = np.random.default_rng(11)
+    exponents = np.arange(-134, 127, dtype=np.int32)
+    n = exponents.size
+    mantissas = (rng.uniform(1, 2, size=n) / 127).astype(np.float32)
+    acc = rng.integers(-(2**30), 2**30, size=(n, n)).astype(np.float32)  # the int32 sums, as the program's floats
+    acc[:, 0] = 0.0
+    s = mantissas.astype(np.float64) * 2.0 ** exponents.astype(np.float64)
+
+    @jax.jit
+    def epilogue(acc, scales, exponents):
+        def side(form, axis):
+            if form == "factors":
+                return tuple(lax.broadcast_in_dim(v, acc.shape, (axis,)) for v in epilogue_factors(scales, exponents))
+            with jax.enable_x64(True):
+                exact = lax.mul(lax.convert_element_type(scales, np.float64), pow2(exponents, np.float64))
+                return lax.broadcast_in_dim(exact, acc.shape, (axis,))
+        return scale_product_in_float64(acc, side(lhs_form, 0), side(rhs_form, 1))
+
+    got = np.asarray(epilogue(acc, mantissas, exponents))
+    first = _rounded_to_significand(acc.astype(np.float64) * s[None, :])  # exact products: 24 x 24 bits
+    with np.errstate(over="ignore"):
+        want = (first * s[:, None]).astype(np.float32)
+    subnormal = (want != 0) & (np.abs(want) < TINY)  # XLA:CPU may flush those to zero; a GPU does not
+    np.testing.assert_array_equal(got[~subnormal], want[~subnormal])
+    assert np.all((got[subnormal] == want[subnormal]) | (got[subnormal] == 0))
+    assert np.isinf(want).sum() > 1000 and (np.abs(want) < TINY).sum() > 1000
+
+    s32 = s.astype(np.float32)
+    with np.errstate(over="ignore", under="ignore"):
+        plain = (acc * s32[None, :]) * s32[:, None]
+        first32 = acc * s32[None, :]
+    ordinary = ((np.abs(s) >= TINY)[:, None] & (np.abs(s) >= TINY)[None, :] & (np.abs(first32) >= TINY)
+                & np.isfinite(first32) & (np.abs(plain) >= TINY) & np.isfinite(plain))
+    assert ordinary.sum() > n * n // 3
+    np.testing.assert_array_equal(got[ordinary], plain[ordinary])
+    in_range = (np.abs(s) >= TINY)
+    split = np.asarray(jax.jit(lambda acc, m, e: scale_product(
+        acc, [lax.broadcast_in_dim(v, acc.shape, (0,)) for v in epilogue_factors(m, e)],
+        [lax.broadcast_in_dim(v, acc.shape, (1,)) for v in epilogue_factors(m, e)]))(acc, mantissas, exponents))
+    comparable = in_range[:, None] & in_range[None, :] & ((np.abs(split) >= TINY) | (split == 0) | np.isinf(split))
+    np.testing.assert_array_equal(got[comparable], split[comparable])
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([
+    ("ij,jk->ik", (32, 256), (256, 64)), ("ij,jk->ik", (128, 1024), (1024, 256)),
+    ("btd,de->bte", (4, 32, 256), (256, 128)), ("bqhd,bkhd->bhqk", (2, 32, 4, 64), (2, 32, 4, 64)),
+    ("bhqk,bkhd->bqhd", (2, 4, 32, 32), (2, 32, 4, 64))]), st.booleans())
+def test_a_gpu_dot_is_the_contracts(seed, case, special_slices):
+    """``int8ify`` of a matmul, a transformer's projection and its attention einsums as the GPU program computes
+    them, evaluated here: bit for bit the CPU program's, slices of zeros, NaN and Inf included."""
+    spec, a_shape, b_shape = case
     rng = np.random.default_rng(seed)
-    a = np.round(rng.normal(size=(m, k)) * 8).astype(np.float32) / 8  # ties among the codes
-    b = rng.normal(size=(k, n)).astype(np.float32)
-    f = int8ify(lambda a, b: a @ b)
+    a = np.round(rng.normal(size=a_shape) * 8).astype(np.float32) / 8  # ties among the codes
+    b = rng.normal(size=b_shape).astype(np.float32)
+    if special_slices:
+        a[0] = 0.0
+        a.reshape(-1)[-1] = np.nan
+        b.reshape(-1)[rng.integers(b.size)] = np.inf
+    f = int8ify(lambda a, b: jnp.einsum(spec, a, b))
     (on_gpu,) = evaluate_as("cuda", f, a, b)
     np.testing.assert_array_equal(np.asarray(on_gpu), np.asarray(jax.jit(f)(a, b)))
+
+
+@pytest.mark.parametrize("program", ["weight on the right", "weight on the left", "blocks", "bfloat16"])
+def test_a_gpu_dot_with_stored_factors_blocks_or_half_precision_is_the_cpus(program):
+    """The GPU's float64 epilogue with a pre-quantized weight's stored factors on either side, with block scales
+    (partial sums per block), and with bfloat16 operands: bit for bit the CPU program's."""
+    rng = np.random.default_rng(3)
+    x = np.round(rng.normal(size=(64, 256)) * 8).astype(np.float32) / 8
+    w = rng.normal(size=(256, 128)).astype(np.float32)
+    x[5] = 0.0
+    x[9, 3] = np.nan
+    if program == "weight on the left":
+        fn, args = (lambda p, v: p["w"].T @ v.T), ({"w": w}, x)
+    else:
+        fn, args = (lambda p, v: v @ p["w"]), ({"w": w}, x)
+    options = {"block_size": 64} if program == "blocks" else {}
+    if program == "bfloat16":
+        args = ({"w": jnp.asarray(w, jnp.bfloat16)}, jnp.asarray(x, jnp.bfloat16))
+    f = int8ify(fn, **options)
+    params = args[0] if program == "blocks" else quantize_params(fn, *args)
+    (on_gpu,) = evaluate_as("cuda", f, params, args[1])
+    np.testing.assert_array_equal(np.asarray(on_gpu), np.asarray(jax.jit(f)(params, args[1])))
 
 
 def test_vectors_empty_slices_and_half_precision_inputs():

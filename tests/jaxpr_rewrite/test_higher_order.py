@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from helpers import assert_all_dots_int8, away_from_ties, dot_eqns, iter_eqns, reference_dot
+from helpers import assert_all_dots_int8, away_from_ties, iter_eqns, program_dots, reference_dot
 from jaxpr_rewrite import Int8ifyError, int8ify
 from jaxpr_rewrite.reasons import Why
 from jaxpr_rewrite.rules import RULES, register
@@ -216,7 +216,7 @@ def test_no_nested_jit_noise():
     jaxpr = jax.make_jaxpr(int8ify(lambda x, w: x @ w))(X, W)
     calls = [e for e in iter_eqns(jaxpr) if e.primitive.name in ("jit", "pjit")]
     assert [e.params["name"] for e in calls] == ["int8_dot_general"]
-    assert len(dot_eqns(jaxpr)) == 1
+    assert len(program_dots(jaxpr)) == 1
 
 
 # -- primitives that hold sub-jaxprs beyond control flow ------------------------------------------------------------

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from helpers import away_from_ties, dot_eqns, iter_eqns, reference_codes, reference_scales
+from helpers import away_from_ties, iter_eqns, program_dots, reference_codes, reference_scales
 from jaxpr_rewrite import int8_matmul, int8ify
 
 SEED_EXAMPLES = [
@@ -79,11 +79,11 @@ def test_published_examples(x, w, expected):
 
 
 def test_structure_one_int8_dot_no_float_product():
-    """The traced program holds one dot (int8 x int8 -> int32), no other matmul, conv, callback, and no
-    B x D_in x D_out sized intermediate."""
+    """The traced program holds one dot (int8 x int8 -> int32) on each platform, no other matmul, conv, callback,
+    and no B x D_in x D_out sized intermediate."""
     b, d_in, d_out = 3, 5, 4
     jaxpr = jax.make_jaxpr(int8_matmul)(jnp.ones((b, d_in)), jnp.ones((d_in, d_out)))
-    dots = dot_eqns(jaxpr)
+    dots = program_dots(jaxpr)
     assert len(dots) == 1
     assert [str(v.aval.dtype) for v in dots[0].invars] == ["int8", "int8"]
     assert str(dots[0].outvars[0].aval.dtype) == "int32"

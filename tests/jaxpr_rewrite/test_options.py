@@ -9,8 +9,8 @@ from helpers import (
     assert_close_to_reference,
     away_from_ties,
     away_from_ties_blocks,
-    dot_eqns,
     float_dot_eqns,
+    program_dots,
     reference_block_matmul,
     reference_dot,
     reference_per_tensor_matmul,
@@ -35,7 +35,7 @@ def two_layers(x, w1, w2):
 def _split_dots(fn, *args):
     jaxpr = jax.make_jaxpr(fn)(*args)
     floats = float_dot_eqns(jaxpr)
-    ints = [e for e in dot_eqns(jaxpr) if e not in floats]
+    ints = [e for e in program_dots(jaxpr) if e not in floats]
     return floats, ints
 
 
@@ -96,7 +96,7 @@ def test_per_tensor_matches_reference():
     got = jax.jit(f)(x, w)
     assert_close_to_reference(got, reference_per_tensor_matmul(x, w))
     # one scale per operand: the scale arrays in the program are scalars
-    (dot,) = dot_eqns(jax.make_jaxpr(f)(x, w))
+    (dot,) = program_dots(jax.make_jaxpr(f)(x, w))
     assert [str(v.aval.dtype) for v in dot.invars] == ["int8", "int8"]
 
 
@@ -110,7 +110,7 @@ def test_block_size_matches_reference(k, block):
     want, magnitude = reference_block_matmul(x, w, block)
     # float32 scaling of each block, then a float32 sum of the blocks: a few ulps of the terms' magnitude
     np.testing.assert_array_less(np.abs(got - want), 4e-7 * magnitude + 1e-30)
-    dots = dot_eqns(jax.make_jaxpr(f)(x, w))
+    dots = program_dots(jax.make_jaxpr(f)(x, w))
     assert len(dots) == 1 and str(dots[0].outvars[0].aval.dtype) == "int32"
     n_blocks = -(-k // block)
     assert n_blocks in dots[0].invars[0].aval.shape  # the blocks are one batch dim of a single int8 dot
