@@ -97,12 +97,10 @@ def scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce: Sequence[int], rhs_
         (lhs_q, lhs_scale), (rhs_q, rhs_scale) = (quantize_operand_in_float64(lhs, lhs_reduce, rhs),
                                                   quantize_operand_in_float64(rhs, rhs_reduce, lhs))
         acc = int32_dot(lhs_q.codes, rhs_q.codes, dimension_numbers, np.float32)
-        sides = []
-        for q, scale, place in zip((lhs_q, rhs_q), (lhs_scale, rhs_scale),
-                                   _placements(lhs_q, rhs_q, dimension_numbers, acc.shape)):
-            with jax.enable_x64(True):
-                sides.append(place(scale) if scale is not None
-                             else tuple(place(f) for f in q.epilogue_factors(np.float32)))
+        placements = _placements(lhs_q, rhs_q, dimension_numbers, acc.shape)
+        with jax.enable_x64(True):  # the float64 scales keep their dtype through the broadcasts
+            sides = [place(scale) if scale is not None else tuple(place(f) for f in q.epilogue_factors(np.float32))
+                     for q, scale, place in zip((lhs_q, rhs_q), (lhs_scale, rhs_scale), placements)]
         return scale_product_in_float64(acc, *sides)
 
     if not _takes_float64_epilogue(lhs, rhs, out_dtype):

@@ -83,8 +83,7 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
         static, x = x.static_scale, x.value
     else:
         static = partner.static_scale if _has_static_scale(partner) else None
-    x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
-    reduce_axes = tuple(sorted(a % max(x.ndim, 1) for a in reduce_axes))
+    x, reduce_axes = _as_operand(x, reduce_axes)
     if static is not None:
         parts = _static_parts(x, static, reduce_axes)
     elif x.ndim <= 2:
@@ -107,10 +106,15 @@ def quantize_operand_in_float64(x, reduce_axes: Sequence[int], partner):
     float64 slice scales, any other as :func:`quantize_operand` makes it with ``None``."""
     if not has_dynamic_scales(x, partner):
         return quantize_operand(x, reduce_axes, partner), None
-    x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
-    reduce_axes = tuple(sorted(a % max(x.ndim, 1) for a in reduce_axes))
+    x, reduce_axes = _as_operand(x, reduce_axes)
     codes, scales, exponents, scale = quantize_with_float64_scales(x, reduce_axes)
     return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype), scale
+
+
+def _as_operand(x, reduce_axes: Sequence[int]):
+    """``x`` as an array (a Python or NumPy value made one) and ``reduce_axes`` as sorted non-negative axes."""
+    x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
+    return x, tuple(sorted(a % max(x.ndim, 1) for a in reduce_axes))
 
 
 def has_dynamic_scales(x, partner) -> bool:
