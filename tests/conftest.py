@@ -1,19 +1,32 @@
 """Test configuration shared by every test module.
 
 * Eight host CPU devices, so sharding tests have a mesh (must be set before JAX initialises).
+* JAX's persistent compilation cache in a folder of this run's own (inherited by the fresh processes tests start):
+  many tests compile the same program (the MiniLM encoder at one shape, a CLI command's model in a fresh
+  process), and XLA:CPU's compile is most of the suite's time. A cached executable is the one XLA compiled for the
+  same program, flags and device, so no test sees a different program; a run never reads another run's cache.
 * Hypothesis profiles: ``ci`` (default) is bounded so the suite fits in a few minutes on 2 cores, since every new
   shape costs an XLA compile; ``thorough`` runs many more examples (``HYPOTHESIS_PROFILE=thorough pytest tests``).
 * :func:`load_example`: the one way tests import the example programs under ``examples/`` (by path, as the
   scripts themselves are run), and run them as ``__main__``.
 """
 
+import atexit
 import importlib.util
 import os
 import runpy
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _compilation_cache = tempfile.mkdtemp(prefix="int8ify-tests-xla-cache-")
+    atexit.register(shutil.rmtree, _compilation_cache, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _compilation_cache
+    # programs that take XLA a tenth of a second or more: the smaller ones cost more to write than to compile
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402

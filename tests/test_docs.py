@@ -8,7 +8,9 @@ Conventions in those files (the markdown renders them as ordinary code blocks):
   directory; a ```text block right after it is its expected standard output. ``# not run: REASON`` as the first
   line skips a block (installs, minutes-long jobs, hardware the tests do not have).
 * In a ```console block, each ``$ command`` runs in the scratch folder (``python`` is this interpreter) and the
-  lines up to the next ``$`` are its expected output; ``# not run`` at the end of a command skips it.
+  lines up to the next ``$`` are its expected output; ``# not run`` at the end of a command skips it. A
+  ``python -m jaxpr_rewrite`` command runs in this process, as ``-m`` runs the package's ``__main__`` (a fresh
+  interpreter would spend most of the command's time importing JAX; tests/jaxpr_rewrite/test_cli.py starts one).
 
 Outputs are compared line by line: text exactly, numbers within 10% (they are measured errors, which move by
 an ulp across JAX versions); ``...`` on a line of its own stands for any number of lines.
@@ -102,6 +104,19 @@ def _commands(body: str):
         yield command, "\n".join(output)
 
 
+def _run_cli(argv: list[str]) -> tuple[int, str, str]:
+    """``python -m jaxpr_rewrite ARGV`` in this process: its exit status, standard output and standard error."""
+    from jaxpr_rewrite.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            returncode = main(argv)
+        except SystemExit as e:  # argparse's usage errors
+            returncode = e.code
+    return returncode, out.getvalue(), err.getvalue()
+
+
 @pytest.mark.parametrize("document", DOCUMENTS)
 def test_document_runs_as_shown(document, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -124,11 +139,14 @@ def test_document_runs_as_shown(document, tmp_path, monkeypatch):
             ran += 1
         elif not body.rstrip().endswith("# not run"):
             argv = shlex.split(body)
-            if argv and argv[0] == "python":
-                argv[0] = sys.executable
-            result = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
-            got = result.stdout + (f"[exit {result.returncode}]\n" if result.returncode else "") + (
-                result.stderr if result.returncode == 2 else "")
+            if argv[:3] == ["python", "-m", "jaxpr_rewrite"]:
+                returncode, stdout, stderr = _run_cli(argv[3:])
+            else:
+                if argv and argv[0] == "python":
+                    argv[0] = sys.executable
+                result = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+                returncode, stdout, stderr = result.returncode, result.stdout, result.stderr
+            got = stdout + (f"[exit {returncode}]\n" if returncode else "") + (stderr if returncode == 2 else "")
             assert same_output(got, expected), f"{where}: `{body}` printed:\n{got}"
             ran += 1
     assert ran > 0
