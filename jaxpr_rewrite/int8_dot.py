@@ -64,7 +64,12 @@ def _scaled(acc, operands, placements):
 def _common_dtype(lhs_q, rhs_q, out_dtype=np.float32):
     """The epilogue's dtype: float64 when either operand's scales or the output are float64 (float32 operands
     with ``preferred_element_type=float64`` would overflow or flush in a float32 epilogue), float32 otherwise."""
-    return np.promote_types(np.promote_types(lhs_q.scales.dtype, rhs_q.scales.dtype), out_dtype)
+    return _epilogue_dtype(lhs_q.scales.dtype, rhs_q.scales.dtype, out_dtype)
+
+
+def _epilogue_dtype(lhs_scales_dtype, rhs_scales_dtype, out_dtype):
+    """:func:`_common_dtype` from the operands' scale dtypes, for a decision taken before they are quantized."""
+    return np.promote_types(np.promote_types(lhs_scales_dtype, rhs_scales_dtype), out_dtype)
 
 
 def scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce: Sequence[int], rhs_reduce: Sequence[int],
@@ -118,10 +123,10 @@ def _placements(lhs_q, rhs_q, dimension_numbers, out_shape):
 def _takes_float64_epilogue(lhs, rhs, out_dtype) -> bool:
     """Whether a GPU's epilogue of this dot is :func:`~jaxpr_rewrite.float64_scales.scale_product_in_float64`: a
     float32 epilogue with at least one operand on dynamic scales."""
-    dtypes = [x.scales.dtype if is_quantized(x)
-              else compute_dtype(jnp.result_type(x.value if isinstance(x, ScaledActivation) else x))
-              for x in (lhs, rhs)]
-    return (np.promote_types(np.promote_types(*dtypes), out_dtype) == np.float32
+    scales_dtypes = [x.scales.dtype if is_quantized(x)
+                     else compute_dtype(jnp.result_type(x.value if isinstance(x, ScaledActivation) else x))
+                     for x in (lhs, rhs)]
+    return (_epilogue_dtype(*scales_dtypes, out_dtype) == np.float32
             and (has_dynamic_scales(lhs, rhs) or has_dynamic_scales(rhs, lhs)))
 
 
