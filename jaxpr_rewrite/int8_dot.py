@@ -30,7 +30,7 @@ from .operands import has_dynamic_scales, quantize_operand, quantize_operand_in_
 from .quantized import is_quantized
 from .static_activations import ScaledActivation
 
-__all__ = ["PER_CHANNEL", "Scheme", "int8_dot_general_impl", "scaled_int8_dot"]
+__all__ = ["PER_CHANNEL", "Scheme", "int8_dot_general_impl", "scaled_int8_dot", "scaled_int8_dot_and_operands"]
 
 
 class Scheme(NamedTuple):
@@ -92,11 +92,32 @@ def scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce: Sequence[int], rhs_
     Returns:
         The result, in the epilogue's dtype.
     """
+    return _scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dtype, keep_operands=False)
+
+
+def scaled_int8_dot_and_operands(lhs, rhs, dimension_numbers, lhs_reduce: Sequence[int],
+                                 rhs_reduce: Sequence[int]):
+    """:func:`scaled_int8_dot` with the quantized operands it multiplied, each quantized once on every platform.
+
+    Returns:
+        ``(out, lhs_parts, rhs_parts)``: the result and each operand's ``(codes, scales, exponents)`` (its scale per
+        slice is ``scales * 2**exponents``).
+    """
+    return _scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, np.float32, keep_operands=True)
+
+
+def _scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dtype, keep_operands: bool):
+    def result(out, lhs_q, rhs_q):
+        if not keep_operands:
+            return out
+        return out, *((q.codes, q.scales, q.exponents) for q in (lhs_q, rhs_q))
+
     def portable():
         lhs_q = quantize_operand(lhs, lhs_reduce, rhs)
         rhs_q = quantize_operand(rhs, rhs_reduce, lhs)
         acc = int32_dot(lhs_q.codes, rhs_q.codes, dimension_numbers, _common_dtype(lhs_q, rhs_q, out_dtype))
-        return _scaled(acc, (lhs_q, rhs_q), _placements(lhs_q, rhs_q, dimension_numbers, acc.shape))
+        return result(_scaled(acc, (lhs_q, rhs_q), _placements(lhs_q, rhs_q, dimension_numbers, acc.shape)),
+                      lhs_q, rhs_q)
 
     def on_gpu():
         (lhs_q, lhs_scale), (rhs_q, rhs_scale) = (quantize_operand_in_float64(lhs, lhs_reduce, rhs),
@@ -106,7 +127,7 @@ def scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce: Sequence[int], rhs_
         with jax.enable_x64(True):  # the float64 scales keep their dtype through the broadcasts
             sides = [place(scale) if scale is not None else tuple(place(f) for f in q.epilogue_factors(np.float32))
                      for q, scale, place in zip((lhs_q, rhs_q), (lhs_scale, rhs_scale), placements)]
-        return scale_product_in_float64(acc, *sides)
+        return result(scale_product_in_float64(acc, *sides), lhs_q, rhs_q)
 
     if not _takes_float64_epilogue(lhs, rhs, out_dtype):
         return portable()

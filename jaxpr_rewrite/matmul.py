@@ -6,8 +6,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from .int8_dot import scaled_int8_dot
-from .operands import quantize_operand
+from .int8_dot import scaled_int8_dot_and_operands
 from .quantize import scale_values
 
 _MATMUL_DIMS = (((1,), (0,)), ((), ()))
@@ -32,17 +31,19 @@ def int8_matmul(x, w) -> dict:
     for name, v in (("x", x), ("w", w)):
         if not jax.numpy.issubdtype(v.dtype, jax.numpy.floating):
             raise TypeError(f"int8_matmul expects floating {name}, got {v.dtype}")
-    x_q, w_q = quantize_operand(x, (1,), w), quantize_operand(w, (0,), x)
-    y = scaled_int8_dot(x, w, _MATMUL_DIMS, (1,), (0,))
-    return {"w_q": w_q.codes, "w_scales": _scale_values(w_q), "x_q": x_q.codes, "x_scales": _scale_values(x_q), "y": y}
+    # the codes and scales the dot itself multiplied: each operand quantized once, on every platform
+    y, (x_q, x_scales, x_exponents), (w_q, w_scales, w_exponents) = scaled_int8_dot_and_operands(
+        x, w, _MATMUL_DIMS, (1,), (0,))
+    return {"w_q": w_q, "w_scales": _scale_values(w_scales, w_exponents), "x_q": x_q,
+            "x_scales": _scale_values(x_scales, x_exponents), "y": y}
 
 
-def _scale_values(q):
+def _scale_values(scales, exponents):
     """The scales as float32 values, ``scales * 2**exponents`` (subnormal for a slice whose absmax is below
     ``127 * 2**-126``; the codes and ``y`` keep full precision there, see :mod:`jaxpr_rewrite.quantize`)."""
-    if q.scales.dtype == np.float32:
-        return ldexp_exact(q.scales, q.exponents)
-    return scale_values(q.scales, q.exponents)
+    if scales.dtype == np.float32:
+        return ldexp_exact(scales, exponents)
+    return scale_values(scales, exponents)
 
 
 def ldexp_exact(scales, exponents):

@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from helpers import away_from_ties, iter_eqns, program_dots, reference_codes, reference_scales
+from helpers import (PLATFORMS, away_from_ties, evaluate_as, is_max_reduction, iter_eqns, program_dots,
+                     reference_codes, reference_scales)
 from jaxpr_rewrite import int8_matmul, int8ify
 
 SEED_EXAMPLES = [
@@ -92,6 +93,23 @@ def test_structure_one_int8_dot_no_float_product():
         assert eqn.primitive.name not in banned, eqn
         for v in eqn.outvars:
             assert np.prod(v.aval.shape) < b * d_in * d_out, f"B x D_in x D_out sized value: {eqn}"
+
+
+def test_each_operand_is_quantized_once_on_every_platform():
+    """The codes and scales returned are the ones the dot multiplied: one absmax per operand in the program each
+    platform runs (a GPU's float64-scale dot included), and the GPU's program gives the CPU's outputs bit for bit."""
+    jaxpr = jax.make_jaxpr(int8_matmul)(jnp.ones((8, 64)), jnp.ones((64, 16)))
+    for platform in PLATFORMS:
+        assert sum(map(is_max_reduction, iter_eqns(jaxpr, platform=platform))) == 2, platform
+    rng = np.random.default_rng(1)
+    x = np.round(rng.normal(size=(32, 256)) * 8).astype(np.float32) / 8  # ties among the codes
+    w = rng.normal(size=(256, 64)).astype(np.float32)
+    x[3] = 0.0
+    w[:, 5] = 0.0
+    on_gpu = evaluate_as("cuda", int8_matmul, x, w)
+    on_cpu = jax.tree_util.tree_leaves(jitted_int8_matmul(x, w))
+    for got, want in zip(on_gpu, on_cpu, strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 def test_bit_identical_to_int8ify():
