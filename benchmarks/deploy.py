@@ -86,7 +86,10 @@ with_params = resident("VmRSS")
 qparams = jax.block_until_ready(quantize_params(mlp, params, np.zeros((8, {width}), np.float32)))
 print(before, with_params, resident("VmHWM"))
 """
-    env = {**os.environ, **({"MALLOC_MMAP_THRESHOLD_": str(MB)} if fixed_mmap_threshold else {})}
+    # without JAX's persistent compilation cache: a program found there skips its compilation and the memory that
+    # takes, so the small model's fixed part (the bound's) would depend on what an earlier process compiled
+    env = {name: value for name, value in os.environ.items() if name != "JAX_COMPILATION_CACHE_DIR"}
+    env.update({"MALLOC_MMAP_THRESHOLD_": str(MB)} if fixed_mmap_threshold else {})
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     before, with_params, peak = (int(v) for v in done.stdout.split())
     return {"before": before, "with_params": with_params, "peak": peak}
