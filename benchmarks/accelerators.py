@@ -21,9 +21,11 @@ batch 1024 and one pre-LN transformer block (d 384, 6 heads, MLP 1536) at batch 
 
 GPU: the kernels the program launches (fusions, library calls) from XLA's real H200 compiler. TPU: the kernels,
 the sum of XLA:TPU's ``estimated_cycles`` over them (its cost model, not a measured time) and whether every
-rewritten dot runs on the int8 MXU (``vmatmul.s8`` in the final machine code). Compile-only: no timings. The
-programs are traced on this CPU machine for another platform, so int8ify gets ``late_inlining=False`` (what it
-chooses when traced on the accelerator itself).
+rewritten dot runs on the int8 MXU (``vmatmul.s8`` in the final machine code). A second table reads the targets
+off these counts (:func:`gpu_target_lines`, :func:`tpu_target_lines`): on the H200 at most bf16's kernels plus one
+per int8 dot; on TPU at most the hand-written program's estimated cycles, and bf16's on v5e. Compile-only: no
+timings. The programs are traced on this CPU machine for another platform, so int8ify gets ``late_inlining=False``
+(what it chooses when traced on the accelerator itself).
 """
 
 from __future__ import annotations
@@ -48,6 +50,47 @@ def _tool(flag: str):
     from compile_tpu import compile_for_tpu
 
     return lambda fn, *args, target="v5e": compile_for_tpu(fn, *args, target=target, llo=True)
+
+
+def gpu_target_lines(kernels: dict, int8_dots: dict) -> list[str]:
+    """The H200 target per model: each int8ify variant launches at most bf16's kernels plus one per int8 dot.
+
+    Arguments:
+        kernels: model -> variant -> kernels launched.
+        int8_dots: model -> how many int8 dots its rewritten program has.
+
+    Returns:
+        Markdown table lines.
+    """
+    lines = ["| model | variant | kernels | bound: bf16 + one per int8 dot | holds |", "|---|---|---|---|---|"]
+    for model, counts in kernels.items():
+        bound = counts["bf16"] + int8_dots[model]
+        for variant, count in counts.items():
+            if variant.startswith("int8ify"):
+                lines.append(f"| {model} | {variant} | {count} | {bound} | {'yes' if count <= bound else 'no'} |")
+    return lines
+
+
+def tpu_target_lines(cycles: dict) -> list[str]:
+    """The TPU targets per model and chip: each int8ify variant's estimated cycles at most the hand-written
+    program's, and on v5e at most bf16's too.
+
+    Arguments:
+        cycles: (model, target) -> variant -> summed estimated cycles.
+
+    Returns:
+        Markdown table lines.
+    """
+    lines = ["| model | target | variant | cycles / hand W8A8 | cycles / bf16 | holds |", "|---|---|---|---|---|---|"]
+    for (model, target), counts in cycles.items():
+        for variant, count in counts.items():
+            if not variant.startswith("int8ify"):
+                continue
+            to_hand, to_bf16 = count / counts["hand W8A8"], count / counts["bf16"]
+            holds = to_hand <= 1 and (target != "v5e" or to_bf16 <= 1)
+            lines.append(f"| {model} | {target} | {variant} | {to_hand:.2f} | {to_bf16:.2f} | "
+                         f"{'yes' if holds else 'no'} |")
+    return lines
 
 
 def main(argv=None) -> int:
@@ -102,6 +145,8 @@ def main(argv=None) -> int:
         lines += ["| model | target | variant | kernels | estimated cycles | MXU dtypes of the dots |",
                   "|---|---|---|---|---|---|"]
     chosen = {key: name for key, name in zip(("mlp", "block"), models)}
+    counted = {}  # GPU: model -> variant -> kernels; TPU: (model, target) -> variant -> estimated cycles
+    int8_dots = {}
     for name, (model, params, x, hand_fn, hand_params) in models.items():
         if name not in (chosen[key] for key in args.models):
             continue
@@ -110,6 +155,7 @@ def main(argv=None) -> int:
         smoothed = {mode: quantize_params(model, params, x, smooth_alpha=0.5, activations=mode)
                     for mode in ("dynamic", "static")}
         bare, bare_args = speed.bare_dots(model, params, x, platform="cuda" if args.which == "gpu" else "tpu")
+        int8_dots[name] = len(bare_args)
         on_accelerator = int8ify(model, late_inlining=False)
         variants = {
             "bf16": (model, (to_bf16(params), x.astype(jnp.bfloat16))),
@@ -130,6 +176,7 @@ def main(argv=None) -> int:
                     gemms = sum(1 for r in rows if "gemm" in (r.get("backend_kind") or "")
                                 or r.get("what") == "custom-call")
                     lines.append(f"| {name} | {variant} | {len(rows)} | {gemms} | {len(rows) - gemms} |")
+                    counted.setdefault(name, {})[variant] = len(rows)
                 else:
                     result = compile_fn(fn, *fn_args, target=target)
                     rows = result.fusions()
@@ -138,7 +185,10 @@ def main(argv=None) -> int:
 
                     mxu = sorted({llo_mxu_dtypes(llo_op_counts(text)) for text in result.llo.values()} - {""})
                     lines.append(f"| {name} | {target} | {variant} | {len(rows)} | {cycles:,} | {', '.join(mxu)} |")
+                    counted.setdefault((name, target), {})[variant] = cycles
                 print(lines[-1], flush=True)
+    lines += ["", "Targets:", "",
+              *(gpu_target_lines(counted, int8_dots) if args.which == "gpu" else tpu_target_lines(counted))]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

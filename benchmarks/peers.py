@@ -24,7 +24,8 @@ timed interleaved round by round (medians after warm-up), speed printed as float
                               than the floor, whose kernels form a chain (docs/performance.md).
 
 The header names the CPU (``/proc/cpuinfo``), JAX and the peers' versions, so runs compare across machines (XLA's
-int8 dots are ~7x float32 on a Xeon with AMX-INT8 and ~1.5x on an AMD EPYC without it).
+int8 dots are ~7x float32 on a Xeon with AMX-INT8 and ~1.5x on an AMD EPYC without it). A second table reads the
+CPU speed targets off the measured times (``TARGETS``): which hold on this machine, by how much.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import importlib.metadata
 import os
 import platform
 import sys
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -61,6 +63,49 @@ class MLP(nn.Module):
             if i < LAYERS - 1:
                 x = nn.gelu(x)
         return x
+
+
+class Target(NamedTuple):
+    """A speed target read off one batch's times: ``variant`` takes at most ``factor`` times the fastest of
+    ``against`` (those measured) at batches of at least ``min_batch``."""
+
+    text: str
+    variant: str
+    against: tuple
+    factor: float = 1.0
+    min_batch: int = 1
+
+    def reading(self, batch: int, times: dict) -> tuple | None:
+        """``(ratio, baseline)`` for this batch's ``times`` (ms by variant): the variant's time over the fastest
+        baseline's, or ``None`` where the target does not apply (a smaller batch, nothing measured to compare)."""
+        present = [name for name in self.against if name in times]
+        if batch < self.min_batch or self.variant not in times or not present:
+            return None
+        baseline = min(present, key=times.get)
+        return times[self.variant] / times[baseline], baseline
+
+
+TARGETS = (
+    Target("weights quantized once: at most the best peer's time", "int8ify+qparams", ("Qwix PTQ", "AQT SERVE")),
+    Target("weights quantized once: at most the hand-written program's time", "int8ify+qparams", ("hand W8A8",)),
+    Target("weights quantized once: within 1.25x of the floor", "int8ify+qparams", ("floor",), 1.25, 16),
+    Target("static activation scales: within 1.1x of the floor", "int8ify static", ("floor",), 1.1, 16),
+    Target("weights quantized on every call: at least float32's speed", "int8ify (weights/call)", ("float32",), 1.0,
+           32),
+)
+
+
+def target_lines(times_by_batch: dict) -> list[str]:
+    """The Markdown table of :data:`TARGETS` read off ``times_by_batch`` (batch -> ms by variant)."""
+    lines = ["| target | batch | time / baseline | holds |", "|---|---|---|---|"]
+    for target in TARGETS:
+        for batch, times in times_by_batch.items():
+            reading = target.reading(batch, times)
+            if reading is not None:
+                ratio, baseline = reading
+                holds = "yes" if ratio <= target.factor else "no"
+                lines.append(f"| {target.text} | {batch} | {ratio:.2f} x {baseline} | {holds} |")
+    return lines
 
 
 def cpu_model() -> str:
@@ -192,6 +237,7 @@ def main(argv=None) -> int:
              "| batch | variant | ms | speed vs float32 | x bare int8 dots | x floor | rel. error |",
              "|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
+    times_by_batch = {}
     for batch in args.batches:
         x = jax.random.normal(jax.random.PRNGKey(batch), (batch, WIDTH))
         f32 = jax.jit(apply)
@@ -219,7 +265,7 @@ def main(argv=None) -> int:
             "floor": (floor, floor_args),
             "floor + NaN check": floor_program(params, batch, nan_check=True)[0],
         })
-        times = time_interleaved(variants, rounds, reps)
+        times = times_by_batch[batch] = time_interleaved(variants, rounds, reps)
         reference = f32(params, x)
         for name, ms in times.items():
             fn, fn_args = variants[name]
@@ -228,7 +274,10 @@ def main(argv=None) -> int:
                     f"{ms / times['bare int8 dots']:.2f} | {ms / times['floor']:.2f} | {error} |")
             lines.append(line)
             print(line, flush=True)
-    save_table(lines, args.out)
+    targets = ["", "Speed targets on this machine (the medians above; one run, so a ratio within a few percent of "
+               "its bound can go either way):", "", *target_lines(times_by_batch)]
+    print("\n".join(targets), flush=True)
+    save_table(lines + targets, args.out)
     return 0
 
 

@@ -75,6 +75,30 @@ def test_peers_benchmark_runs_and_names_the_machine(tmp_path, monkeypatch):
     for variant in ("float32", "hand W8A8", "int8ify+qparams", "int8ify static", "int8ify eager", "floor",
                     "floor + NaN check"):
         assert f"| 1 | {variant} |" in text, variant
+    # at batch 1 only the targets for every batch are read: against the hand-written program (and the peers)
+    assert "| weights quantized once: at most the hand-written program's time | 1 | " in text
+    assert "within 1.25x of the floor" not in text and "at least float32's speed" not in text
+
+
+def test_peers_speed_targets_compare_with_the_fastest_baseline_measured(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    sys.modules.pop("peers", None)
+    import peers
+
+    times = {256: {"float32": 6.0, "Qwix PTQ": 4.2, "AQT SERVE": 4.0, "hand W8A8": 4.1, "int8ify+qparams": 4.4,
+                   "int8ify static": 4.3, "int8ify (weights/call)": 5.0, "floor": 4.0},
+             1: {"float32": 0.4, "hand W8A8": 0.7, "int8ify+qparams": 0.35, "floor": 0.7}}
+    rows = [line.split(" | ") for line in peers.target_lines(times)[2:]]
+    table = {(row[0].lstrip("| "), int(row[1])): (row[2], row[3].rstrip(" |")) for row in rows}
+    assert table[("weights quantized once: at most the best peer's time", 256)] == ("1.10 x AQT SERVE", "no")
+    hand = "weights quantized once: at most the hand-written program's time"
+    assert table[(hand, 256)] == ("1.07 x hand W8A8", "no")
+    assert table[("weights quantized once: within 1.25x of the floor", 256)] == ("1.10 x floor", "yes")
+    assert table[("static activation scales: within 1.1x of the floor", 256)] == ("1.07 x floor", "yes")
+    assert table[("weights quantized on every call: at least float32's speed", 256)] == ("0.83 x float32", "yes")
+    assert table[(hand, 1)] == ("0.50 x hand W8A8", "yes")
+    # batch 1: no peer measured, below the floor targets' and the per-call target's batches
+    assert {key for key in table if key[1] == 1} == {(hand, 1)}
 
 
 def test_kernels_benchmark_splits_each_variant_into_its_int8_dots_and_the_rest(tmp_path, monkeypatch):
@@ -106,3 +130,20 @@ def test_deploy_benchmark_prints_bytes_load_times_and_peak_memory(tmp_path, monk
         for kind in ("Orbax", "SafeTensors"):
             assert f"| {weights} | {kind} | " in printed
     assert "MALLOC_MMAP_THRESHOLD_=1MiB: " in printed and ": within float + quantized + one layer" in printed
+
+
+def test_accelerator_targets_read_off_kernel_counts_and_cycles(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    sys.modules.pop("accelerators", None)
+    import accelerators
+
+    gpu = accelerators.gpu_target_lines({"MLP": {"bf16": 7, "hand W8A8": 13, "int8ify+qparams": 13,
+                                                 "int8ify static": 9, "bare int8 dots": 4}}, {"MLP": 4})
+    assert gpu[2:] == ["| MLP | int8ify+qparams | 13 | 11 | no |", "| MLP | int8ify static | 9 | 11 | yes |"]
+    tpu = accelerators.tpu_target_lines({
+        ("MLP", "v5e"): {"bf16": 100, "hand W8A8": 160, "int8ify+qparams": 180, "int8ify static": 99},
+        ("MLP", "v6e"): {"bf16": 50, "hand W8A8": 100, "int8ify static": 70}})
+    # v5e asks for bf16's cycles as well as the hand-written program's; v6e only for the latter
+    assert tpu[2:] == ["| MLP | v5e | int8ify+qparams | 1.12 | 1.80 | no |",
+                       "| MLP | v5e | int8ify static | 0.62 | 0.99 | yes |",
+                       "| MLP | v6e | int8ify static | 0.70 | 1.40 | yes |"]
