@@ -18,7 +18,8 @@ from jax.extend.core import Var
 from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .operands import smoothed_activation
-from .quantize import SMALLEST_STATIC_ABSMAX, nan_safe_magnitude, smoothing_inverse
+from .quantize import nan_safe_magnitude, smoothing_inverse
+from .static_scales import SMALLEST_STATIC_ABSMAX
 from .quantized import is_quantized, materialise
 from .rewrite import dependents
 from .rules.dots import is_plain_dot, skip_reason

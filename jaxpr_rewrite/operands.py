@@ -15,10 +15,10 @@ from .blocks import from_blocks, to_blocks
 from .errors import Int8ifyError
 from .float64_scales import quantize_by_float64, quantize_with_float64_scales
 from .int4 import pack_int4
-from .quantize import (compute_dtype, epilogue_factors, quantize_dynamic_parts, quantize_parts,
-                       quantize_static_parts)
+from .quantize import compute_dtype, epilogue_factors, quantize_dynamic_parts, quantize_parts
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
 from .static_activations import ScaledActivation
+from .static_scales import quantize_static_parts
 
 __all__ = ["checks_codes", "has_dynamic_scales", "quantize", "quantize_operand", "quantize_operand_in_float64",
            "smoothed_activation"]
@@ -79,13 +79,14 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     """
     if is_quantized(x):
         return x
-    if isinstance(x, ScaledActivation):
-        static, x = x.static_scale, x.value
-    else:
+    of_weight = not isinstance(x, ScaledActivation)
+    if of_weight:
         static = partner.static_scale if _has_static_scale(partner) else None
+    else:
+        static, x = x.static_scale, x.value
     x, reduce_axes = _as_operand(x, reduce_axes)
     if static is not None:
-        parts = _static_parts(x, static, reduce_axes)
+        parts = _static_parts(x, static, reduce_axes, tpu_sums_values=of_weight and x.ndim <= 2)
     elif x.ndim <= 2:
         on_tpu = functools.partial(_quantize_with_factors, reduce_axes=reduce_axes)
         on_gpu = (functools.partial(quantize_by_float64, reduce_axes=reduce_axes)
@@ -135,8 +136,8 @@ def _has_static_scale(partner) -> bool:
     return is_quantized(partner) and partner.activation_scale is not None
 
 
-def _static_parts(x, static, reduce_axes: tuple):
-    """:func:`~jaxpr_rewrite.quantize.quantize_static_parts`; on CPU, an operand of rank 3 or more contracted over
+def _static_parts(x, static, reduce_axes: tuple, tpu_sums_values: bool):
+    """:func:`~jaxpr_rewrite.static_scales.quantize_static_parts`; on CPU, an operand of rank 3 or more contracted over
     its trailing axes is quantized as a matrix with one slice per row (one reshape there and back, the same codes
     and scales).
 
@@ -146,7 +147,8 @@ def _static_parts(x, static, reduce_axes: tuple):
     transformer block of ``benchmarks/accelerators.py``: 29 instead of 28), so it keeps the operand's shape.
     """
     split = x.ndim - len(reduce_axes)
-    in_shape = functools.partial(quantize_static_parts, static=static, reduce_axes=reduce_axes)
+    in_shape = functools.partial(quantize_static_parts, static=static, reduce_axes=reduce_axes,
+                                 tpu_sums_values=tpu_sums_values)
     if x.ndim <= 2 or reduce_axes != tuple(range(split, x.ndim)):
         return in_shape(x)
     return lax.platform_dependent(x, cpu=functools.partial(_static_parts_as_matrix, static=static, split=split),

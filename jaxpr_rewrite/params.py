@@ -33,7 +33,8 @@ from jax import lax
 from .config import RewriteConfig
 from .errors import Int8ifyError
 from .calibration import calibration_tracer, check_percentile, measure_activations, static_scales
-from .quantize import StaticScale, epilogue_factors, smoothing_inverse
+from .quantize import epilogue_factors, smoothing_inverse
+from .static_scales import StaticScale
 from .operands import quantize
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
 from .rules.dots import is_plain_dot

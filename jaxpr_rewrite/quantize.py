@@ -46,8 +46,7 @@ Inputs below float32's normal range (subnormals) are read as zero by XLA on CPU 
 
 from __future__ import annotations
 
-import functools
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import numpy as np
 from jax import lax
@@ -59,7 +58,6 @@ __all__ = [
     "FORMATS",
     "INT8_MAX",
     "MAX_INT32_SAFE_CONTRACTION",
-    "SMALLEST_STATIC_ABSMAX",
     "absmax",
     "clipped_codes",
     "compute_dtype",
@@ -67,13 +65,15 @@ __all__ = [
     "epilogue_factors",
     "epilogue_window",
     "float_format",
+    "holds_nonfinite",
+    "marked_codes",
     "max_over",
     "nan_safe_magnitude",
+    "poison",
     "pow2",
     "quantize_dynamic_parts",
     "quantize_parts",
-    "quantize_static_parts",
-    "StaticScale",
+    "scale_parts",
     "scale_values",
     "scale_product",
     "smoothing_inverse",
@@ -83,9 +83,6 @@ __all__ = [
 INT8_MAX = 127
 # The largest contraction whose int8 x int8 products cannot overflow an int32 sum: 127 * 127 * K < 2**31.
 MAX_INT32_SAFE_CONTRACTION = (2**31 - 1) // (INT8_MAX * INT8_MAX)
-# The smallest nonzero calibrated absmax a static scale takes: its codes are one multiply by the reciprocal
-# 2**-e / scales (up to 127 * 2**-e), a float32 for e >= -121 and infinite below (every code saturated).
-SMALLEST_STATIC_ABSMAX = 2.0**-121
 
 
 def compute_dtype(dtype) -> np.dtype:
@@ -129,7 +126,7 @@ def max_over(magnitude, axes: tuple):
     return amax
 
 
-def _scale_parts(amax, limit: int = INT8_MAX):
+def scale_parts(amax, limit: int = INT8_MAX):
     """The contract's scales from slice absmaxes, as ``scales * 2**exponents``, and ``2**-exponents``.
 
     Arguments:
@@ -176,7 +173,7 @@ def quantize_parts(x, reduce_axes: Sequence[int], limit: int = INT8_MAX):
     """
     reduce_axes = tuple(reduce_axes)
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
-    scales, exponents, prescale = _scale_parts(absmax(x, reduce_axes), limit)
+    scales, exponents, prescale = scale_parts(absmax(x, reduce_axes), limit)
     # (a non-finite slice's exponent is meaningless, but its scale is Inf and so is every output it feeds)
     codes = clipped_codes(rounded_quotients(to_compute(x), scales, prescale, kept_axes), limit)
     return codes, scales, exponents
@@ -188,17 +185,26 @@ def clipped_codes(rounded, limit: int = INT8_MAX):
     return lax.convert_element_type(lax.clamp(-bound, rounded, bound), np.int8)
 
 
-def _codes(values, rounded, reduce_axes):
-    """int8 codes from rounded quotients, ``-128`` for a NaN or Inf value, and per slice over ``reduce_axes``
-    whether it holds one (its minimum code is -128: an int8 reduction, cheaper than one over the floats)."""
+def marked_codes(values, rounded):
+    """int8 codes from rounded quotients, clipped, and ``-128`` for a NaN or Inf value (no finite value gets it)."""
     limit = rounded.dtype.type(INT8_MAX)
     marked = lax.select(lax.is_finite(values), lax.clamp(-limit, rounded, limit), lax.full_like(rounded, -limit - 1))
-    codes = lax.convert_element_type(marked, np.int8)
-    lowest = lax.reduce_min(codes, tuple(reduce_axes))
-    return codes, lax.eq(lowest, np.int8(-INT8_MAX - 1))
+    return lax.convert_element_type(marked, np.int8)
 
 
-def _poison(nonfinite_slices, values):
+def holds_nonfinite(codes, reduce_axes):
+    """Per slice over ``reduce_axes``, whether it holds NaN or Inf: its minimum :func:`marked_codes` code is -128
+    (an int8 reduction, cheaper than one over the floats)."""
+    return lax.eq(lax.reduce_min(codes, tuple(reduce_axes)), np.int8(-INT8_MAX - 1))
+
+
+def _codes(values, rounded, reduce_axes):
+    """:func:`marked_codes` and, per slice over ``reduce_axes``, whether it holds NaN or Inf."""
+    codes = marked_codes(values, rounded)
+    return codes, holds_nonfinite(codes, reduce_axes)
+
+
+def poison(nonfinite_slices, values):
     """NaN where a slice holds NaN or Inf, 0 elsewhere: added to a per-slice scale, it makes that slice's outputs
     NaN and leaves every other scale exactly as it is."""
     return lax.select(nonfinite_slices, lax.full_like(values, np.nan), lax.full_like(values, 0))
@@ -220,104 +226,17 @@ def quantize_dynamic_parts(x, reduce_axes: Sequence[int]):
         reduce_axes: the axes one scale covers (the dot's contracting dims).
 
     Returns:
-        ``(codes, scales, exponents, factors)``: as :func:`quantize_static_parts` returns them.
+        ``(codes, scales, exponents, factors)``: as
+        :func:`~jaxpr_rewrite.static_scales.quantize_static_parts` returns them.
     """
     reduce_axes = tuple(reduce_axes)
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
     values = to_compute(x)
-    scales, exponents, prescale = _scale_parts(max_over(lax.abs(values), reduce_axes))
+    scales, exponents, prescale = scale_parts(max_over(lax.abs(values), reduce_axes))
     codes, poisoned = _codes(values, rounded_quotients(values, scales, prescale, kept_axes), reduce_axes)
-    nonfinite = _poison(poisoned, scales)
+    nonfinite = poison(poisoned, scales)
     factor, power = epilogue_factors(scales, exponents)
     return codes, lax.add(scales, nonfinite), exponents, (lax.add(factor, nonfinite), power)
-
-
-class StaticScale(NamedTuple):
-    """A calibrated per-tensor activation scale ``absmax / 127``, with what the hot path needs precomputed (0-d
-    arrays in the compute dtype). A weight stores it as one vector (:meth:`stored`), so it travels, is checkpointed
-    and exported like the weight's other arrays.
-
-    Attributes:
-        absmax: the calibrated absmax.
-        reciprocal: what the codes multiply by, ``2**-e / scales`` of the scale ``scales * 2**e`` (1 for an
-            all-zero calibration).
-        factor, power: the scale's :func:`epilogue_factors`.
-    """
-
-    absmax: object
-    reciprocal: object
-    factor: object
-    power: object
-
-    @classmethod
-    def of(cls, amax) -> "StaticScale":
-        """The static scale of a calibrated absmax (a finite non-negative scalar)."""
-        amax = to_compute(amax)
-        scales, exponents, prescale = _scale_parts(amax)
-        zero = lax.eq(amax, amax.dtype.type(0))
-        # 2**-e / scales: the power of two is exact, and the reciprocal correctly rounded on every platform
-        multiplier = lax.select(zero, lax.full_like(scales, 1), lax.mul(prescale, reciprocal(scales)))
-        return cls(amax, multiplier, *epilogue_factors(scales, exponents))
-
-    def stored(self):
-        """The scale as one vector of its fields, in order."""
-        return lax.concatenate([lax.reshape(to_compute(v, self.absmax.dtype), (1,)) for v in self], 0)
-
-    @classmethod
-    def stored_in(cls, vector) -> "StaticScale":
-        """The scale a :meth:`stored` vector holds. On TPU each field is a masked sum of the vector (exact: the fields
-        are finite): XLA:TPU makes a kernel of each slice of it (the static MLP of ``benchmarks/accelerators.py``:
-        5-8% of its estimated cycles), as XLA's GPU compiler does of each reduction."""
-        count = len(cls._fields)
-        return cls(*lax.platform_dependent(vector, tpu=functools.partial(_fields_by_masks, count=count),
-                                           default=functools.partial(_fields_by_slices, count=count)))
-
-
-def _fields_by_masks(vector, count: int) -> tuple:
-    masks = np.eye(count, dtype=vector.dtype)
-    return tuple(lax.reduce_sum(lax.mul(vector, mask), (0,)) for mask in masks)
-
-
-def _fields_by_slices(vector, count: int) -> tuple:
-    return tuple(lax.index_in_dim(vector, i, keepdims=False) for i in range(count))
-
-
-def quantize_static_parts(x, static: StaticScale, reduce_axes: Sequence[int]):
-    """Quantization of ``x`` with one calibrated (static) scale for the whole array.
-
-    The hot path of static activation scales: no absmax and no scale computation per call; the codes are one
-    multiply by the precomputed reciprocal of the scale, a round to nearest even and a clip, so values beyond the
-    calibrated range saturate at +-127. NaN and Inf still make every output they feed non-finite: they get the code
-    -128, which no finite value gets, and the minimum code of each slice over ``reduce_axes`` (a reduction over the
-    int8 codes, which XLA's GPU compiler fuses into the quantization kernel together with whatever produced ``x``)
-    makes that slice's scale NaN.
-
-    Arguments:
-        x: a floating array.
-        static: the calibrated scale.
-        reduce_axes: the axes one slice covers (the dot's contracting dims).
-
-    Returns:
-        ``(codes, scales, exponents, factors)``: int8 codes and, per slice over the other axes, the scale as
-        :func:`quantize_parts` lays it out (``scales * 2**exponents``, NaN ``scales`` for a non-finite slice) and
-        its :func:`epilogue_factors`.
-    """
-    reduce_axes = tuple(reduce_axes)
-    kept_shape = tuple(x.shape[a] for a in range(x.ndim) if a not in reduce_axes)
-    values = to_compute(x)
-    rounded = lax.round(lax.mul(values, to_compute(static.reciprocal, values.dtype)),
-                        lax.RoundingMethod.TO_NEAREST_EVEN)
-    codes, poisoned = _codes(values, rounded, reduce_axes)
-    nonfinite = _poison(poisoned, lax.full(kept_shape, 0, values.dtype))
-
-    def per_slice(value):
-        return lax.broadcast(to_compute(value, values.dtype), kept_shape)
-
-    # the scale as quantize_parts holds it, for the operand's other uses (the dot itself reads the factors)
-    scale, exponent, _ = _scale_parts(to_compute(static.absmax, values.dtype))
-    factor = lax.add(per_slice(static.factor), nonfinite)
-    return (codes, lax.add(per_slice(scale), nonfinite), lax.broadcast(exponent, kept_shape),
-            (factor, per_slice(static.power)))
 
 
 def smoothing_inverse(smooth):

@@ -37,10 +37,10 @@ from jax import lax
 from .errors import Int8ifyError
 from .blocks import from_blocks, n_blocks, to_blocks
 from .int4 import packed_length, unpack_int4
-from .quantize import (StaticScale, dequantize_codes, epilogue_factors, scale_values, smoothing_inverse,
-                       to_compute)
+from .quantize import dequantize_codes, epilogue_factors, scale_values, smoothing_inverse, to_compute
 from .quantized_layout import (ARRAY_FIELDS, CODE_LIMITS, FIELD_AXES, LAYOUT_VERSION, METADATA_FIELDS,
                                OPTIONAL_ARRAY_FIELDS, read_metadata, register_export)
+from .static_scales import StaticScale
 
 __all__ = [
     "ARRAY_FIELDS",
@@ -89,9 +89,9 @@ class QuantizedArray:
             which XLA fuses into its GPU GEMM kernel (a factor computed in the program is not).
         activation_scale: ``None`` (dynamic activation scales), or the static scale calibrated on the activations
             this weight's dots meet (``quantize_params(activations="static")``; a
-            :class:`~jaxpr_rewrite.quantize.StaticScale` stored as one float32 vector): a dot taking this weight
+            :class:`~jaxpr_rewrite.static_scales.StaticScale` stored as one float32 vector): a dot taking this weight
             quantizes its other operand with that one scale instead of measuring it
-            (:func:`jaxpr_rewrite.quantize.quantize_static_parts`).
+            (:func:`jaxpr_rewrite.static_scales.quantize_static_parts`).
         activation_group: a token shared by weights whose static scale was calibrated on the same activation (one
             per activation, unique per :func:`~jaxpr_rewrite.quantize_params` call): the compiled program quantizes that
             activation once for all of them (``x @ wq``, ``x @ wk``, ``x @ wv``).
@@ -202,7 +202,7 @@ class QuantizedArray:
     @property
     def static_scale(self) -> "StaticScale | None":
         """The calibrated static activation scale (:attr:`activation_scale` read as a
-        :class:`~jaxpr_rewrite.quantize.StaticScale`), or ``None``."""
+        :class:`~jaxpr_rewrite.static_scales.StaticScale`), or ``None``."""
         return None if self.activation_scale is None else StaticScale.stored_in(self.activation_scale)
 
     def smoothing_multiplier(self):

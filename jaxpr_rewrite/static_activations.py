@@ -19,7 +19,7 @@ from jax import lax
 
 from .errors import Int8ifyError
 from .jaxprs import is_float_dot
-from .quantize import SMALLEST_STATIC_ABSMAX, StaticScale
+from .static_scales import SMALLEST_STATIC_ABSMAX, StaticScale
 from .source import describe_source
 
 __all__ = ["ActivationScales", "CalibratedDot", "ScaledActivation", "describe_dot", "top_level_dots"]
@@ -31,7 +31,7 @@ class ScaledActivation:
 
     Attributes:
         value: the float array.
-        activation_scale: the calibrated scale as :meth:`~jaxpr_rewrite.quantize.StaticScale.stored` lays it out.
+        activation_scale: the calibrated scale as :meth:`~jaxpr_rewrite.static_scales.StaticScale.stored` lays it out.
     """
 
     def __init__(self, value, activation_scale):

@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
+from helpers import evaluate_as
 from jaxpr_rewrite import (ActivationScales, Int8ifyError, calibrate_activation_dots, int8ify, iter_eqns,
                            quantize_params, report)
+from jaxpr_rewrite.static_scales import StaticScale
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import speed  # noqa: E402
@@ -278,3 +280,22 @@ def test_quantized_params_calibrate_as_the_values_they_stand_for(transformer):
     values = jax.tree_util.tree_map(materialise, qparams, is_leaf=is_quantized)
     from_quantized = calibrate_activation_dots(block, qparams, *calibration[0], calibration=calibration)
     assert from_quantized == calibrate_activation_dots(block, values, *calibration[0], calibration=calibration)
+
+
+def test_tpu_finds_nan_in_both_activations_by_their_codes():
+    """A TPU marks an activation's NaN/Inf slices with a sum over its values only where the activation feeds a
+    weight's dot; both operands of a dot of two activations keep the minimum over their codes (XLA:TPU made that sum
+    a pass of its own over the attention's operands), and the program is the CPU's, bit for bit."""
+    scales, calibration, shapes = calibrated("bqd,bkd->bqk", 16)
+    fn = int8ify(einsum_fn("bqd,bkd->bqk"), activation_scales=scales)
+    a, b = (RNG.standard_normal(s).astype(np.float32) for s in shapes)
+    a[1, 3, 0], b[0, 5, 2] = np.nan, np.inf
+    jaxpr = jax.make_jaxpr(fn)({}, a, b)
+    names = [e.primitive.name for e in iter_eqns(jaxpr, platform="tpu")]
+    # (its sums are the masked sums that read each operand's stored scale fields on TPU)
+    assert names.count("reduce_min") == 2 and names.count("reduce_sum") == 2 * len(StaticScale._fields)
+    want = np.asarray(jax.jit(fn)({}, a, b))
+    (got,) = evaluate_as("tpu", fn, {}, a, b)
+    got = np.asarray(got)
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(want).any()
+    assert got[~np.isnan(got)].tobytes() == want[~np.isnan(want)].tobytes()

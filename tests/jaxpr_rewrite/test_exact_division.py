@@ -16,7 +16,8 @@ from jaxpr_rewrite.exact_division import (divided_by_odd, divisor_parts, recipro
                                           reciprocals_in_float64, rounded_quotients_by_float64,
                                           rounded_quotients_exactly, true_divide)
 from jaxpr_rewrite.operands import smoothed_activation
-from jaxpr_rewrite.quantize import StaticScale, quantize_parts, smoothing_inverse
+from jaxpr_rewrite.quantize import quantize_parts, smoothing_inverse
+from jaxpr_rewrite.static_scales import StaticScale
 
 
 @pytest.mark.parametrize("divisor", [127, 7])

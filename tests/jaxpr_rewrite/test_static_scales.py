@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 from jax import lax
 
-from helpers import platform_eqns
+from helpers import evaluate_as, platform_eqns
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jaxpr_rewrite import Int8ifyError, QuantizationWarning, int8ify, iter_eqns, quantize_params
 
-qz = importlib.import_module("jaxpr_rewrite.quantize")
+ss = importlib.import_module("jaxpr_rewrite.static_scales")
 
 RNG = np.random.default_rng(7)
 
@@ -129,10 +131,10 @@ def test_the_hot_path_has_no_absmax_reduction():
 def test_the_stored_scale_reads_the_same_on_every_platform(amax):
     """A weight's stored static scale is read by slices (CPU, GPU) or, on TPU, by masked sums of its vector (XLA:TPU
     makes a kernel of each slice): the same fields, bit for bit, over the whole range of calibrated absmaxes."""
-    vector = jax.jit(lambda a: qz.StaticScale.of(a).stored())(np.float32(amax))
-    count = len(qz.StaticScale._fields)
-    by_masks = jax.jit(lambda v: qz._fields_by_masks(v, count))(vector)
-    by_slices = jax.jit(lambda v: qz._fields_by_slices(v, count))(vector)
+    vector = jax.jit(lambda a: ss.StaticScale.of(a).stored())(np.float32(amax))
+    count = len(ss.StaticScale._fields)
+    by_masks = jax.jit(lambda v: ss._fields_by_masks(v, count))(vector)
+    by_slices = jax.jit(lambda v: ss._fields_by_slices(v, count))(vector)
     for masked, sliced in zip(by_masks, by_slices):
         assert np.asarray(masked).tobytes() == np.asarray(sliced).tobytes()
     np.testing.assert_array_equal(np.asarray(by_slices), np.asarray(vector))
@@ -147,6 +149,66 @@ def test_tpu_reads_the_stored_scale_without_slices():
         return sum(e.primitive.name in ("slice", "squeeze") for e in platform_eqns(jaxpr, platform))
 
     assert slices("tpu") == 0 and slices("cpu") == slices("cuda") > 0
+
+
+def test_tpu_marks_nan_and_inf_rows_in_the_quantizations_own_reduction():
+    """On TPU a row's factor, NaN for a row holding NaN or Inf, is the output of one sum over the activation (XLA:TPU
+    makes a kernel of its own of the per-row work after a minimum over the codes); CPU and GPU keep that minimum."""
+    params, calibration = make_dense()
+    static = quantize_params(dense, params, *calibration[0], activations="static", calibration=calibration)
+    jaxpr = jax.make_jaxpr(int8ify(dense))(static, calibration[0][0])
+
+    def reductions(platform):
+        names = [e.primitive.name for e in platform_eqns(jaxpr, platform)]
+        return names.count("reduce_min"), names.count("reduce_sum")
+
+    assert reductions("cpu") == reductions("cuda") == (1, 0)
+    # the masked sums that read the stored scale's fields, and the row marks
+    assert reductions("tpu") == (0, len(ss.StaticScale._fields) + 1)
+
+
+@pytest.mark.parametrize("layout", ["matrix", "sequence", "contraction first"])
+def test_tpu_program_with_static_scales_is_the_cpus_bit_for_bit(layout):
+    d_in, d_out = 384, 256
+    fn, shape = {
+        "matrix": (dense, (64, d_in)),
+        "sequence": (dense, (4, 16, d_in)),
+        "contraction first": (lambda p, x: jnp.einsum("dbs,df->bsf", x, p["w"]), (d_in, 4, 16)),
+    }[layout]
+    params = {"w": (RNG.standard_normal((d_in, d_out)) / np.sqrt(d_in)).astype(np.float32)}
+    calibration = [(RNG.standard_normal(shape).astype(np.float32),)]
+    qparams = quantize_params(fn, params, *calibration[0], activations="static", calibration=calibration)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    x.flat[[5, 700, 2000, 2001]] = np.nan, np.inf, -np.inf, np.inf
+    x.flat[3000:3100] = -0.0
+    x.flat[4000] = 50.0  # beyond the calibrated range: saturates
+    want = np.asarray(jax.jit(int8ify(fn))(qparams, x))
+    (got,) = evaluate_as("tpu", int8ify(fn), qparams, x)
+    got = np.asarray(got)
+    # the same NaNs (a NaN's sign bit is whatever the arithmetic that made it gives) and every other bit
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert got[~np.isnan(got)].tobytes() == want[~np.isnan(want)].tobytes()
+    assert 0 < (~np.isfinite(want)).any(axis=-1).sum() < want.size // d_out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_sum_with_nonfinite_is_the_value_or_nan_per_slice(data):
+    shape = tuple(data.draw(st.lists(st.integers(0, 9), min_size=1, max_size=4), label="shape"))
+    reduce_axes = tuple(sorted(data.draw(st.sets(st.integers(0, len(shape) - 1)), label="reduce_axes")))
+    value = np.float32(data.draw(st.floats(2.0**-126, 2.0**127, width=32), label="value"))
+    values = np.asarray(data.draw(st.lists(st.sampled_from([0.0, -0.0, 1.5, -3.0, 1e38, -1e-38, 2.0**-120]),
+                                           min_size=int(np.prod(shape)), max_size=int(np.prod(shape)))),
+                        np.float32).reshape(shape)
+    for special in data.draw(st.lists(st.sampled_from([np.nan, np.inf, -np.inf]), max_size=3), label="specials"):
+        if values.size:
+            values.flat[data.draw(st.integers(0, values.size - 1))] = special
+    got = np.asarray(jax.jit(lambda v: ss._sum_with_nonfinite(v, value, reduce_axes))(values))
+    empty = any(shape[a] == 0 for a in reduce_axes)
+    nonfinite = ~np.isfinite(values).all(axis=reduce_axes) if reduce_axes else ~np.isfinite(values)
+    want = np.where(nonfinite, np.float32(np.nan), np.float32(0 if empty else value))
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert got[~np.isnan(got)].tobytes() == want[~np.isnan(want)].tobytes()
 
 
 def test_percentile_calibration():
