@@ -75,7 +75,9 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     :func:`~jaxpr_rewrite.quantize.quantize_parts`: GPU and TPU fuse that select into the reduction (the check on
     the codes costs TPU cycles), and XLA:CPU's dot reads a higher-rank operand's codes through a reshape, so a
     second reader of the codes (the check) makes it compute them twice and write out the quotients (the MiniLM
-    encoder's program: 915 kernels instead of 674, and no faster; ``docs/performance.md``).
+    encoder's program: 915 kernels instead of 674, and no faster; ``docs/performance.md``). On TPU with
+    ``keep_values``: XLA:TPU otherwise computes the operand's producer (the previous dot's epilogue, an activation
+    function) a second time inside the quantization pass.
     """
     if is_quantized(x):
         return x
@@ -87,14 +89,16 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     x, reduce_axes = _as_operand(x, reduce_axes)
     if static is not None:
         parts = _static_parts(x, static, reduce_axes, tpu_sums_values=of_weight and x.ndim <= 2)
-    elif x.ndim <= 2:
-        on_tpu = functools.partial(_quantize_with_factors, reduce_axes=reduce_axes)
-        on_gpu = (functools.partial(quantize_by_float64, reduce_axes=reduce_axes)
-                  if compute_dtype(x.dtype) == np.float32 else on_tpu)
-        parts = lax.platform_dependent(x, cpu=functools.partial(quantize_dynamic_parts, reduce_axes=reduce_axes),
-                                       tpu=on_tpu, default=on_gpu)
     else:
-        parts = _quantize_with_factors(x, reduce_axes)
+        by_contract = functools.partial(_quantize_with_factors, reduce_axes=reduce_axes)
+        on_tpu = functools.partial(by_contract, keep_values=True)
+        if x.ndim > 2:
+            parts = lax.platform_dependent(x, tpu=on_tpu, default=by_contract)
+        else:
+            on_gpu = (functools.partial(quantize_by_float64, reduce_axes=reduce_axes)
+                      if compute_dtype(x.dtype) == np.float32 else by_contract)
+            parts = lax.platform_dependent(x, cpu=functools.partial(quantize_dynamic_parts, reduce_axes=reduce_axes),
+                                           tpu=on_tpu, default=on_gpu)
     codes, scales, exponents, (factor, power) = parts
     return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, epilogue_factor=factor,
                           epilogue_power=power)
@@ -163,10 +167,10 @@ def _static_parts_as_matrix(x, static, split: int):
     return lax.reshape(codes, x.shape), per_slice(scales), per_slice(exponents), (per_slice(factor), per_slice(power))
 
 
-def _quantize_with_factors(x, reduce_axes):
+def _quantize_with_factors(x, reduce_axes, keep_values: bool = False):
     """:func:`~jaxpr_rewrite.quantize.quantize_parts` and the epilogue factors of its scales, laid out as
     :func:`~jaxpr_rewrite.quantize.quantize_dynamic_parts` returns them."""
-    codes, scales, exponents = quantize_parts(x, reduce_axes)
+    codes, scales, exponents = quantize_parts(x, reduce_axes, keep_values=keep_values)
     return codes, scales, exponents, epilogue_factors(scales, exponents)
 
 

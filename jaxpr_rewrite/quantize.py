@@ -159,13 +159,18 @@ def scale_parts(amax, limit: int = INT8_MAX):
     return scales, exponents, inverse
 
 
-def quantize_parts(x, reduce_axes: Sequence[int], limit: int = INT8_MAX):
+def quantize_parts(x, reduce_axes: Sequence[int], limit: int = INT8_MAX, keep_values: bool = False):
     """The contract's quantization of ``x`` with one scale per slice over ``reduce_axes``.
 
     Arguments:
         x: a floating array.
         reduce_axes: the axes one scale covers.
         limit: the largest code: 127 for int8, 7 for int4 weights (scales are then ``absmax / 7``).
+        keep_values: hand ``x`` (in its own dtype) to the quantization pass as the array its absmax was taken
+            from (an optimization barrier on the two together), so the compiler writes ``x`` out beside the absmax
+            rather than compute ``x``'s producer again inside the quantization pass; the same codes and scales.
+            XLA:TPU otherwise recomputes the previous dot's epilogue and activation function there
+            (``docs/performance.md``).
 
     Returns:
         ``(codes, scales, exponents)``: int8 ``codes = clip(rint(x / scale), -limit, limit)`` (ties to even) and
@@ -173,7 +178,10 @@ def quantize_parts(x, reduce_axes: Sequence[int], limit: int = INT8_MAX):
     """
     reduce_axes = tuple(reduce_axes)
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
-    scales, exponents, prescale = scale_parts(absmax(x, reduce_axes), limit)
+    amax = absmax(x, reduce_axes)
+    if keep_values:
+        x, amax = lax.optimization_barrier((x, amax))
+    scales, exponents, prescale = scale_parts(amax, limit)
     # (a non-finite slice's exponent is meaningless, but its scale is Inf and so is every output it feeds)
     codes = clipped_codes(rounded_quotients(to_compute(x), scales, prescale, kept_axes), limit)
     return codes, scales, exponents

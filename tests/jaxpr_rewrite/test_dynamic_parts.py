@@ -7,12 +7,13 @@ import importlib
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import (assert_finite_slices_quantized_as_the_contract, is_max_reduction, platform_eqns,
+from helpers import (assert_finite_slices_quantized_as_the_contract, evaluate_as, is_max_reduction, platform_eqns,
                      with_zero_and_non_finite_rows)
-from jaxpr_rewrite import int8ify
+from jaxpr_rewrite import int8ify, quantize_params
 
 qz = importlib.import_module("jaxpr_rewrite.quantize")
 
@@ -58,3 +59,49 @@ def test_cpu_absmax_of_a_matrix_reads_the_operand_directly():
     assert _absmax_producers(matrices, "cuda") == ["bitcast_convert_type", "bitcast_convert_type"]
     batched = jax.make_jaxpr(int8ify(lambda a, b: a @ b))(jnp.ones((4, 16, 256)), jnp.ones((256, 128)))
     assert _absmax_producers(batched, "cpu") == ["select_n", "abs"]  # the (4, 16, 256) activation, the weight
+
+
+def _two_layers(params, x):
+    return jax.nn.gelu(x @ params["w1"] + params["b"]) @ params["w2"]
+
+
+def _barriers(jaxpr, platform):
+    """Per ``optimization_barrier`` of ``platform``'s program, its inputs' shapes and whether a max reduction makes
+    each."""
+    eqns = list(platform_eqns(jaxpr, platform))
+    reduced = {id(v) for e in eqns if is_max_reduction(e) for v in e.outvars}
+    return [[(v.aval.shape, id(v) in reduced) for v in e.invars] for e in eqns
+            if e.primitive.name == "optimization_barrier"]
+
+
+@pytest.mark.parametrize("shape", [(64, 256), (4, 16, 256)])
+def test_tpu_quantizes_the_values_its_absmax_was_taken_from(shape):
+    """On TPU each dynamic activation reaches its quantization pass together with its absmax through one
+    optimization barrier (XLA:TPU would otherwise compute the previous dot's epilogue and gelu again inside that
+    pass); no other platform's program has one."""
+    params = {"w1": np.ones((256, 256), np.float32), "b": np.ones(256, np.float32),
+              "w2": np.ones((256, 128), np.float32)}
+    x = jnp.ones(shape)
+    jaxpr = jax.make_jaxpr(int8ify(_two_layers))(quantize_params(_two_layers, params, x), x)
+    # the input and the hidden activation, each with its absmax; the weights were quantized once
+    assert _barriers(jaxpr, "tpu") == [[(shape, False), (shape[:-1], True)]] * 2
+    assert _barriers(jaxpr, "cpu") == _barriers(jaxpr, "cuda") == []
+
+
+@pytest.mark.parametrize("shape", [(64, 384), (4, 16, 384)])
+def test_tpu_program_with_dynamic_scales_is_the_cpus_bit_for_bit(shape):
+    rng = np.random.default_rng(3)
+    params = {"w1": (rng.standard_normal((384, 512)) / 20).astype(np.float32),
+              "b": rng.standard_normal(512).astype(np.float32),
+              "w2": (rng.standard_normal((512, 256)) / 22).astype(np.float32)}
+    x = rng.standard_normal(shape).astype(np.float32)
+    x.flat[[5, 2000, 2001]] = np.nan, np.inf, -np.inf
+    x.flat[3 * 384:4 * 384] = 0.0  # an all-zero row: scale 1
+    x.flat[4 * 384 + 7] = 1e30  # a row whose other codes round to 0
+    for weights in (params, quantize_params(_two_layers, params, x)):
+        # both evaluated an operation at a time: compiled, XLA:CPU's fused gelu may round differently
+        (want, got) = (np.asarray(evaluate_as(platform, int8ify(_two_layers), weights, x)[0])
+                       for platform in ("cpu", "tpu"))
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        assert got[~np.isnan(got)].tobytes() == want[~np.isnan(want)].tobytes()
+        assert 0 < np.isnan(want).any(axis=-1).sum() < want.size // want.shape[-1]
