@@ -75,9 +75,10 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     :func:`~jaxpr_rewrite.quantize.quantize_parts`: GPU and TPU fuse that select into the reduction (the check on
     the codes costs TPU cycles), and XLA:CPU's dot reads a higher-rank operand's codes through a reshape, so a
     second reader of the codes (the check) makes it compute them twice and write out the quotients (the MiniLM
-    encoder's program: 915 kernels instead of 674, and no faster; ``docs/performance.md``). On TPU with
-    ``keep_values``: XLA:TPU otherwise computes the operand's producer (the previous dot's epilogue, an activation
-    function) a second time inside the quantization pass.
+    encoder's program: 915 kernels instead of 674, and no faster; ``docs/performance.md``). On TPU, whatever the
+    rank, with ``keep_values``: the operand and its absmax reach the quantization pass together, where XLA:TPU
+    would otherwise compute the operand's producer (the previous dot's epilogue, an activation function) a second
+    time.
     """
     if is_quantized(x):
         return x
