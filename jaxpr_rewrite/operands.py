@@ -88,18 +88,17 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     else:
         static, x = x.static_scale, x.value
     x, reduce_axes = _as_operand(x, reduce_axes)
+    by_contract = functools.partial(_quantize_with_factors, reduce_axes=reduce_axes)
+    on_tpu = functools.partial(by_contract, keep_values=True)
     if static is not None:
         parts = _static_parts(x, static, reduce_axes, tpu_sums_values=of_weight and x.ndim <= 2)
+    elif x.ndim > 2:
+        parts = lax.platform_dependent(x, tpu=on_tpu, default=by_contract)
     else:
-        by_contract = functools.partial(_quantize_with_factors, reduce_axes=reduce_axes)
-        on_tpu = functools.partial(by_contract, keep_values=True)
-        if x.ndim > 2:
-            parts = lax.platform_dependent(x, tpu=on_tpu, default=by_contract)
-        else:
-            on_gpu = (functools.partial(quantize_by_float64, reduce_axes=reduce_axes)
-                      if compute_dtype(x.dtype) == np.float32 else by_contract)
-            parts = lax.platform_dependent(x, cpu=functools.partial(quantize_dynamic_parts, reduce_axes=reduce_axes),
-                                           tpu=on_tpu, default=on_gpu)
+        on_gpu = (functools.partial(quantize_by_float64, reduce_axes=reduce_axes)
+                  if compute_dtype(x.dtype) == np.float32 else by_contract)
+        parts = lax.platform_dependent(x, cpu=functools.partial(quantize_dynamic_parts, reduce_axes=reduce_axes),
+                                       tpu=on_tpu, default=on_gpu)
     codes, scales, exponents, (factor, power) = parts
     return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, epilogue_factor=factor,
                           epilogue_power=power)

@@ -208,6 +208,14 @@ def platform_eqns(jaxpr, platform: str):
     return iter_eqns(jaxpr, platform=platform)
 
 
+def assert_same_bits_but_nan(got, want):
+    """``got`` and ``want`` have NaN in the same places and every other value bit for bit (a NaN's sign and payload
+    are whatever the arithmetic that made it gives)."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert got[~np.isnan(got)].tobytes() == want[~np.isnan(want)].tobytes()
+
+
 def assert_close_to_reference(got, want, rtol=1e-6, atol=0.0):
     """Each entry within ``rtol`` relative of the float64 reference (so a zero reference is exactly zero)."""
     got = np.asarray(got, np.float64)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from helpers import evaluate_as, platform_eqns
+from helpers import assert_same_bits_but_nan, evaluate_as, platform_eqns
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jaxpr_rewrite import Int8ifyError, QuantizationWarning, int8ify, iter_eqns, quantize_params
@@ -184,10 +184,7 @@ def test_tpu_program_with_static_scales_is_the_cpus_bit_for_bit(layout):
     x.flat[4000] = 50.0  # beyond the calibrated range: saturates
     want = np.asarray(jax.jit(int8ify(fn))(qparams, x))
     (got,) = evaluate_as("tpu", int8ify(fn), qparams, x)
-    got = np.asarray(got)
-    # the same NaNs (a NaN's sign bit is whatever the arithmetic that made it gives) and every other bit
-    assert np.array_equal(np.isnan(got), np.isnan(want))
-    assert got[~np.isnan(got)].tobytes() == want[~np.isnan(want)].tobytes()
+    assert_same_bits_but_nan(got, want)
     assert 0 < (~np.isfinite(want)).any(axis=-1).sum() < want.size // d_out
 
 
@@ -207,8 +204,7 @@ def test_sum_with_nonfinite_is_the_value_or_nan_per_slice(data):
     empty = any(shape[a] == 0 for a in reduce_axes)
     nonfinite = ~np.isfinite(values).all(axis=reduce_axes) if reduce_axes else ~np.isfinite(values)
     want = np.where(nonfinite, np.float32(np.nan), np.float32(0 if empty else value))
-    assert np.array_equal(np.isnan(got), np.isnan(want))
-    assert got[~np.isnan(got)].tobytes() == want[~np.isnan(want)].tobytes()
+    assert_same_bits_but_nan(got, want)
 
 
 def test_percentile_calibration():
