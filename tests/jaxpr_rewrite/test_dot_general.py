@@ -1,15 +1,18 @@
 """The rewrite of one dot_general, for any dimension numbers, shapes and float dtypes, against the
 independent numpy reference (exact integer sums, float64 epilogue)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_all_dots_int8, away_from_ties, dot_eqns, program_dots, reference_dot
+from helpers import (assert_all_dots_int8, assert_same_bits_but_nan, away_from_ties, dot_eqns, evaluate_as,
+                     program_dots, reference_dot)
 from jaxpr_rewrite import int8ify
 
 # Output tolerance per dtype: float32 is the contract's 1e-6; narrower outputs add one rounding.
@@ -73,6 +76,57 @@ def test_any_dimension_numbers_match_reference(problem):
     assert got.dtype == jax.eval_shape(f, lhs, rhs).dtype
     want = reference_dot(lhs, rhs, dims)
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=RTOL[np.dtype(lhs.dtype)], atol=0)
+
+
+def _near_rounding_boundaries(rng, shape, contracting) -> np.ndarray:
+    """float32 values whose quotients by their slice's scale lie on or within two ulps of a rounding boundary
+    ``k + 1/2``: each slice over ``contracting`` holds its absmax ``a`` and values next to ``(k + 1/2) * s``, ``s``
+    the contract's scale ``fl(a / 127)``. A division that is not correctly rounded gives some of them the
+    neighbouring code."""
+    kept = [axis for axis in range(len(shape)) if axis not in contracting]
+    order = kept + list(contracting)
+    rows = int(np.prod([shape[a] for a in kept], dtype=np.int64))
+    length = int(np.prod([shape[a] for a in contracting], dtype=np.int64))
+    absmax = np.float32(2.0) ** rng.uniform(-4, 4, size=(rows, 1)).astype(np.float32)
+    scale = absmax / np.float32(127)
+    halves = rng.integers(-125, 125, size=(rows, length)).astype(np.float32) + np.float32(0.5)
+    values = halves * scale
+    for _ in range(2):  # move each value 0-2 ulps either way
+        step = rng.integers(-1, 2, size=values.shape)
+        values = np.where(step > 0, np.nextafter(values, np.float32(np.inf)),
+                          np.where(step < 0, np.nextafter(values, np.float32(-np.inf)), values))
+    values[:, :1] = absmax * rng.choice(np.float32([-1, 1]), size=(rows, 1))
+    canonical = values.reshape([shape[a] for a in order])
+    return np.transpose(canonical, np.argsort(order)).astype(np.float32)
+
+
+@st.composite
+def boundary_problems(draw):
+    """:func:`dot_problems` in float32 with both operands :func:`_near_rounding_boundaries` (where the divisions a GPU
+    and a TPU do not round correctly meet the contract's), NaN, Inf and -0 placed in the lhs."""
+    lhs, rhs, dims = draw(dot_problems())
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    lhs = _near_rounding_boundaries(rng, lhs.shape, dims[0][0])
+    rhs = _near_rounding_boundaries(rng, rhs.shape, dims[0][1])
+    if lhs.size > 1:
+        flat = lhs.reshape(-1)
+        spots = rng.choice(lhs.size, size=min(3, lhs.size - 1), replace=False)
+        flat[spots] = rng.choice(np.float32([np.nan, np.inf, -np.inf, -0.0]), size=spots.size)
+    return lhs, rhs, dims
+
+
+@settings(max_examples=60, deadline=None)
+@given(boundary_problems())
+def test_gpu_and_tpu_programs_give_the_cpus_bits_for_any_dimension_numbers(problem):
+    """The program each platform compiles (its own exact divisions: the TPU's settled reciprocal quotients, the
+    GPU's float64 scales and epilogue), evaluated on this CPU, gives the CPU program's outputs bit for bit."""
+    lhs, rhs, dims = problem
+    rewritten = int8ify(lambda a, b: jax.lax.dot_general(a, b, dims))
+    want = jax.jit(rewritten)(lhs, rhs)
+    for platform in ("cuda", "tpu"):
+        # compiled by XLA:CPU as one program: the platform's arithmetic, one compile per example
+        (got,) = jax.jit(functools.partial(evaluate_as, platform, rewritten))(lhs, rhs)
+        assert_same_bits_but_nan(got, want)
 
 
 def test_int8_dot_keeps_dimension_numbers():
