@@ -17,7 +17,7 @@ neighbouring code. Exact forms instead:
   never within 2**-49 of a float32 rounding boundary unless it is on one, which it cannot be), so one float64
   multiply and two conversions per element replace the division.
 * :func:`rounded_quotients_exactly`, the codes on TPU (which has no float64) and of float64 values: ``rint(fl(n /
-  d))`` from an approximate quotient (a multiply by the hardware's reciprocal), settled by an exact comparison of
+  d))`` from an approximate quotient (the hardware's division), settled by an exact comparison of
   ``n`` with the rounding boundary nearest it; its products are of half-width factors, exact in the float format,
   so no rounding (and no fused multiply-add a compiler may form) changes the comparison.
 """
@@ -32,7 +32,7 @@ from jax import lax
 
 from .float_formats import float_format
 
-__all__ = ["divided_by_code_limit", "divided_by_odd", "divisor_parts", "reciprocal", "reciprocal_by_integers",
+__all__ = ["divided_by_code_limit", "divided_by_odd", "reciprocal", "reciprocal_by_integers",
            "reciprocals_in_float64", "rounded_quotients", "rounded_quotients_by_float64", "rounded_quotients_exactly",
            "true_divide"]
 
@@ -128,46 +128,37 @@ def _reciprocal_jvp(primals, tangents):
     return inverse, lax.neg(lax.mul(lax.mul(inverse, inverse), tangent))
 
 
-def divisor_parts(divisors):
-    """``(high, low, reciprocal)`` per divisor (per slice, before the divisors are broadcast to the values they
-    divide): the divisor as ``high + low`` exactly, each half of its significand's bits, and an approximation of its
-    reciprocal (the hardware's division, whatever its rounding)."""
-    fmt = float_format(divisors)
-    bits_type, mantissa_bits = fmt.bits, fmt.mantissa_bits
-    low_bits = (mantissa_bits + 1) // 2
-    mask = bits_type(~((1 << low_bits) - 1))
-    kept = lax.bitwise_and(lax.bitcast_convert_type(divisors, bits_type), mask)
-    high = lax.bitcast_convert_type(kept, divisors.dtype)
-    return high, lax.sub(divisors, high), lax.div(lax.full_like(divisors, 1), divisors)
-
-
-def rounded_quotients_exactly(numerators, divisors, high, low, reciprocals):
+def rounded_quotients_exactly(numerators, divisors, approximate):
     """``rint(fl(n / d))`` (the quotient correctly rounded in the float format, then to the nearest integer, ties to
-    even) for positive normal divisors ``d`` of at least ``2**-90``, wherever the approximate quotient is within 1/4
-    of it (with a reciprocal within 2 ulp, every quotient below ``2**19`` in magnitude; beyond, a code may be one off,
-    which the clip to the code limit removes); NaN for a NaN quotient. ``high``, ``low`` and ``reciprocals`` are
-    :func:`divisor_parts` of ``d``, broadcast like it.
+    even) for positive normal divisors ``d`` of at least ``2**-90``, wherever ``approximate`` is within 1/4 of the
+    quotient (the hardware's division is, for every quotient below ``2**19`` in magnitude; beyond, a code may be
+    one off, which the clip to the code limit removes); NaN for a NaN quotient or divisor. ``divisors`` and
+    ``approximate`` are per element, like ``numerators``.
 
-    The approximate quotient ``a = n * reciprocal`` (one multiply; any approximation within 1/4 of the quotient will
-    do) names the half-integer ``b = floor(a) + 1/2`` nearest it, the one rounding boundary the code can be on either
-    side of: the code is ``floor(a)`` or one more. ``fl(n / d)`` is ``b`` itself exactly when ``n / d`` lies within
-    ``b +- u`` (``u`` half the spacing of the floats at ``b``; ``b``'s significand is even, so the ends round to it;
-    at ``|b| = 1/2``, where the floats below are closer, both codes on that side are 0), and then the code is
-    ``rint(b)``. Which side ``n`` lies on is the sign of ``n - b * d``, and whether it is within the tie band its
-    magnitude against ``u * d``: ``n - b * high`` is exact (Sterbenz) near the boundary, ``b * high`` and ``b * low``
-    are exact (half-width factors), and so is their difference there; far from it a rounding cannot move it past a
-    bound that small. ``u`` is ``b``'s power of two (its exponent bits) times ``2**-(mantissa bits + 1)``.
+    ``approximate`` names the half-integer ``b = floor(a) + 1/2`` nearest the quotient, the one rounding boundary
+    the code can be on either side of: the code is ``floor(a)`` or one more. ``fl(n / d)`` is ``b`` itself exactly
+    when ``n / d`` lies within ``b +- u`` (``u`` half the spacing of the floats at ``b``; ``b``'s significand is
+    even, so the ends round to it; at ``|b| = 1/2``, where the floats below are closer, both codes on that side are
+    0), and then the code is ``rint(b)``. Which side ``n`` lies on is the sign of ``n - b * d``, and whether it is
+    within the tie band its magnitude against ``u * d``: with ``d = high + low``, each half of its significand's
+    bits, ``n - b * high`` is exact (Sterbenz) near the boundary, ``b * high`` and ``b * low`` are exact (half-width
+    factors), and so is their difference there; far from it a rounding cannot move it past a bound that small.
+    ``u`` is ``b``'s power of two (its exponent bits) times ``2**-(mantissa bits + 1)``.
     """
     dtype = numerators.dtype.type
     fmt = float_format(numerators)
     bits_type, mantissa_bits = fmt.bits, fmt.mantissa_bits
-    approximate = lax.mul(numerators, reciprocals)
+    low_bits = (mantissa_bits + 1) // 2
+    high = lax.bitcast_convert_type(
+        lax.bitwise_and(lax.bitcast_convert_type(divisors, bits_type), bits_type(~((1 << low_bits) - 1))),
+        numerators.dtype)
+    low = lax.sub(divisors, high)
     below = lax.floor(approximate)
     boundary = lax.add(below, dtype(0.5))
     exponent_field = bits_type(((1 << (8 * np.dtype(bits_type).itemsize - 1 - mantissa_bits)) - 1) << mantissa_bits)
     binade = lax.bitcast_convert_type(lax.bitwise_and(lax.bitcast_convert_type(boundary, bits_type), exponent_field),
                                       numerators.dtype)
-    bound = lax.mul(binade, lax.mul(divisors, dtype(2.0 ** -(mantissa_bits + 1))))
+    bound = lax.mul(lax.mul(binade, dtype(2.0 ** -(mantissa_bits + 1))), divisors)
     residual = lax.sub(lax.sub(numerators, lax.mul(boundary, high)), lax.mul(boundary, low))
     beyond = lax.add(below, lax.convert_element_type(lax.gt(residual, dtype(0)), numerators.dtype))
     return lax.select(lax.le(lax.abs(residual), bound), lax.round(boundary, lax.RoundingMethod.TO_NEAREST_EVEN),
@@ -229,7 +220,12 @@ def rounded_quotients(values, scales, prescale, kept_axes: tuple):
         return lax.round(true_divide(prescaled, per_element(scales)), lax.RoundingMethod.TO_NEAREST_EVEN)
 
     def exactly(prescaled, scales):
-        return rounded_quotients_exactly(prescaled, *map(per_element, (scales, *divisor_parts(scales))))
+        # the divisor per element: adding ``prescaled * 0`` (0, NaN for NaN and Inf, whose codes are then NaN) keeps
+        # XLA from moving the divisor's halves and the tie bound before the broadcast, where each would be a
+        # per-slice array of its own that the quantization pass broadcasts; XLA:TPU pays that per slice and array
+        # (a transformer's attention probabilities, 128 values per slice: 22k estimated v6e cycles per array)
+        divisors = lax.add(per_element(scales), lax.mul(prescaled, prescaled.dtype.type(0)))
+        return rounded_quotients_exactly(prescaled, divisors, lax.div(prescaled, divisors))
 
     def by_float64(prescaled, scales):
         return rounded_quotients_by_float64(prescaled, per_element(reciprocals_in_float64(scales)))

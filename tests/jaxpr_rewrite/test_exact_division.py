@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 from helpers import evaluate_as, platform_eqns, reference_codes, reference_scale_parts
-from jaxpr_rewrite.exact_division import (divided_by_odd, divisor_parts, reciprocal, reciprocal_by_integers,
+from jaxpr_rewrite.exact_division import (divided_by_odd, reciprocal, reciprocal_by_integers,
                                           reciprocals_in_float64, rounded_quotients_by_float64,
                                           rounded_quotients_exactly, true_divide)
 from jaxpr_rewrite.operands import smoothed_activation
@@ -116,11 +116,10 @@ def _around_every_boundary(scales, limit, dtype=np.float32, spread=6):
 
 
 def _exact_codes(values, scales, error=0.0):
-    """The codes, the approximate reciprocals multiplied by ``1 + error``."""
-    per_row = lambda v: lax.broadcast_in_dim(v, values.shape, (0,))  # noqa: E731
-    high, low, reciprocal = divisor_parts(scales)
-    reciprocal = lax.mul(reciprocal, reciprocal.dtype.type(1 + error))
-    return rounded_quotients_exactly(values, *map(per_row, (scales, high, low, reciprocal)))
+    """The codes, the approximate quotients multiplied by ``1 + error``."""
+    divisors = lax.broadcast_in_dim(scales, values.shape, (0,))
+    approximate = lax.mul(lax.div(values, divisors), values.dtype.type(1 + error))
+    return rounded_quotients_exactly(values, divisors, approximate)
 
 
 def _float64_codes(values, scales, error=0.0):
@@ -131,10 +130,10 @@ def _float64_codes(values, scales, error=0.0):
 
 
 @pytest.mark.parametrize("error", [0.0, 2.0**-22, -(2.0**-22), 2.0**-20, -(2.0**-20), 2.0**-10, -(2.0**-10)])
-def test_codes_exact_whatever_the_approximate_reciprocal(error):
-    """Scales over their whole range ``[1/127, 4/127)``; the reciprocal the approximate quotient is taken with off
-    by up to ``2**-10`` relative (a GPU's division is within 2 ulp, ``2**-22``): the codes are ``rint(fl(x / s))``
-    bit for bit, ties to even."""
+def test_codes_exact_whatever_the_approximate_quotient(error):
+    """Scales over their whole range ``[1/127, 4/127)``; the approximate quotient off by up to ``2**-10`` relative
+    (a TPU's or a GPU's division is within 2 ulp, ``2**-22``): the codes are ``rint(fl(x / s))`` bit for bit, ties
+    to even."""
     rng = np.random.default_rng(int(abs(error) * 2**30) % 1000 + (error < 0))
     scales = np.concatenate([(rng.uniform(1, 4, 600) / 127), [1 / 127, 2 / 127, 1 / 64]]).astype(np.float32)
     values = _around_every_boundary(scales, 127)
@@ -208,9 +207,9 @@ def test_gpu_and_tpu_programs_quantize_like_the_contract(shape, seed, data):
 
 def test_only_cpu_trusts_the_division():
     """On CPU the scale's mantissa and the codes are IEEE divisions; on CUDA and TPU the mantissa is divided by 127
-    in integers and no element is divided in float32: on CUDA one float64 division per slice and a float64 multiply
-    per element; on TPU one approximate reciprocal per slice, then the exact comparison (the boundary's exponent
-    bits: more ``and`` on bits)."""
+    in integers: on CUDA one float64 division per slice and a float64 multiply per element; on TPU each element's
+    float32 division is only the approximate quotient, settled by the exact comparison (the divisor's halves and the
+    boundary's exponent bits: more ``and`` on bits)."""
     jaxpr = jax.make_jaxpr(lambda v: quantize_parts(v, (1,)))(jnp.ones((8, 64)))
     eqns = {p: list(platform_eqns(jaxpr, p)) for p in ("cuda", "tpu", "cpu")}
     masks = {p: sum(e.primitive.name == "and" for e in found) for p, found in eqns.items()}
@@ -220,7 +219,7 @@ def test_only_cpu_trusts_the_division():
         per_element = [a for a in divisions if a.dtype == np.float32 and a.shape == (8, 64)]
         in_integers = [a for a in divisions if a.dtype == np.int32]
         in_float64 = [a.shape for a in divisions if a.dtype == np.float64]
-        assert (len(per_element), len(in_integers)) == ((1, 0) if platform == "cpu" else (0, 1))
+        assert (len(per_element), len(in_integers)) == {"cpu": (1, 0), "cuda": (0, 1), "tpu": (1, 1)}[platform]
         assert in_float64 == ([(8,)] if platform == "cuda" else [])
         products = [e.outvars[0].aval.shape for e in found if e.primitive.name == "mul"
                     and e.outvars[0].aval.dtype == np.float64]
