@@ -205,6 +205,21 @@ def test_gpu_and_tpu_programs_quantize_like_the_contract(shape, seed, data):
         np.testing.assert_array_equal(np.asarray(exponents), want_exponents)
 
 
+def test_tpu_codes_broadcast_two_per_slice_arrays():
+    """The TPU's quantization pass broadcasts two per-slice arrays along the slices, the prescale and the divisor,
+    and derives the divisor's halves and the tie bound per element: XLA:TPU pays for each broadcast array per
+    slice (``docs/performance.md``), and would move an elementwise operation on a broadcast before it, making each
+    derived value an array of its own, but for the ``x * 0`` added to the divisor."""
+    jaxpr = jax.make_jaxpr(lambda v: quantize_parts(v, (1,)))(jnp.ones((8, 64)))
+    for platform, count in (("tpu", 2), ("cpu", 2)):
+        broadcasts = [e for e in platform_eqns(jaxpr, platform) if e.primitive.name == "broadcast_in_dim"
+                      and e.invars[0].aval.shape == (8,) and e.outvars[0].aval.shape == (8, 64)]
+        assert len(broadcasts) == count, platform
+    multiplies_by_zero = [e for e in platform_eqns(jaxpr, "tpu") if e.primitive.name == "mul"
+                          and any(getattr(v, "val", None) is not None and np.all(v.val == 0) for v in e.invars)]
+    assert len(multiplies_by_zero) == 1
+
+
 def test_only_cpu_trusts_the_division():
     """On CPU the scale's mantissa and the codes are IEEE divisions; on CUDA and TPU the mantissa is divided by 127
     in integers: on CUDA one float64 division per slice and a float64 multiply per element; on TPU each element's
