@@ -102,16 +102,20 @@ def _near_rounding_boundaries(rng, shape, contracting) -> np.ndarray:
 
 @st.composite
 def boundary_problems(draw):
-    """:func:`dot_problems` in float32 with both operands :func:`_near_rounding_boundaries` (where the divisions a GPU
-    and a TPU do not round correctly meet the contract's), NaN, Inf and -0 placed in the lhs."""
+    """:func:`dot_problems` with both operands :func:`_near_rounding_boundaries` in float32 (where the divisions a
+    GPU and a TPU do not round correctly meet the contract's), or, in bfloat16 and float16, small integers (a value
+    half its slice's absmax is a tie); NaN, Inf and -0 placed in the lhs."""
     lhs, rhs, dims = draw(dot_problems())
     rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
-    lhs = _near_rounding_boundaries(rng, lhs.shape, dims[0][0])
-    rhs = _near_rounding_boundaries(rng, rhs.shape, dims[0][1])
+    if lhs.dtype == np.float32:
+        lhs = _near_rounding_boundaries(rng, lhs.shape, dims[0][0])
+        rhs = _near_rounding_boundaries(rng, rhs.shape, dims[0][1])
+    else:
+        lhs, rhs = (np.rint(rng.normal(scale=3.0, size=a.shape)).astype(a.dtype) for a in (lhs, rhs))
     if lhs.size > 1:
         flat = lhs.reshape(-1)
         spots = rng.choice(lhs.size, size=min(3, lhs.size - 1), replace=False)
-        flat[spots] = rng.choice(np.float32([np.nan, np.inf, -np.inf, -0.0]), size=spots.size)
+        flat[spots] = rng.choice(np.float32([np.nan, np.inf, -np.inf, -0.0]), size=spots.size).astype(lhs.dtype)
     return lhs, rhs, dims
 
 
