@@ -209,7 +209,7 @@ def rounded_quotients(values, scales, prescale, kept_axes: tuple):
     On CPU an IEEE division (:func:`true_divide`). On TPU by :func:`rounded_quotients_exactly`: XLA compiles a float
     division there to a multiply by a refined reciprocal, not correctly rounded. On GPUs (CUDA, ROCm), whose float32
     division XLA compiles to ``div.full.f32`` (within 2 ulp), by :func:`rounded_quotients_by_float64` with each
-    slice's reciprocal taken in float64: four operations per element instead of the exact comparison's fifteen (the
+    slice's reciprocal taken in float64: four operations per element instead of the exact comparison's twenty or so (the
     transformer block of ``benchmarks/accelerators.py`` launches 34 kernels on an H200 instead of 36, and no program
     there more). Float64 values take the exact comparison there too.
     """

@@ -122,7 +122,7 @@ def boundary_problems(draw):
 @settings(max_examples=60, deadline=None)
 @given(boundary_problems())
 def test_gpu_and_tpu_programs_give_the_cpus_bits_for_any_dimension_numbers(problem):
-    """The program each platform compiles (its own exact divisions: the TPU's settled reciprocal quotients, the
+    """The program each platform compiles (its own exact divisions: the TPU's settled approximate quotients, the
     GPU's float64 scales and epilogue), evaluated on this CPU, gives the CPU program's outputs bit for bit."""
     lhs, rhs, dims = problem
     rewritten = int8ify(lambda a, b: jax.lax.dot_general(a, b, dims))
