@@ -19,7 +19,8 @@ neighbouring code. Exact forms instead:
 * :func:`rounded_quotients_exactly`, the codes on TPU (which has no float64) and of float64 values: ``rint(fl(n /
   d))`` from an approximate quotient (the hardware's division), settled by an exact comparison of
   ``n`` with the rounding boundary nearest it; its products are of half-width factors, exact in the float format,
-  so no rounding (and no fused multiply-add a compiler may form) changes the comparison.
+  so no rounding (and no fused multiply-add a compiler may form) changes the comparison. On TPU each slice's
+  divisor and prescale travel as one float (:func:`signed_divisors`).
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ from jax import lax
 
 from .float_formats import float_format
 
-__all__ = ["divided_by_code_limit", "divided_by_odd", "reciprocal", "reciprocal_by_integers",
+__all__ = ["divided_by_code_limit", "divided_by_odd", "divisor_prescale", "reciprocal", "reciprocal_by_integers",
            "reciprocals_in_float64", "rounded_quotients", "rounded_quotients_by_float64", "rounded_quotients_exactly",
-           "true_divide"]
+           "signed_divisors", "true_divide"]
 
 # Quotient bits per step of the long division: the remainder (below the significand's 2**p) shifted by this many
 # bits stays below 2**31 for float32's int32 bits (2**60 for float64's int64).
@@ -132,8 +133,10 @@ def rounded_quotients_exactly(numerators, divisors, approximate):
     """``rint(fl(n / d))`` (the quotient correctly rounded in the float format, then to the nearest integer, ties to
     even) for positive normal divisors ``d`` of at least ``2**-90``, wherever ``approximate`` is within 1/4 of the
     quotient (the hardware's division is, for every quotient below ``2**19`` in magnitude; beyond, a code may be
-    one off, which the clip to the code limit removes); NaN for a NaN quotient or divisor. ``divisors`` and
-    ``approximate`` are per element, like ``numerators``.
+    one off, which the clip to the code limit removes) and the boundary's product ``b * d`` below the format's
+    largest float (one beyond gives the code nearer zero: for a code's largest boundary, ``limit + 1/2``, the clip
+    makes that the same code); NaN for a NaN quotient or divisor. ``divisors`` and ``approximate`` are per element,
+    like ``numerators``.
 
     ``approximate`` names the half-integer ``b = floor(a) + 1/2`` nearest the quotient, the one rounding boundary
     the code can be on either side of: the code is ``floor(a)`` or one more. ``fl(n / d)`` is ``b`` itself exactly
@@ -206,29 +209,71 @@ def rounded_quotients(values, scales, prescale, kept_axes: tuple):
     code limit the caller clips to), the division correctly rounded, the per-slice ``prescale = 2**-e`` and
     ``scales`` (a mantissa divided by the code limit) broadcast from ``kept_axes``; the multiply is exact.
 
-    On CPU an IEEE division (:func:`true_divide`). On TPU by :func:`rounded_quotients_exactly`: XLA compiles a float
-    division there to a multiply by a refined reciprocal, not correctly rounded. On GPUs (CUDA, ROCm), whose float32
-    division XLA compiles to ``div.full.f32`` (within 2 ulp), by :func:`rounded_quotients_by_float64` with each
-    slice's reciprocal taken in float64: four operations per element instead of the exact comparison's twenty or so (the
-    transformer block of ``benchmarks/accelerators.py`` launches 34 kernels on an H200 instead of 36, and no program
-    there more). Float64 values take the exact comparison there too.
+    On CPU an IEEE division (:func:`true_divide`). On TPU by :func:`rounded_quotients_exactly` from one per-slice
+    array, :func:`signed_divisors`: XLA compiles a float division there to a multiply by a refined reciprocal, not
+    correctly rounded. On GPUs (CUDA, ROCm), whose float32 division XLA compiles to ``div.full.f32`` (within 2 ulp),
+    by :func:`rounded_quotients_by_float64` with each slice's reciprocal taken in float64: four operations per
+    element instead of the exact comparison's twenty or so (the transformer block of ``benchmarks/accelerators.py``
+    launches 34 kernels on an H200 instead of 36, and no program there more). Float64 values take the exact
+    comparison there too.
     """
-    prescaled = lax.mul(values, lax.broadcast_in_dim(prescale, values.shape, kept_axes))
     per_element = functools.partial(lax.broadcast_in_dim, shape=values.shape, broadcast_dimensions=kept_axes)
 
-    def by_division(prescaled, scales):
-        return lax.round(true_divide(prescaled, per_element(scales)), lax.RoundingMethod.TO_NEAREST_EVEN)
+    def prescaled(values, prescale):
+        return lax.mul(values, per_element(prescale))
 
-    def exactly(prescaled, scales):
-        # the divisor per element: adding ``prescaled * 0`` (0, NaN for NaN and Inf, whose codes are then NaN) keeps
+    def by_division(values, scales, prescale):
+        return lax.round(true_divide(prescaled(values, prescale), per_element(scales)),
+                         lax.RoundingMethod.TO_NEAREST_EVEN)
+
+    def exactly(values, scales, prescale):
+        numerators = prescaled(values, prescale)
+        # the divisor per element: adding ``numerators * 0`` (0, NaN for NaN and Inf, whose codes are then NaN) keeps
         # XLA from moving the divisor's halves and the tie bound before the broadcast, where each would be a
-        # per-slice array of its own that the quantization pass broadcasts; XLA:TPU pays that per slice and array
-        # (a transformer's attention probabilities, 128 values per slice: 22k estimated v6e cycles per array)
-        divisors = lax.add(per_element(scales), lax.mul(prescaled, prescaled.dtype.type(0)))
-        return rounded_quotients_exactly(prescaled, divisors, lax.div(prescaled, divisors))
+        # per-slice array of its own that the quantization pass broadcasts
+        divisors = lax.add(per_element(scales), lax.mul(numerators, numerators.dtype.type(0)))
+        return rounded_quotients_exactly(numerators, divisors, lax.div(numerators, divisors))
 
-    def by_float64(prescaled, scales):
-        return rounded_quotients_by_float64(prescaled, per_element(reciprocals_in_float64(scales)))
+    def on_tpu(values, scales, prescale):
+        # one broadcast per-slice array: XLA:TPU pays for each per slice (a transformer's attention probabilities,
+        # 128 values per slice: about 20k estimated v6e cycles per array), far more than the decoding costs
+        signed = lax.add(per_element(signed_divisors(scales, prescale)), lax.mul(values, values.dtype.type(0)))
+        numerators = lax.mul(values, divisor_prescale(signed))
+        divisors = lax.abs(signed)
+        return rounded_quotients_exactly(numerators, divisors, lax.div(numerators, divisors))
+
+    def by_float64(values, scales, prescale):
+        return rounded_quotients_by_float64(prescaled(values, prescale), per_element(reciprocals_in_float64(scales)))
 
     on_gpu = by_float64 if values.dtype == np.float32 else exactly
-    return lax.platform_dependent(prescaled, scales, cpu=by_division, tpu=exactly, default=on_gpu)
+    on_tpu = on_tpu if values.dtype == np.float32 else exactly
+    return lax.platform_dependent(values, scales, prescale, cpu=by_division, tpu=on_tpu, default=on_gpu)
+
+
+# A tiny slice's divisor and values, both scaled up by this power of two (:func:`signed_divisors`)
+_TINY_SHIFT = 64
+
+
+def signed_divisors(scales, prescale):
+    """Each float32 slice's divisor and prescale in one float, for a quantization pass that reads one per-slice array.
+
+    With ``prescale = 2**-e`` and ``scales`` below 1 (1 for an all-zero slice), the contract's scale ``s = scales *
+    2**e``: ``s`` itself for ``e >= -64`` (at least ``2**-71``: :func:`rounded_quotients_exactly` holds from
+    ``2**-90``; a huge one's products overflow only at the boundary ``127.5``, whose codes the clip makes 127 either
+    way); ``-(s * 2**64)`` for a tiny slice, whose values :func:`divisor_prescale` scales by ``2**64`` too. Each is
+    exact (a multiply by a power of two), NaN and Inf stay NaN and Inf.
+    """
+    field = lax.shift_right_logical(lax.bitcast_convert_type(prescale, np.int32), np.int32(23))
+    exponents = lax.sub(np.int32(127), field)
+    tiny = lax.lt(exponents, np.int32(-_TINY_SHIFT))
+    shifted = lax.add(exponents, lax.select(tiny, lax.full_like(exponents, _TINY_SHIFT), lax.full_like(exponents, 0)))
+    power = lax.bitcast_convert_type(lax.shift_left(lax.add(shifted, np.int32(127)), np.int32(23)), np.float32)
+    divisors = lax.mul(scales, power)
+    return lax.select(tiny, lax.neg(divisors), divisors)
+
+
+def divisor_prescale(signed):
+    """The power of two that scales each value for its divisor ``|signed|`` (:func:`signed_divisors`): ``2**64`` for a
+    tiny slice's (negative), 1 for every other; per element, so that the quantization pass broadcasts one per-slice
+    array."""
+    return lax.select(lax.lt(signed, np.float32(0)), lax.full_like(signed, 2.0**_TINY_SHIFT), lax.full_like(signed, 1))

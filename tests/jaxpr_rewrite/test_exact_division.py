@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from jax import lax
 
 from helpers import evaluate_as, platform_eqns, reference_codes, reference_scale_parts
-from jaxpr_rewrite.exact_division import (divided_by_odd, reciprocal, reciprocal_by_integers,
+from jaxpr_rewrite.exact_division import (divided_by_odd, divisor_prescale, reciprocal, reciprocal_by_integers,
                                           reciprocals_in_float64, rounded_quotients_by_float64,
-                                          rounded_quotients_exactly, true_divide)
+                                          rounded_quotients_exactly, signed_divisors, true_divide)
 from jaxpr_rewrite.operands import smoothed_activation
 from jaxpr_rewrite.quantize import quantize_parts, smoothing_inverse
 from jaxpr_rewrite.static_scales import StaticScale
@@ -205,19 +205,62 @@ def test_gpu_and_tpu_programs_quantize_like_the_contract(shape, seed, data):
         np.testing.assert_array_equal(np.asarray(exponents), want_exponents)
 
 
-def test_tpu_codes_broadcast_two_per_slice_arrays():
-    """The TPU's quantization pass broadcasts two per-slice arrays along the slices, the prescale and the divisor,
-    and derives the divisor's halves and the tie bound per element: XLA:TPU pays for each broadcast array per
-    slice (``docs/performance.md``), and would move an elementwise operation on a broadcast before it, making each
-    derived value an array of its own, but for the ``x * 0`` added to the divisor."""
+def test_tpu_codes_broadcast_one_per_slice_array():
+    """The TPU's quantization pass broadcasts one per-slice array along the slices, the signed divisor that holds
+    the prescale too, and derives the prescale, the divisor's halves and the tie bound per element: XLA:TPU pays for
+    each broadcast array per slice (``docs/performance.md``), and would move an elementwise operation on a broadcast
+    before it, making each derived value an array of its own, but for the ``x * 0`` added to the divisor. The CPU's
+    pass broadcasts two, the prescale and the divisor."""
     jaxpr = jax.make_jaxpr(lambda v: quantize_parts(v, (1,)))(jnp.ones((8, 64)))
-    for platform, count in (("tpu", 2), ("cpu", 2)):
+    for platform, count in (("tpu", 1), ("cpu", 2)):
         broadcasts = [e for e in platform_eqns(jaxpr, platform) if e.primitive.name == "broadcast_in_dim"
                       and e.invars[0].aval.shape == (8,) and e.outvars[0].aval.shape == (8, 64)]
         assert len(broadcasts) == count, platform
     multiplies_by_zero = [e for e in platform_eqns(jaxpr, "tpu") if e.primitive.name == "mul"
                           and any(getattr(v, "val", None) is not None and np.all(v.val == 0) for v in e.invars)]
     assert len(multiplies_by_zero) == 1
+
+
+@pytest.mark.parametrize("limit", [127, 7])
+def test_tpu_codes_exact_in_every_binade(limit):
+    """The TPU's codes (its ``platform_dependent`` branch, evaluated here) for one slice per power of two of the
+    absmax, from the smallest normal to the top binade, with every value within two ulp of a rounding boundary of
+    its slice's scale or on one: the reference's codes bit for bit, on both sides of the exponents (-64, -65) where
+    :func:`signed_divisors` switches to a tiny slice's shifted divisor."""
+    rng = np.random.default_rng(limit)
+    exponents = np.arange(-126, 128)
+    amax = (rng.uniform(1, 2, exponents.size) * 2.0**exponents).astype(np.float32)
+    amax[-1] = np.finfo(np.float32).max
+    scales = (amax / np.float32(limit)).astype(np.float32)  # IEEE: the contract's scale
+    halves = np.arange(-limit - 1, limit + 1) + 0.5
+    with np.errstate(over="ignore"):  # the top binade's outer boundary, dropped below
+        near = (scales[:, None].astype(np.float64) * halves).astype(np.float32)
+    values = (near[:, :, None].view(np.int32) + np.arange(-2, 3, dtype=np.int32)).view(np.float32).reshape(
+        exponents.size, -1)
+    values = np.where(np.abs(values) <= amax[:, None], values, 0).astype(np.float32)
+    values = np.where(np.abs(values) >= np.finfo(np.float32).tiny, values, 0).astype(np.float32)
+    x = np.concatenate([amax[:, None], values], axis=1)
+    codes, got_scales, got_exponents = evaluate_as("tpu", lambda v: quantize_parts(v, (1,), limit), x)
+    want_scales, want_exponents = reference_scale_parts(x, (1,), limit)
+    np.testing.assert_array_equal(np.asarray(got_scales), want_scales)
+    np.testing.assert_array_equal(np.asarray(got_exponents), want_exponents)
+    np.testing.assert_array_equal(np.asarray(codes), reference_codes(x, (1,), limit))
+    quotients = x.astype(np.float64) / (want_scales.astype(np.float64) * np.exp2(want_exponents))[:, None]
+    assert np.count_nonzero(np.abs(quotients % 1) == 0.5) > 3 * exponents.size  # ties were among them
+
+
+def test_signed_divisors_hold_scale_and_prescale():
+    """A slice's divisor and prescale as the TPU's pass reads them back: the scale itself and 1 down to an absmax
+    of ``2**-64``; below, the scale and the values both scaled by ``2**64``; NaN and Inf stay NaN and Inf."""
+    exponents = np.array([-126, -65, -64, 0, 64, 65, 126], np.int32)
+    scales = np.float32([1 / 127, 1.5 / 127, 1.99 / 127, 1 / 7, 3.9 / 7, 2 / 127, np.inf])
+    prescale = np.exp2(-exponents.astype(np.float64)).astype(np.float32)
+    signed = np.asarray(jax.jit(signed_divisors)(scales, prescale))
+    multiplier = np.asarray(jax.jit(divisor_prescale)(signed))
+    shift = np.where(exponents < -64, 64.0, 0.0)
+    np.testing.assert_array_equal(np.abs(signed), scales.astype(np.float64) * np.exp2(exponents + shift))
+    np.testing.assert_array_equal(multiplier, np.exp2(shift))
+    assert np.isnan(jax.jit(signed_divisors)(np.float32([np.nan]), np.float32([1.0]))[0])
 
 
 def test_only_cpu_trusts_the_division():
