@@ -32,11 +32,33 @@ class _Program(NamedTuple):
     out_tree: Any
     rewriter: Rewriter  # shares the rewrite of repeated sub-jaxprs between the uses of this program
     cacheable: bool  # False when the program closes over a tracer of an enclosing trace
+    consts: list  # float_jaxpr's constants, the weights among them quantized once (_quantized_constants)
 
     def run(self, flat_args: list) -> list:
         """Evaluate the rewritten program under the current trace (the rewrite happens as it is traced)."""
-        outs = self.rewriter.interpret(self.float_jaxpr.jaxpr, self.float_jaxpr.consts, flat_args)
+        outs = self.rewriter.interpret(self.float_jaxpr.jaxpr, self.consts, flat_args)
         return [materialise(out) for out in outs]
+
+
+def _quantized_constants(closed: ClosedJaxpr, config: RewriteConfig, weights: "_QuantizedWeights") -> list:
+    """The constants of a traced program (the arrays ``fn`` closes over) with each weight among them quantized once:
+    each ``jax.Array`` constant :func:`~jaxpr_rewrite.quantize_params` would quantize were it a parameter (every use
+    a rewritten matmul), with the codes and scales the program would compute from it, bit for bit, shared by the
+    programs of every call signature through ``weights``.
+
+    Left float, they would be quantized inside the compiled program, where XLA folds the quantization of a
+    constant at compile time, slowly (about a second of compile time per million weights on CPU, with an
+    error-level log line for each fold over a second) or not at all. Quantized here, eagerly, the program holds
+    their int8 codes as constants instead. As for any pre-quantized weight, a derivative through such a matmul is
+    the float matmul's at the weight's value inside the dot."""
+    jaxpr = closed.jaxpr
+    consts = list(closed.consts)
+    with jax.ensure_compile_time_eval():  # eagerly, also while an enclosing jit traces the call
+        for i, (var, value) in enumerate(zip(jaxpr.constvars, consts)):
+            uses = quantizable_uses(jaxpr, var, config) if _is_weight_array(value) else []
+            if uses:
+                consts[i] = weights.quantized(value, uses)
+    return consts
 
 
 class Int8ified(Int8ifiedBase):
@@ -103,7 +125,8 @@ class Int8ified(Int8ifiedBase):
                 return program
         float_jaxpr, out_tree = trace(self.fn, signature, dynamic)
         cacheable = not any(isinstance(c, jax.core.Tracer) for c in float_jaxpr.consts)
-        program = _Program(float_jaxpr, out_tree, Rewriter(self.config, float_jaxpr.jaxpr), cacheable)
+        consts = _quantized_constants(float_jaxpr, self.config, self._weights) if cacheable else float_jaxpr.consts
+        program = _Program(float_jaxpr, out_tree, Rewriter(self.config, float_jaxpr.jaxpr), cacheable, consts)
         # A program that closes over an outer tracer belongs to that trace alone: never reuse it.
         if cacheable:
             with self._lock:
@@ -211,27 +234,40 @@ def _is_weight_array(x) -> bool:
 
 class _QuantizedWeights:
     """Quantized copies of the float arrays that eager calls pass again (weights come back; activations are
-    new each call), each kept as long as its array lives."""
+    new each call) and of the weights traced programs close over, each kept as long as its array lives."""
 
     def __init__(self):
-        # (id(array), casts, axes) -> [weak reference to the array, its QuantizedArray once it came back]
+        # (id(array), casts, axes) -> [weak reference to the array, its QuantizedArray once made]
         self._entries: dict = {}
         self._lock = threading.Lock()
 
     def get(self, array, uses):
         """``array`` as the call passes it: its quantized copy when the array was passed before (made on its
         second call), else the array itself (quantized inside the program, as every call would)."""
-        key = (id(array), tuple(uses[0].casts), uses[0].from_end)
-        with self._lock:
-            entry = self._entries.get(key)
-        if entry is None or entry[0]() is not array:
-            reference = weakref.ref(array, lambda _, key=key: self._drop(key))
-            with self._lock:
-                self._entries[key] = [reference, None]
+        entry, seen = self._entry(array, uses)
+        if not seen:
             return array
         if entry[1] is None:
             entry[1] = quantized_weight(array, uses)
         return entry[1]
+
+    def quantized(self, array, uses):
+        """``array``'s quantized copy, made now unless it was before: a constant of a traced program (the same
+        array in the programs of other call signatures gets the same copy)."""
+        entry, _ = self._entry(array, uses)
+        if entry[1] is None:
+            entry[1] = quantized_weight(array, uses)
+        return entry[1]
+
+    def _entry(self, array, uses):
+        """``array``'s entry ``[weak reference, quantized copy or None]`` and whether it was there before."""
+        key = (id(array), tuple(uses[0].casts), uses[0].from_end)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry[0]() is array:
+                return entry, True
+            entry = self._entries[key] = [weakref.ref(array, lambda _, key=key: self._drop(key)), None]
+        return entry, False
 
     def _drop(self, key):
         with self._lock:

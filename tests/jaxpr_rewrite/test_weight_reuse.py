@@ -8,7 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpr_rewrite import api, int8ify
+from helpers import is_max_reduction
+from jaxpr_rewrite import api, int8ify, quantize_params
+from jaxpr_rewrite.jaxprs import iter_eqns
 
 RNG = np.random.default_rng(11)
 
@@ -77,3 +79,39 @@ def test_numpy_weights_are_quantized_every_call(quantizations):
     after = np.asarray(wrapped(params, x))
     np.testing.assert_allclose(after, 2 * before, rtol=1e-5, atol=1e-6)
     assert quantizations == [(16, 256)]  # only x, a jax.Array passed twice
+
+
+def test_weights_a_function_closes_over_are_quantized_once_when_traced(quantizations):
+    """The arrays a function closes over are constants of its program: each weight among them is quantized once,
+    when the program is traced (under an enclosing jit too), and the program holds its int8 codes, with the numbers
+    of the same weights passed as arguments, bit for bit. No absmax of a weight is left in it for XLA to fold at
+    compile time (about a second per million weights on CPU). The bias, no matmul operand, stays float."""
+    params = make_params()
+    closed = int8ify(lambda x: mlp(params, x), min_contracting_size=4)
+    passed = jax.jit(int8ify(mlp, min_contracting_size=4))
+    x = jnp.asarray(RNG.standard_normal((32, 256)), jnp.float32)
+    want = np.asarray(passed(params, x))
+    np.testing.assert_array_equal(np.asarray(jax.jit(closed)(x)), want)
+    np.testing.assert_array_equal(np.asarray(closed(x)), want)
+    assert sorted(quantizations) == [(256, 512), (512, 64)]  # once, for every call and trace above
+    closed(x[:8])  # another call signature, another program: the same codes
+    assert len(quantizations) == 2
+    jaxpr = closed.rewritten_jaxpr(x)
+    absmax_inputs = {e.invars[0].aval.shape for e in iter_eqns(jaxpr.jaxpr) if is_max_reduction(e)}
+    assert absmax_inputs == {(32, 256), (32, 512)}  # the activations' alone
+    assert {c.shape for c in jaxpr.consts if c.dtype == np.int8} == {(256, 512), (512, 64)}
+    assert not [c for c in jaxpr.consts if c.shape in {(256, 512), (512, 64)} and c.dtype == np.float32]
+
+
+def test_derivatives_through_closed_over_weights_are_those_of_pre_quantized_ones():
+    """A closed-over weight is a pre-quantized one: the straight-through derivative of its matmul is the float
+    matmul's at the weight's value inside the dot, as with quantize_params, bit for bit."""
+    params = make_params()
+    x = jnp.asarray(RNG.standard_normal((16, 256)), jnp.float32)
+    closed = int8ify(lambda v: mlp(params, v), min_contracting_size=5)
+    passed = int8ify(mlp, min_contracting_size=5)
+    qparams = quantize_params(passed, params, x)
+    got = jax.grad(lambda v: closed(v).sum())(x)
+    want = jax.grad(lambda v: passed(qparams, v).sum())(x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert np.all(np.isfinite(np.asarray(got)))
