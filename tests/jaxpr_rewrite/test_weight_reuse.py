@@ -115,3 +115,47 @@ def test_derivatives_through_closed_over_weights_are_those_of_pre_quantized_ones
     want = jax.grad(lambda v: passed(qparams, v).sum())(x)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert np.all(np.isfinite(np.asarray(got)))
+
+
+def _scan_layers(params, x):
+    def layer(h, w):
+        return jax.nn.relu(h @ w), None
+    return jax.lax.scan(layer, x, params["stack"])[0]
+
+
+def _decode_loop(params, x):
+    return jax.lax.fori_loop(0, 3, lambda i, h: jnp.tanh(h @ params["w"]), x)
+
+
+def _bfloat16_layer(params, x):
+    return (x.astype(jnp.bfloat16) @ params["w"].astype(jnp.bfloat16)).astype(jnp.float32)
+
+
+def _remat_and_cond(params, x):
+    h = jax.checkpoint(lambda v: jnp.tanh(v @ params["w"]))(x)
+    return jax.lax.cond(h.sum() > 0, lambda v: v @ params["w"], lambda v: -(v @ params["w"]), h)
+
+
+def _weight_used_elsewhere(params, x):
+    return x @ params["w"] + params["w"][0]  # (a sum of a constant would be folded in another order than run)
+
+
+def _two_contractions(params, x):
+    return (x @ params["w"]) @ params["w"].T
+
+
+@pytest.mark.parametrize("fn, quantized", [
+    (_scan_layers, 1), (_decode_loop, 1), (_bfloat16_layer, 1), (_remat_and_cond, 1),
+    (_weight_used_elsewhere, 0), (_two_contractions, 0),
+])
+def test_closed_over_weights_anywhere_in_the_program(fn, quantized, quantizations):
+    """Weights closed over by a scan over stacked layers, a decode loop, a cast, remat and cond are quantized once
+    when traced; one also used other than as a matmul operand, or contracted along two axes, stays float, as
+    quantize_params keeps it. Either way the numbers are those of the weights passed as arguments, bit for bit."""
+    params = {"w": jnp.asarray(RNG.standard_normal((128, 128)) / 12, jnp.float32)}
+    params["stack"] = jnp.stack([params["w"], 2 * params["w"]])
+    x = jnp.asarray(RNG.standard_normal((16, 128)), jnp.float32)
+    want = np.asarray(jax.jit(int8ify(fn, min_contracting_size=6))(params, x))
+    got = np.asarray(jax.jit(int8ify(lambda v: fn(params, v), min_contracting_size=6))(x))
+    np.testing.assert_array_equal(got, want)
+    assert len(quantizations) == quantized
