@@ -228,7 +228,23 @@ def trace(fn: Callable, signature: Signature, dynamic: list) -> tuple[ClosedJaxp
         closed = jax.make_jaxpr(flat_fn)(*(_abstract(x) for x in dynamic))
     except _TRACING_ERRORS as exc:
         raise traced_value_error(exc) from exc
+    except TypeError as exc:
+        if QuantizedArray.__name__ not in str(exc):
+            raise
+        raise closed_over_quantized_error(exc) from exc
     return closed, out_tree_box[-1]
+
+
+def closed_over_quantized_error(exc: TypeError) -> Int8ifyError:
+    """The error for a :class:`~jaxpr_rewrite.quantized.QuantizedArray` the traced function reached other than as
+    an argument (closed over, a module attribute), which JAX cannot compute with: where, and what works instead."""
+    frame = _user_frame(exc)
+    where = f" at {frame.filename}:{frame.lineno}" if frame is not None else ""
+    first = str(exc).strip().splitlines()[0]
+    return Int8ifyError(
+        f"the function uses a QuantizedArray it does not take as an argument{where} ({first}); int8ify reads "
+        "quantized weights from its arguments: pass them in, int8ify(fn)(qparams, x), or close over the float "
+        "weights, which int8ify quantizes once when it traces the program")
 
 
 # -- a traced value used as a Python value ------------------------------------------------------------------------

@@ -149,6 +149,19 @@ def test_closure_over_an_outer_tracer():
     np.testing.assert_allclose(np.asarray(outer(X, 2 * W), np.float64), 2 * WANT, rtol=1e-6)
 
 
+def test_closed_over_weights_give_the_contract_and_a_quantized_one_gets_one_sentence():
+    """A float weight closed over gives the contract (int8ify quantizes it once when it traces the program); a
+    QuantizedArray closed over, which JAX cannot compute with, is named with the user's line and what works."""
+    np.testing.assert_allclose(np.asarray(jax.jit(int8ify(lambda x: x @ jnp.asarray(W)))(X), np.float64), WANT,
+                               rtol=1e-6)
+    qparams = quantize_params(lambda w, x: x @ w, jnp.asarray(W), X)
+    with pytest.raises(Int8ifyError, match=r"uses a QuantizedArray it does not take as an argument at "
+                                           r".*test_api\.py:\d+ \(unsupported operand.*pass them in"):
+        int8ify(lambda x: x @ qparams)(X)
+    np.testing.assert_array_equal(np.asarray(int8ify(lambda w, x: x @ w)(qparams, X)),
+                                  np.asarray(jax.jit(int8ify(lambda x: x @ jnp.asarray(W)))(X)))
+
+
 def test_errors_are_clear():
     with pytest.raises(Int8ifyError, match="not hashable"):
         int8ify(matmul, static_argnums=(1,))(X, [1, 2])
