@@ -156,3 +156,34 @@ def test_equinox_attention_takes_static_attention_scales():
     assert len(scales.dots) == 2  # the vmapped heads' q.k and p.v
     out = int8ify(run, activation_scales=scales)(params, x)
     assert rel_error(out, run(params, x)) < 0.05
+
+
+def test_weights_closed_over_by_flax_and_equinox_code_are_quantized_once(monkeypatch):
+    """Serving code that closes over its weights (``lambda x: model.apply(variables, x)``, an Equinox module called
+    as it is): each kernel is quantized once, when the program is traced, with the numbers of the weights passed
+    as arguments, bit for bit."""
+    nn, eqx = pytest.importorskip("flax.linen"), pytest.importorskip("equinox")
+    from jaxpr_rewrite import api
+
+    quantized = []
+    original = api.quantized_weight
+    monkeypatch.setattr(api, "quantized_weight",
+                        lambda value, uses: quantized.append(value.shape) or original(value, uses))
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(4)(nn.gelu(nn.Dense(32)(x)))
+
+    model = MLP()
+    variables = model.init(jax.random.PRNGKey(5), X)
+    got = jax.jit(int8ify(lambda x: model.apply(variables, x)))(X)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(int8ify(model.apply))(variables, X)))
+    assert sorted(quantized) == [(16, 32), (32, 4)]
+
+    module = eqx.nn.MLP(16, 4, width_size=32, depth=2, key=jax.random.PRNGKey(6))
+    quantized.clear()
+    got = jax.jit(int8ify(lambda x: jax.vmap(module)(x)))(X)
+    want = eqx.filter_jit(int8ify(lambda m, x: jax.vmap(m)(x)))(module, X)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert sorted(quantized) == [(4, 32), (32, 16), (32, 32)]
