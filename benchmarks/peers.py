@@ -16,6 +16,8 @@ timed interleaved round by round (medians after warm-up), speed printed as float
 * ``int8ify (weights/call)``  ``jax.jit(int8ify(model))`` on the float weights: quantized on every call;
 * ``int8ify eager``           ``int8ify(model)`` called directly on the float weights: an eager call quantizes the
                               weights that come back once and reuses their codes;
+* ``int8ify closed over``     ``jax.jit(int8ify(lambda x: model.apply(params, x)))``: weights the function closes
+                              over are quantized once, when its program is traced;
 * ``bare int8 dots``          only the model's int8 x int8 -> int32 dots;
 * ``floor``                   the int8 dots plus the model's own bias and gelu on their int32 results (what any int8
                               program of this model must pay: no quantization or scale pass);
@@ -261,6 +263,7 @@ def main(argv=None) -> int:
             "int8ify static": (wrapped, (static, x)),
             "int8ify (weights/call)": (wrapped, (params, x)),
             "int8ify eager": (int8ify(apply), (params, x)),
+            "int8ify closed over": (jax.jit(int8ify(lambda v: apply(params, v))), (x,)),
             "bare int8 dots": (bare, bare_args),
             "floor": (floor, floor_args),
             "floor + NaN check": floor_program(params, batch, nan_check=True)[0],

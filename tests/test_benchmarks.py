@@ -72,8 +72,8 @@ def test_peers_benchmark_runs_and_names_the_machine(tmp_path, monkeypatch):
     assert peers.main(["--quick", "--batches", "1", "--out", str(out)]) == 0
     text = out.read_text()
     assert text.startswith("CPU: ") and f"JAX {jax.__version__}" in text
-    for variant in ("float32", "hand W8A8", "int8ify+qparams", "int8ify static", "int8ify eager", "floor",
-                    "floor + NaN check"):
+    for variant in ("float32", "hand W8A8", "int8ify+qparams", "int8ify static", "int8ify eager",
+                    "int8ify closed over", "floor", "floor + NaN check"):
         assert f"| 1 | {variant} |" in text, variant
     # at batch 1 only the targets for every batch are read: against the hand-written program (and the peers)
     assert "| weights quantized once: at most the hand-written program's time | 1 | " in text
