@@ -41,7 +41,8 @@ class _Program(NamedTuple):
 
 
 def _quantized_constants(closed: ClosedJaxpr, config: RewriteConfig, weights: "_QuantizedWeights") -> list:
-    """The constants of a traced program (the arrays ``fn`` closes over) with each weight among them quantized once:
+    """The constants of a traced program or of a closed jaxpr inside it (the arrays ``fn`` or a jitted function it
+    calls close over) with each weight among them quantized once:
     each ``jax.Array`` constant :func:`~jaxpr_rewrite.quantize_params` would quantize were it a parameter (every use
     a rewritten matmul), with the codes and scales the program would compute from it, bit for bit, shared by the
     programs of every call signature through ``weights``.
@@ -125,8 +126,9 @@ class Int8ified(Int8ifiedBase):
                 return program
         float_jaxpr, out_tree = trace(self.fn, signature, dynamic)
         cacheable = not any(isinstance(c, jax.core.Tracer) for c in float_jaxpr.consts)
-        consts = _quantized_constants(float_jaxpr, self.config, self._weights) if cacheable else float_jaxpr.consts
-        program = _Program(float_jaxpr, out_tree, Rewriter(self.config, float_jaxpr.jaxpr), cacheable, consts)
+        constants = functools.partial(_quantized_constants, config=self.config, weights=self._weights)
+        program = _Program(float_jaxpr, out_tree, Rewriter(self.config, float_jaxpr.jaxpr, constants), cacheable,
+                           constants(float_jaxpr))
         # A program that closes over an outer tracer belongs to that trace alone: never reuse it.
         if cacheable:
             with self._lock:

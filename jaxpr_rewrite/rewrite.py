@@ -19,7 +19,7 @@ not skip: a matmul is never left in float silently.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax.extend  # noqa: F401  (makes jax.extend.core importable)
 import numpy as np
@@ -50,14 +50,19 @@ class Rewriter:
     rules it creates can run concurrently.
     """
 
-    def __init__(self, config: RewriteConfig, program: Jaxpr | None = None):
+    def __init__(self, config: RewriteConfig, program: Jaxpr | None = None,
+                 constants: Callable[[ClosedJaxpr], list] | None = None):
         """
         Arguments:
             config: the rewrite options.
             program: the top-level program this rewriter runs, whose dots ``config.activation_scales`` were
                 calibrated for (checked here).
+            constants: what a nested closed jaxpr's constants become before it is rewritten (``None``: themselves);
+                ``int8ify`` quantizes the weights among them once (a jitted function called inside that closes
+                over its weights).
         """
         self.config = config
+        self._constants = constants
         self.backend = config.dot_backend
         scales = config.activation_scales
         # id(top-level dot equation) -> its CalibratedDot (the static scales of its two operands)
@@ -108,7 +113,7 @@ class Rewriter:
         if cached is not None and cached[0] is closed_jaxpr and keep_float_from is None:
             return cached[1]
         tangents = frozenset(jaxpr.invars[keep_float_from:]) if keep_float_from is not None else frozenset()
-        consts = closed_jaxpr.consts
+        consts = closed_jaxpr.consts if self._constants is None else self._constants(closed_jaxpr)
 
         def interpret(*args):
             return materialised(self.interpret(jaxpr, consts, args, scope, tangents, where))

@@ -136,6 +136,10 @@ def _remat_and_cond(params, x):
     return jax.lax.cond(h.sum() > 0, lambda v: v @ params["w"], lambda v: -(v @ params["w"]), h)
 
 
+def _jitted_helper(params, x):
+    return jax.jit(lambda v: jax.nn.relu(v @ params["w"]))(x)  # closing over the weight, a constant of its own jaxpr
+
+
 def _weight_used_elsewhere(params, x):
     return x @ params["w"] + params["w"][0]  # (a sum of a constant would be folded in another order than run)
 
@@ -145,13 +149,14 @@ def _two_contractions(params, x):
 
 
 @pytest.mark.parametrize("fn, quantized", [
-    (_scan_layers, 1), (_decode_loop, 1), (_bfloat16_layer, 1), (_remat_and_cond, 1),
+    (_scan_layers, 1), (_decode_loop, 1), (_bfloat16_layer, 1), (_remat_and_cond, 1), (_jitted_helper, 1),
     (_weight_used_elsewhere, 0), (_two_contractions, 0),
 ])
 def test_closed_over_weights_anywhere_in_the_program(fn, quantized, quantizations):
-    """Weights closed over by a scan over stacked layers, a decode loop, a cast, remat and cond are quantized once
-    when traced; one also used other than as a matmul operand, or contracted along two axes, stays float, as
-    quantize_params keeps it. Either way the numbers are those of the weights passed as arguments, bit for bit."""
+    """Weights closed over by a scan over stacked layers, a decode loop, a cast, remat and cond, or by a jitted
+    function called inside, are quantized once when traced; one also used other than as a matmul operand, or
+    contracted along two axes, stays float, as quantize_params keeps it. Either way the numbers are those of the
+    weights passed as arguments, bit for bit."""
     params = {"w": jnp.asarray(RNG.standard_normal((128, 128)) / 12, jnp.float32)}
     params["stack"] = jnp.stack([params["w"], 2 * params["w"]])
     x = jnp.asarray(RNG.standard_normal((16, 128)), jnp.float32)
