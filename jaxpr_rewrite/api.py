@@ -18,7 +18,7 @@ from .params import quantizable_uses, quantized_weight
 from .quantized import materialise
 from .report import Report, report
 from .rewrite import Rewriter
-from .tracing import Int8ifiedBase, Signature, resolve_static, split_call, trace
+from .tracing import Int8ifiedBase, Signature, function_name, resolve_static, split_call, trace
 
 __all__ = ["Int8ified", "int8ify"]
 
@@ -86,6 +86,7 @@ class Int8ified(Int8ifiedBase):
             raise Int8ifyError(f"static_argnames must be a parameter name or names (strings), got "
                                f"{static_argnames!r}")
         self.fn = fn
+        self._name = function_name(fn)  # once: it is in every call's messages, and a repr can be costly
         self.config = config
         self._static = resolve_static(fn, static_argnums, static_argnames)
         self.cache_size = cache_size
@@ -115,7 +116,7 @@ class Int8ified(Int8ifiedBase):
     def signature(self, args: tuple, kwargs: dict) -> tuple[Signature, list]:
         """The call's :class:`~jaxpr_rewrite.tracing.Signature` and its traced leaves; static floats are told
         apart by their bits, as ``jax.jit`` does (``0.0`` and ``-0.0`` are different programs, NaN is one)."""
-        signature, dynamic = split_call(args, kwargs, self._static, getattr(self.fn, "__name__", repr(self.fn)))
+        signature, dynamic = split_call(args, kwargs, self._static, self._name)
         return signature._replace(key=_bitwise(signature.key)), dynamic
 
     def _program(self, signature: Signature, dynamic: list) -> _Program:
@@ -297,9 +298,8 @@ def _check_devices(fn, args, kwargs) -> None:
                 placed[prefix + jax.tree_util.keystr(path)] = leaf.sharding.device_set
     if len({frozenset(d) for d in placed.values()}) > 1:
         where = ", ".join(f"{path} on {sorted(d.id for d in devices)}" for path, devices in placed.items())
-        name = getattr(fn, "__name__", repr(fn))
-        raise Int8ifyError(f"the arrays passed to {name} are committed to different devices ({where}); move them "
-                           "to one device (or one sharding's devices) with jax.device_put first")
+        raise Int8ifyError(f"the arrays passed to {function_name(fn)} are committed to different devices ({where}); "
+                           "move them to one device (or one sharding's devices) with jax.device_put first")
 
 
 _NO_FUNCTION = object()

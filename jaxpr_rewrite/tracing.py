@@ -30,8 +30,8 @@ from .config import RewriteConfig
 from .errors import Int8ifyError, TracedValueError
 from .quantized import QuantizedArray, is_quantized
 
-__all__ = ["Int8ifiedBase", "Signature", "StaticArgs", "is_array", "rebuild", "resolve_static", "split_call",
-           "target_of", "trace", "traced_value_error"]
+__all__ = ["Int8ifiedBase", "Signature", "StaticArgs", "closed_over_quantized_error", "function_name", "is_array",
+           "rebuild", "resolve_static", "split_call", "target_of", "trace", "traced_value_error"]
 
 
 class Int8ifiedBase:
@@ -75,7 +75,7 @@ def resolve_static(fn: Callable, static_argnums=(), static_argnames=()) -> Stati
         raise Int8ifyError(f"static_argnums must be ints, got {static_argnums!r}")
     if not all(isinstance(n, str) for n in names):
         raise Int8ifyError(f"static_argnames must be strings, got {static_argnames!r}")
-    name = getattr(fn, "__name__", repr(fn))
+    name = function_name(fn)
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
@@ -142,9 +142,16 @@ def target_of(fn, caller: str) -> tuple[Callable, RewriteConfig, Callable]:
     if not callable(fn):
         raise Int8ifyError(f"{caller} expects the model function as its first argument, got {type(fn).__name__} "
                            f"{fn!r:.40}")
-    name = getattr(fn, "__name__", repr(fn))
+    name = function_name(fn)
     no_static = StaticArgs(frozenset(), frozenset())
     return fn, RewriteConfig(), lambda args, kwargs: split_call(args, kwargs, no_static, name)
+
+
+def function_name(fn) -> str:
+    """``fn``'s name for messages: its ``__name__``, else its ``repr`` (taken only then: a Flax module's repr prints
+    the whole module tree)."""
+    name = getattr(fn, "__name__", None)
+    return name if isinstance(name, str) else repr(fn)
 
 
 def _leaf_type(x):
