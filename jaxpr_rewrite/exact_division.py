@@ -31,7 +31,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from .float_formats import float_format
+from .float_formats import float_format, pow2
 
 __all__ = ["divided_by_code_limit", "divided_by_odd", "divisor_prescale", "reciprocal", "reciprocal_by_integers",
            "reciprocals_in_float64", "rounded_quotients", "rounded_quotients_by_float64", "rounded_quotients_exactly",
@@ -267,8 +267,7 @@ def signed_divisors(scales, prescale):
     exponents = lax.sub(np.int32(127), field)
     tiny = lax.lt(exponents, np.int32(-_TINY_SHIFT))
     shifted = lax.add(exponents, lax.select(tiny, lax.full_like(exponents, _TINY_SHIFT), lax.full_like(exponents, 0)))
-    power = lax.bitcast_convert_type(lax.shift_left(lax.add(shifted, np.int32(127)), np.int32(23)), np.float32)
-    divisors = lax.mul(scales, power)
+    divisors = lax.mul(scales, pow2(shifted))
     return lax.select(tiny, lax.neg(divisors), divisors)
 
 

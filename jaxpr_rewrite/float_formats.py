@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from jax import lax
 
-__all__ = ["FORMATS", "FloatFormat", "float_format"]
+__all__ = ["FORMATS", "FloatFormat", "float_format", "pow2"]
 
 
 class FloatFormat(NamedTuple):
@@ -27,3 +28,10 @@ FORMATS = {
 def float_format(x) -> FloatFormat:
     """The bit layout of ``x``'s dtype (a compute dtype: float32 or float64)."""
     return FORMATS[np.dtype(x.dtype)]
+
+
+def pow2(exponent, dtype=np.float32):
+    """``2.0 ** exponent`` in ``dtype``, exactly, for int32 ``exponent`` in ``[1 - bias, bias]``."""
+    fmt = FORMATS[np.dtype(dtype)]
+    biased = lax.convert_element_type(lax.add(exponent, np.int32(fmt.bias)), fmt.bits)
+    return lax.bitcast_convert_type(lax.shift_left(biased, fmt.bits(fmt.mantissa_bits)), fmt.dtype)

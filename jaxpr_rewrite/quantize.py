@@ -52,7 +52,7 @@ import numpy as np
 from jax import lax
 
 from .exact_division import divided_by_code_limit, reciprocal, rounded_quotients
-from .float_formats import FORMATS, FloatFormat, float_format  # noqa: F401  (part of this module's API)
+from .float_formats import FORMATS, FloatFormat, float_format, pow2  # noqa: F401  (part of this module's API)
 
 __all__ = [
     "FORMATS",
@@ -95,13 +95,6 @@ def to_compute(x, dtype=None):
     """``x`` in its compute dtype (or ``dtype``)."""
     dtype = compute_dtype(x.dtype) if dtype is None else np.dtype(dtype)
     return x if x.dtype == dtype else lax.convert_element_type(x, dtype)
-
-
-def pow2(exponent, dtype=np.float32):
-    """``2.0 ** exponent`` in ``dtype``, exactly, for int32 ``exponent`` in ``[1 - bias, bias]``."""
-    fmt = FORMATS[np.dtype(dtype)]
-    biased = lax.convert_element_type(lax.add(exponent, np.int32(fmt.bias)), fmt.bits)
-    return lax.bitcast_convert_type(lax.shift_left(biased, fmt.bits(fmt.mantissa_bits)), fmt.dtype)
 
 
 def absmax(x, reduce_axes: Sequence[int]):
