@@ -15,6 +15,9 @@ What needs internals, and why:
   ``jax._src.cudnn.scaled_matmul_stablehlo``. JAX gives that primitive lowering rules for ``cuda`` (the
   cuDNN ``__op$block_scaled_dot`` custom call) and ``rocm`` only; on CPU lowering fails with "MLIR
   translation rule for primitive 'scaled_matmul' not found for platform cpu".
+* ``trace_context``: the settings besides the arguments that ``jax.jit`` keys its own cache on (x64, the mesh
+  in use, the default device, type promotion, matmul precision, ...); a program traced under other settings
+  types its values differently (``jnp.arange`` int32 or int64, a sharding per value on an explicit mesh).
 * ``python_traceback``: the current Python stack as JAX records it; ``source_info_util.user_context`` only
   replaces the recorded stack with another one, so the shared int8 program is traced under a fresh stack (its
   equations then point at this library instead of the user line that happened to trace it first).
@@ -110,6 +113,11 @@ def shard_map_body_context(params) -> contextlib.ExitStack:
     stack.enter_context(_use_abstract_mesh(_shard_map._as_manual_mesh(mesh, manual)))
     stack.enter_context(_config._check_vma(params["check_vma"]))
     return stack
+
+
+def trace_context():
+    """The hashable settings a traced program depends on besides its arguments, as ``jax.jit`` keys them."""
+    return _config.trace_context()
 
 
 def python_traceback():

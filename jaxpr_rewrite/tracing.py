@@ -26,6 +26,7 @@ from jax.extend.core import ClosedJaxpr
 
 from jx_codes import CONCRETIZATION, TRACED_CONDITION, Code
 
+from . import _compat
 from .config import RewriteConfig
 from .errors import Int8ifyError, TracedValueError
 from .quantized import QuantizedArray, is_quantized
@@ -111,7 +112,8 @@ def resolve_static(fn: Callable, static_argnums=(), static_argnames=()) -> Stati
 
 
 class Signature(NamedTuple):
-    """The hashable description of a call: everything but the traced arrays' values."""
+    """The hashable description of a call: everything but the traced arrays' values, and the settings it is
+    traced under (x64, the mesh in use, ...: what ``jax.jit`` keys its cache on besides the arguments)."""
 
     tree: Any  # treedef of (dynamic positional args, dynamic kwargs), QuantizedArrays as leaves
     is_dynamic: tuple  # per leaf: traced or static
@@ -119,13 +121,14 @@ class Signature(NamedTuple):
     static_leaves: tuple  # the static leaves, in order
     static_positional: tuple  # ((position, value), ...) for static_argnums
     static_keywords: tuple  # ((name, value), ...) for static_argnames
-    key: Any  # the hashable cache key
+    key: Any  # the hashable cache key of the arguments
+    context: Any  # the settings it is traced under, as JAX keys them (kept out of ``key``: compared as they are)
 
     def __hash__(self):
-        return hash(self.key)
+        return hash((self.key, self.context))
 
     def __eq__(self, other):
-        return isinstance(other, Signature) and self.key == other.key
+        return isinstance(other, Signature) and self.key == other.key and self.context == other.context
 
 
 def target_of(fn, caller: str) -> tuple[Callable, RewriteConfig, Callable]:
@@ -195,7 +198,8 @@ def split_call(args: tuple, kwargs: dict, static: StaticArgs = StaticArgs(frozen
             f"a static argument of {fn_name} is not hashable ({e}); static arguments (static_argnums, "
             "static_argnames, and leaves that are not arrays) must be hashable"
         ) from None
-    return Signature(tree, is_dynamic, avals, static_leaves, static_pos, static_kw, key), dynamic
+    return Signature(tree, is_dynamic, avals, static_leaves, static_pos, static_kw, key,
+                     _compat.trace_context()), dynamic
 
 
 def rebuild(signature: Signature, dynamic) -> tuple[list, dict]:
@@ -212,8 +216,19 @@ def rebuild(signature: Signature, dynamic) -> tuple[list, dict]:
 def _abstract(x):
     """What ``jax.make_jaxpr`` traces a leaf as: a QuantizedArray as the float array it stands for."""
     if is_quantized(x):
-        return jax.ShapeDtypeStruct(x.shape, x.dtype)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_explicit_sharding_of(x))
     return x
+
+
+def _explicit_sharding_of(q: QuantizedArray):
+    """The sharding of the float array ``q`` stands for, where its codes live on a mesh with explicit axes: the
+    codes' own (the float array's layout, a 4-bit array's packed last axis sharded alike); else ``None``. Explicit
+    axes make a sharding part of every type, so the float program traced with a stand-in sharded otherwise would
+    type the weight's matmul, and all that follows, unlike the program the caller wrote."""
+    sharding = jax.typeof(q.codes).sharding
+    if not getattr(getattr(sharding, "mesh", None), "explicit_axes", ()):
+        return None
+    return sharding
 
 
 def trace(fn: Callable, signature: Signature, dynamic: list) -> tuple[ClosedJaxpr, Any]:

@@ -140,6 +140,21 @@ def test_eager_calls_are_cached_not_retraced():
     assert len(traces) == 2
 
 
+def test_programs_are_keyed_by_the_settings_they_are_traced_under():
+    """A program traced without x64 is not reused under jax.enable_x64 (nor the other way): the same values and
+    types as jax.jit, which keys its cache on those settings too, in either order."""
+    def f(x, w):
+        return x @ w, jnp.arange(3), jnp.asarray(x, float) @ jnp.asarray(w, float)
+
+    for first_x64 in (False, True):
+        g = int8ify(f)
+        for x64 in (first_x64, not first_x64, first_x64):
+            with jax.enable_x64(x64):
+                got, want = g(X, W), jax.jit(f)(X, W)
+            assert [a.dtype for a in got] == [a.dtype for a in want], (first_x64, x64)
+            np.testing.assert_allclose(np.asarray(got[0], np.float64), WANT, rtol=1e-6)
+
+
 def test_closure_over_an_outer_tracer():
     @jax.jit
     def outer(x, w):

@@ -74,11 +74,10 @@ def float_shardings(params, mesh):
 
 
 @needs_8
-def test_sharded_restore_keeps_each_leafs_sharding(tmp_path):
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])
+def test_sharded_restore_keeps_each_leafs_sharding(tmp_path, axis_type):
     fn, params, x = deploy_model()
-    # Auto axes, as tests/jaxpr_rewrite/test_distributed.py: on JAX 0.12 an Explicit-axes mesh makes int8ify fail on
-    # sharded pre-quantized weights however they were placed (device_put too), a rewrite issue, not a checkpoint one
-    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type, axis_type))
     qparams = quantize_params(fn, params, x)
     target = sharded_like(jax.eval_shape(lambda p: p, qparams), float_shardings(params, mesh))
     # codes sharded like the float weight, scales (and exponents) along its kept axis: the columns

@@ -102,3 +102,40 @@ def test_explicit_sharding_keeps_out_sharding():
             got = jax.jit(int8ify(f))(x, w)
             assert got.sharding.spec == jax.jit(f)(x, w).sharding.spec
             np.testing.assert_allclose(np.asarray(got, np.float64), reference_dot(xs, ws, MATMUL), rtol=1e-5)
+
+
+def test_explicit_mesh_with_quantized_weights_types_values_like_float_weights():
+    """Pre-quantized weights sharded over an Explicit mesh: the program is typed as the float weights' would be
+    (the weight's stand-in carries its codes' sharding), so the output keeps the column sharding, its values are
+    the unsharded program's bit for bit, and a gradient through it (relu's select compares both sides' shardings)
+    is the unsharded one's, also after calls outside the mesh's context traced a program of the same arguments."""
+    from jaxpr_rewrite import quantize_params
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+    rng = np.random.default_rng(1)
+    params = {"w1": rng.normal(size=(96, 256)).astype(np.float32) / 8, "b1": rng.normal(size=256).astype(np.float32),
+              "w2": rng.normal(size=(256, 64)).astype(np.float32) / 16}
+    x = rng.normal(size=(32, 96)).astype(np.float32)
+
+    def mlp(p, x):
+        return jax.nn.relu(x @ p["w1"] + p["b1"]) @ p["w2"]
+
+    def column_parallel(a):
+        return NamedSharding(mesh, P(None, "model") if a.ndim == 2 else P("model"))
+
+    qparams = quantize_params(mlp, params, x)
+    want = np.asarray(jax.jit(int8ify(mlp))(qparams, x))
+    want_grad = np.asarray(jax.grad(lambda x: int8ify(mlp)(qparams, x).sum())(x))
+    placed, float_placed = (jax.device_put(p, jax.tree_util.tree_map(column_parallel, p)) for p in (qparams, params))
+    assert placed["w1"].codes.sharding.spec == P(None, "model") and placed["w1"].scales.sharding.spec == P("model")
+    xs = jax.device_put(x, NamedSharding(mesh, P("data", None)))
+    f = int8ify(mlp)
+    np.testing.assert_array_equal(np.asarray(f(placed, xs)), want)  # traced outside the mesh's context first
+    with jax.set_mesh(mesh):
+        got = jax.jit(f)(placed, xs)
+        assert got.sharding.spec == jax.jit(mlp)(float_placed, xs).sharding.spec == P("data", "model")
+        np.testing.assert_array_equal(np.asarray(got), want)
+        grad = jax.grad(lambda x: f(placed, x).sum())(xs)
+        assert grad.sharding.spec == jax.grad(lambda x: mlp(float_placed, x).sum())(xs).sharding.spec
+        # the straight-through gradient is float matmuls, their sums split over the mesh: equal to rounding
+        np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=1e-5, atol=1e-6)
