@@ -12,13 +12,14 @@ from typing import Any, Callable, Iterable, NamedTuple
 import jax
 from jax.extend.core import ClosedJaxpr
 
+from .argument_updates import write_back
 from .config import RewriteConfig
 from .errors import Int8ifyError
 from .params import quantizable_uses, quantized_weight
 from .quantized import materialise
 from .report import Report, report
 from .rewrite import Rewriter
-from .tracing import Int8ifiedBase, Signature, function_name, resolve_static, split_call, trace
+from .tracing import Int8ifiedBase, Signature, argument_tree, function_name, resolve_static, split_call, trace
 
 __all__ = ["Int8ified", "int8ify"]
 
@@ -29,7 +30,8 @@ class _Program(NamedTuple):
     """One traced program, cached per call signature."""
 
     float_jaxpr: ClosedJaxpr  # the program as written, over the traced leaves
-    out_tree: Any
+    out_tree: Any  # the structure of the function's output, whose leaves the outputs start with
+    updates: tuple  # the argument leaves the function replaces (last among the outputs), tracing.Traced
     rewriter: Rewriter  # shares the rewrite of repeated sub-jaxprs between the uses of this program
     cacheable: bool  # False when the program closes over a tracer of an enclosing trace
     consts: list  # float_jaxpr's constants, the weights among them quantized once (_quantized_constants)
@@ -125,11 +127,11 @@ class Int8ified(Int8ifiedBase):
             if program is not None:
                 self._programs.move_to_end(signature)
                 return program
-        float_jaxpr, out_tree = trace(self.fn, signature, dynamic)
+        float_jaxpr, out_tree, updates = trace(self.fn, signature, dynamic)
         cacheable = not any(isinstance(c, jax.core.Tracer) for c in float_jaxpr.consts)
         constants = functools.partial(_quantized_constants, config=self.config, weights=self._weights)
-        program = _Program(float_jaxpr, out_tree, Rewriter(self.config, float_jaxpr.jaxpr, constants), cacheable,
-                           constants(float_jaxpr))
+        program = _Program(float_jaxpr, out_tree, updates, Rewriter(self.config, float_jaxpr.jaxpr, constants),
+                           cacheable, constants(float_jaxpr))
         # A program that closes over an outer tracer belongs to that trace alone: never reuse it.
         if cacheable:
             with self._lock:
@@ -218,6 +220,10 @@ class Int8ified(Int8ifiedBase):
                 raise
         else:
             outs = program.run(dynamic)
+        if program.updates:  # state the function updates in its arguments (a Flax NNX module's variables)
+            n_out = len(outs) - len(program.updates)
+            write_back(argument_tree(signature, args, kwargs), program.updates, outs[n_out:], self._name)
+            outs = outs[:n_out]
         return jax.tree_util.tree_unflatten(program.out_tree, outs)
 
     def __get__(self, instance, owner):

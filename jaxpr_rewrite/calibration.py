@@ -53,7 +53,7 @@ def calibration_tracer(function: Callable, signature_of: Callable, params, n_lea
         if signature not in programs:
             if 0 in {i for i, _ in signature.static_positional}:
                 raise Int8ifyError(f"{caller} needs params (the first argument) to be traced, not static")
-            closed, _ = trace(function, signature, dynamic)
+            closed = trace(function, signature, dynamic).jaxpr
             # the params' leaves come first among the call's leaves; the static ones are not program inputs
             inputs, position = {}, 0
             for i, is_dynamic in enumerate(signature.is_dynamic[:n_leaves]):

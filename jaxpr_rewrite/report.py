@@ -354,7 +354,7 @@ def report(fn, *args, **kwargs) -> Report:
     function, config, signature_of = target_of(fn, "report")
     args, kwargs = jax.tree_util.tree_map(_as_reported, (args, kwargs), is_leaf=is_quantized)
     signature, dynamic = signature_of(args, kwargs)
-    closed, _ = trace(function, signature, dynamic)
+    closed = trace(function, signature, dynamic).jaxpr
     concrete = all(_is_concrete(x) for x in dynamic)
     sites = _sites(closed.jaxpr, config)
 

@@ -27,12 +27,14 @@ from jax.extend.core import ClosedJaxpr
 from jx_codes import CONCRETIZATION, TRACED_CONDITION, Code
 
 from . import _compat
+from .argument_updates import find_updates
 from .config import RewriteConfig
 from .errors import Int8ifyError, TracedValueError
 from .quantized import QuantizedArray, is_quantized
 
-__all__ = ["Int8ifiedBase", "Signature", "StaticArgs", "closed_over_quantized_error", "function_name", "is_array",
-           "rebuild", "resolve_static", "split_call", "target_of", "trace", "traced_value_error"]
+__all__ = ["Int8ifiedBase", "Signature", "StaticArgs", "Traced", "argument_tree", "closed_over_quantized_error",
+           "function_name", "is_array", "resolve_static", "split_call", "target_of", "trace",
+           "traced_value_error"]
 
 
 class Int8ifiedBase:
@@ -202,15 +204,28 @@ def split_call(args: tuple, kwargs: dict, static: StaticArgs = StaticArgs(frozen
                      _compat.trace_context()), dynamic
 
 
-def rebuild(signature: Signature, dynamic) -> tuple[list, dict]:
-    """The call's ``(args, kwargs)`` from its signature and values for its traced leaves."""
+def _rebuilt_tree(signature: Signature, dynamic) -> tuple[list, dict]:
+    """``(dynamic positional args, dynamic kwargs)``: the tree :func:`split_call` flattened, rebuilt."""
     dyn_iter, static_iter = iter(dynamic), iter(signature.static_leaves)
     leaves = [next(dyn_iter) if d else next(static_iter) for d in signature.is_dynamic]
-    dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(signature.tree, leaves)
+    return jax.tree_util.tree_unflatten(signature.tree, leaves)
+
+
+def _with_static(signature: Signature, dyn_args, dyn_kwargs) -> tuple[list, dict]:
+    """The call's ``(args, kwargs)``: its dynamic ones with its static ones put back."""
     args = list(dyn_args)
     for i, value in signature.static_positional:
         args.insert(i, value)
     return args, {**dyn_kwargs, **dict(signature.static_keywords)}
+
+
+def argument_tree(signature: Signature, args: tuple, kwargs: dict) -> tuple[list, dict]:
+    """A call's own ``(dynamic positional args, dynamic kwargs)``, the tree :func:`split_call` flattened, holding
+    the caller's objects (where :func:`~jaxpr_rewrite.argument_updates.write_back` sets what the call updated)."""
+    static_pos = {i for i, _ in signature.static_positional}
+    static_kw = {k for k, _ in signature.static_keywords}
+    return ([a for i, a in enumerate(args) if i not in static_pos],
+            {k: v for k, v in kwargs.items() if k not in static_kw})
 
 
 def _abstract(x):
@@ -231,20 +246,32 @@ def _explicit_sharding_of(q: QuantizedArray):
     return sharding
 
 
-def trace(fn: Callable, signature: Signature, dynamic: list) -> tuple[ClosedJaxpr, Any]:
+class Traced(NamedTuple):
+    """A call traced: its float program and how to read the program's outputs."""
+
+    jaxpr: ClosedJaxpr  # over the traced leaves (a QuantizedArray is one input of its float type)
+    out_tree: Any  # the tree structure of ``fn``'s output, whose leaves the program's outputs start with
+    updates: tuple  # the paths of the argument leaves the call replaced, whose new values are the last outputs
+
+
+def trace(fn: Callable, signature: Signature, dynamic: list) -> Traced:
     """Trace ``fn`` on a call's arguments (nothing runs).
 
     Returns:
-        ``(closed_jaxpr, out_tree)``: the float program over the traced leaves (a QuantizedArray is one input
-        of its float type), and the tree structure of ``fn``'s output.
+        The :class:`Traced` program. Its outputs are ``fn``'s output leaves, then the new value of each leaf
+        ``fn`` replaced inside its arguments (state a Flax NNX module updates in place:
+        :mod:`~jaxpr_rewrite.argument_updates`).
     """
-    out_tree_box = []
+    out_tree_box, updates_box = [], []
 
     def flat_fn(*flat):
-        args, kwargs = rebuild(signature, flat)
+        dyn_args, dyn_kwargs = root = _rebuilt_tree(signature, flat)
+        args, kwargs = _with_static(signature, dyn_args, dyn_kwargs)
         out_flat, out_tree = jax.tree_util.tree_flatten(fn(*args, **kwargs))
+        paths, values = find_updates(root, signature.tree, signature.is_dynamic, flat, function_name(fn))
         out_tree_box.append(out_tree)
-        return out_flat
+        updates_box.append(paths)
+        return [*out_flat, *values]
 
     try:
         closed = jax.make_jaxpr(flat_fn)(*(_abstract(x) for x in dynamic))
@@ -254,7 +281,7 @@ def trace(fn: Callable, signature: Signature, dynamic: list) -> tuple[ClosedJaxp
         if QuantizedArray.__name__ not in str(exc):
             raise
         raise closed_over_quantized_error(exc) from exc
-    return closed, out_tree_box[-1]
+    return Traced(closed, out_tree_box[-1], updates_box[-1])
 
 
 def closed_over_quantized_error(exc: TypeError) -> Int8ifyError:

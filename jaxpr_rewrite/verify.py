@@ -196,7 +196,7 @@ def trace_program(fn, *args, **kwargs) -> ClosedJaxpr:
     if isinstance(fn, Int8ifiedBase):
         return fn.rewritten_jaxpr(*args, **kwargs)
     function, _, signature_of = target_of(fn, "verify")
-    return trace(function, *signature_of(args, kwargs))[0]
+    return trace(function, *signature_of(args, kwargs)).jaxpr
 
 
 def verify(fn, *args, **kwargs) -> list[Finding]:

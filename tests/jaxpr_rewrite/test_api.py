@@ -155,6 +155,59 @@ def test_programs_are_keyed_by_the_settings_they_are_traced_under():
             np.testing.assert_allclose(np.asarray(got[0], np.float64), WANT, rtol=1e-6)
 
 
+def test_state_updated_in_the_arguments_is_written_back_to_the_callers_objects():
+    """A function that updates its arguments in place (a dict entry, a list item, an attribute) updates the
+    caller's objects as the float function does, eagerly and under grad; where that cannot be carried out of the
+    traced program, the error names the place."""
+    class Box:  # a pytree node naming its child by attribute, as Flax NNX modules do
+        def __init__(self, value):
+            self.value = value
+
+    jax.tree_util.register_pytree_with_keys(
+        Box, lambda b: (((jax.tree_util.GetAttrKey("value"), b.value),), None), lambda _, c: Box(*c))
+
+    def step(state, x, w):
+        state["calls"] = state["calls"] + 1
+        state["history"][0] = x @ w
+        state["box"].value = state["box"].value + (x @ w).sum()
+        return jnp.tanh(x @ w)
+
+    def fresh():
+        return {"calls": jnp.zeros((), jnp.int32), "history": [jnp.zeros((4, 5))], "box": Box(jnp.zeros(()))}
+
+    want, got = fresh(), fresh()
+    for _ in range(2):
+        want_out, got_out = step(want, X, W), int8ify(step)(got, X, W)
+    assert int(got["calls"]) == int(want["calls"]) == 2
+    np.testing.assert_allclose(np.asarray(got["history"][0], np.float64), WANT, rtol=1e-6)
+    np.testing.assert_allclose(float(got["box"].value), 2 * WANT.sum(), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(got_out), np.asarray(want_out), rtol=0.05, atol=0.02)
+    state = fresh()
+    jax.grad(lambda x: int8ify(step)(state, x, W).sum())(X)
+    assert isinstance(state["calls"], jax.Array) and int(state["calls"]) == 1  # concrete again after grad
+
+    def grows(state, x):
+        state["new"] = x @ W
+        return x
+
+    with pytest.raises(Int8ifyError, match=r"stores traced values into its arguments at argument 0 \['new'\] and "
+                                           r"changes their structure"):
+        int8ify(grows)({}, X)
+
+    jax.tree_util.register_pytree_node(Pair := type("Pair", (), {}), lambda p: ((p.a,), None),
+                                       lambda _, c: setattr(p := Pair(), "a", c[0]) or p)
+
+    def unkeyed(pair, x):
+        pair.a = x @ W
+        return x
+
+    pair = Pair()
+    pair.a = jnp.zeros((4, 5))
+    with pytest.raises(Int8ifyError, match=r"updates argument 0 \[<flat index 0>\] in place.*names its children "
+                                           r"by position only"):
+        int8ify(unkeyed)(pair, X)
+
+
 def test_closure_over_an_outer_tracer():
     @jax.jit
     def outer(x, w):

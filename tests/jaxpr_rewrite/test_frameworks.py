@@ -57,6 +57,69 @@ def test_flax_nnx_module_call():
     assert rel_error(jax.jit(forward)(state, X), model(X)) < 0.03
 
 
+def test_flax_nnx_kv_cache_decoding_keeps_the_cache_it_updates():
+    """An nnx module passed as it is updates its variables in place (here its KV cache): int8ify carries the
+    updates out of the traced program into the caller's module, eagerly and inside nnx.jit, so each decoding step
+    reads the keys and values of the steps before (without that, every step saw an empty cache: error ~1.2)."""
+    nnx = pytest.importorskip("flax.nnx")
+    batch, length, width = 2, 8, 128
+    x = jax.random.normal(jax.random.PRNGKey(1), (batch, length, width))
+    attention = nnx.MultiHeadAttention(num_heads=4, in_features=width, decode=True, rngs=nnx.Rngs(0))
+
+    def decode(step):
+        attention.init_cache((batch, length, width))
+        out = jnp.concatenate([step(attention, x[:, i:i + 1]) for i in range(length)], axis=1)
+        assert int(attention.cache_index[...]) == length
+        return out
+
+    want = decode(lambda m, t: m(t))
+    eager = decode(int8ify(lambda m, t: m(t)))
+    jitted = decode(nnx.jit(int8ify(lambda m, t: m(t))))
+    assert rel_error(eager, want) < 0.03 and rel_error(jitted, want) < 0.03
+    np.testing.assert_allclose(np.asarray(jitted), np.asarray(eager), rtol=1e-5, atol=1e-6)
+    assert_all_dots_int8(jax.make_jaxpr(int8ify(lambda m, t: m(t)))(attention, x[:, :1]), 6)
+
+
+def test_flax_nnx_training_step_updates_batch_statistics_and_rng_counts():
+    """nnx.jit + nnx.value_and_grad + nnx.Optimizer around an int8ified call: BatchNorm's running statistics and
+    Dropout's RNG counter advance as in the float step (they stayed at their initial values before)."""
+    nnx = pytest.importorskip("flax.nnx")
+    optax = pytest.importorskip("optax")
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.fc1, self.bn = nnx.Linear(64, 128, rngs=rngs), nnx.BatchNorm(128, rngs=rngs)
+            self.drop, self.fc2 = nnx.Dropout(0.5, rngs=rngs), nnx.Linear(128, 10, rngs=rngs)
+
+        def __call__(self, x):
+            return self.fc2(self.drop(nnx.relu(self.bn(self.fc1(x)))))
+
+    x, y = jax.random.normal(jax.random.PRNGKey(0), (32, 64)), jnp.arange(32) % 10
+    trained = {}
+    for name, wrap in [("float", lambda f: f), ("int8", int8ify)]:
+        model = Net(nnx.Rngs(0))
+        optimizer = nnx.Optimizer(model, optax.sgd(1e-2), wrt=nnx.Param)
+
+        @nnx.jit
+        def step(model, optimizer, x, y, wrap=wrap):
+            def loss(model):
+                logits = wrap(lambda m, x: m(x))(model, x)
+                return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+            value, grads = nnx.value_and_grad(loss)(model)
+            optimizer.update(model, grads)
+            return value
+
+        for _ in range(3):
+            step(model, optimizer, x, y)
+        trained[name] = model
+    float_model, int8_model = trained["float"], trained["int8"]
+    assert int(int8_model.drop.rngs.count[...]) == int(float_model.drop.rngs.count[...]) == 3
+    assert float(jnp.abs(float_model.bn.mean[...]).sum()) > 0.1
+    assert rel_error(int8_model.bn.mean[...], float_model.bn.mean[...]) < 0.03
+    assert rel_error(int8_model.bn.var[...], float_model.bn.var[...]) < 0.03
+
+
 def test_equinox_module_with_static_leaves():
     eqx = pytest.importorskip("equinox")
     model = eqx.nn.MLP(16, 4, width_size=32, depth=2, activation=jax.nn.gelu, key=jax.random.PRNGKey(2))
