@@ -123,6 +123,12 @@ class RewriteConfig:
             return self.block_size
         return None
 
+    def describe_quantization(self) -> str:
+        """The options that say how dots quantize, as ``int8ify`` keywords (``backend='mxfp8',
+        granularity='per-channel'``), for messages."""
+        block = f", block_size={self.block_size}" if self.block_size is not None else ""
+        return f"backend={self.backend!r}, granularity={self.granularity!r}{block}"
+
     @property
     def uses_per_channel_int8(self) -> bool:
         """Whether dots become the plain per-channel int8 contract, the one pre-quantized weights are made for."""

@@ -176,6 +176,7 @@ def rewrite_dot(config: RewriteConfig, backend: Backend, eqn, invals, where: Loc
     if ragged:
         _check_ragged(backend, eqn, where)
     contractions = matmul_dimension_numbers(eqn)[0]
+    _check_per_channel_weights(invals[:2], config, eqn, where)
     lhs, rhs = resolve_dot_operands(invals[:2], contractions, config.uses_per_channel_int8, smoothed,
                                     config.int8_block_size)
     # an integer operand of a mixed dot is quantized like a float one
@@ -197,6 +198,21 @@ def rewrite_dot(config: RewriteConfig, backend: Backend, eqn, invals, where: Loc
         # runs with the mesh axes automatic inside and delivers the float dot's output sharding.
         program = jax.sharding.auto_axes(program, axes=out_sharding.mesh.explicit_axes, out_sharding=out_sharding)
     return program(lhs, rhs)
+
+
+def _check_per_channel_weights(invals: Sequence, config: RewriteConfig, eqn, where: Location):
+    """A weight quantized per channel in int8 fits only the dots of that contract: re-quantizing its dequantized
+    values under other options would be neither its contract nor what those options give the float weight."""
+    if config.uses_per_channel_int8:
+        return
+    for x in invals:
+        if is_quantized(x) and x.block_size is None:
+            instead = ("quantize it with the same options, quantize_params(int8ify(fn, block_size=...), ...)"
+                       if config.int8_block_size is not None else "pass the float weight, which they quantize")
+            raise Int8ifyError(
+                f"{eqn.primitive.name} at {describe_source(eqn, where)} gets a weight quantized per channel in int8 "
+                f"({x!r}), but the options quantize its dots otherwise ({config.describe_quantization()}); "
+                f"{instead}")
 
 
 def _check_ragged(backend: Backend, eqn, where: Location):

@@ -91,6 +91,22 @@ def test_block_weights_in_a_dot_of_another_block_length_are_an_error():
         int8ify(dense)(qparams, x)
 
 
+@pytest.mark.parametrize("options, instead", [
+    ({"block_size": 32}, r"quantize it with the same options, quantize_params\(int8ify\(fn, block_size=...\)"),
+    ({"granularity": "per-tensor"}, "pass the float weight"),
+    ({"backend": "mxfp8"}, "pass the float weight"),
+])
+def test_per_channel_weights_in_dots_quantized_otherwise_are_an_error(options, instead):
+    """The reverse of the above: per-channel int8 codes re-quantized under other options (they ran silently,
+    neither their contract nor what the options give the float weight) are an error naming the line."""
+    x = np.ones((4, 256), np.float32)
+    qparams = quantize_params(dense, {"w": weight(256, 128)}, x)
+    with pytest.raises(Int8ifyError, match=r"dot_general at .*test_block_weights\.py:\d+ \(dense\) gets a weight "
+                                           r"quantized per channel in int8 .* the options quantize its dots "
+                                           r"otherwise \(backend=.*; " + instead):
+        int8ify(dense, **options)(qparams, x)
+
+
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 host devices (tests/conftest.py sets them)")
 def test_block_scales_shard_along_the_kept_axis():
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
