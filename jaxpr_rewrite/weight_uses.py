@@ -7,9 +7,10 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+from jax.extend.core import Var
 
 from .config import RewriteConfig
-from .jaxprs import is_float_dot, matmul_dimension_numbers, open_jaxpr
+from .jaxprs import is_float_dot, iter_eqns, matmul_dimension_numbers, open_jaxpr, sub_jaxprs
 from .rules import rule_for
 from .rules.dots import is_plain_dot, skip_reason
 from .scopes import join_scope
@@ -59,9 +60,37 @@ class _Trail:
         ``changes``: the fields that change on the way (``casts``, ``axes``)."""
         return _uses(jaxpr, var, dataclasses.replace(self, top=self.top and not nested, **changes))
 
-    def refuse(self, why: str) -> None:
-        """Record a use that keeps the leaf float."""
-        self.refused.append(why)
+    def refuse(self, why: str, eqn=None) -> None:
+        """Record a use that keeps the leaf float: by the equation ``eqn`` of :attr:`jaxpr` (which may still lead
+        to a matmul), or by none (it is returned)."""
+        self.refused.append(_Refusal(why, eqn is not None and _reaches_a_float_dot(self.jaxpr, eqn)))
+
+    def refuse_unfollowed(self, eqn, where: str) -> None:
+        """Record a use by ``eqn``, a primitive without a rule to follow a parameter through (a slice, a
+        reshape): said to feed a matmul where its result does, since the leaf then feeds one but stays float."""
+        feeds = _reaches_a_float_dot(self.jaxpr, eqn)
+        follows = " (quantize_params follows casts, transposes, calls, loops, branches and a scan's slices)"
+        self.refused.append(_Refusal(
+            f"it is used by {eqn.primitive.name} at {where}" + (", whose result feeds a matmul" + follows if feeds
+                                                                else ""), feeds))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Refusal:
+    why: str
+    feeds_matmul: bool  # the refused use leads to a float matmul: the leaf feeds one, but stays float
+
+
+def _reaches_a_float_dot(jaxpr, start) -> bool:
+    """Whether equation ``start`` of ``jaxpr`` holds a float matmul or what it computes flows into one."""
+    reached = set(start.outvars)
+    for eqn in jaxpr.eqns[jaxpr.eqns.index(start):]:
+        if eqn is not start and not any(v in reached for v in eqn.invars if isinstance(v, Var)):
+            continue
+        if is_float_dot(eqn) or any(is_float_dot(e) for sub in sub_jaxprs(eqn) for e in iter_eqns(sub)):
+            return True
+        reached.update(eqn.outvars)
+    return False
 
 
 def _uses(jaxpr, var, trail: _Trail) -> list[Use]:
@@ -84,7 +113,7 @@ def _uses(jaxpr, var, trail: _Trail) -> list[Use]:
         follow = rule_for(eqn.primitive.name).follow
         uses = follow(here, eqn, positions, where) if follow is not None else None
         if uses is None:
-            trail.refuse(f"it is used by {eqn.primitive.name} at {where}")
+            here.refuse_unfollowed(eqn, where)
         else:
             found += uses
     return found
@@ -94,11 +123,11 @@ def _matmul_use(eqn, positions, trail: _Trail, where: str) -> list[Use]:
     """The use of a parameter as operand ``positions[0]`` of the float matmul ``eqn`` (none, refused, when it is
     both operands or the options keep the matmul float)."""
     if len(positions) > 1:
-        trail.refuse(f"it is both operands of the matmul at {where}")
+        trail.refuse(f"it is both operands of the matmul at {where}", eqn)
         return []
     reason = skip_reason(eqn, trail.config, trail.scope)
     if reason is not None:
-        trail.refuse(f"its matmul at {where} stays float ({reason})")
+        trail.refuse(f"its matmul at {where} stays float ({reason})", eqn)
         return []
     dims = matmul_dimension_numbers(eqn)
     side = positions[0]
@@ -116,9 +145,12 @@ def plan_uses(jaxpr, var, config: RewriteConfig) -> tuple[list[Use], str]:
     refused: list[str] = []
     uses = _uses(jaxpr, var, _Trail(config, refused, axes=tuple(range(len(var.aval.shape)))))
     if not uses:
-        return [], "kept float: it feeds no matmul" + (f" ({refused[0]})" if refused else "")
+        feeding = [r for r in refused if r.feeds_matmul]
+        if feeding:
+            return [], f"kept float: {feeding[0].why}"
+        return [], "kept float: it feeds no matmul" + (f" ({refused[0].why})" if refused else "")
     if refused:
-        return [], f"kept float: {refused[0]}"
+        return [], f"kept float: {refused[0].why}"
     if len({u.from_end for u in uses}) > 1:
         return [], "kept float: its matmuls contract different axes"
     if len({u.casts for u in uses}) > 1:

@@ -40,11 +40,11 @@ def _follow_scan(trail, eqn, positions, where):
     found = []
     for k in positions:
         if n_consts <= k < n_consts + n_carry:
-            trail.refuse(f"it is carried through the scan at {where}")
+            trail.refuse(f"it is carried through the scan at {where}", eqn)
             continue
         sliced = trail.axes if k < n_consts else trail.axes[1:]  # xs lose their leading (stacked) axis
         if k >= n_consts and trail.axes[0] != min(trail.axes):
-            trail.refuse(f"the scan at {where} slices it along a transposed axis")
+            trail.refuse(f"the scan at {where} slices it along a transposed axis", eqn)
             continue
         found += trail.follow(sub, sub.invars[k], nested=True, axes=sliced)
     return found

@@ -40,7 +40,7 @@ def _follow_while(trail, eqn, positions, where):
         elif k < p["cond_nconsts"] + p["body_nconsts"]:
             sub, index = open_jaxpr(p["body_jaxpr"]), k - p["cond_nconsts"]
         else:
-            trail.refuse(f"it is carried through the while_loop at {where}")
+            trail.refuse(f"it is carried through the while_loop at {where}", eqn)
             continue
         found += trail.follow(sub, sub.invars[index], nested=True)
     return found

@@ -348,6 +348,31 @@ def test_a_leaf_left_float_is_never_silent():
         quantize_params(lambda p, x: x @ p["w"] + p["b"], params, x)
 
 
+def test_a_leaf_reaching_its_matmul_through_a_slice_or_split_is_named_and_warned_about():
+    """Stacked layers indexed in a Python loop and a fused QKV kernel split in three reach their matmuls through
+    primitives quantize_params does not follow: they stay float, and the reason says the result feeds a matmul
+    (it used to say "it feeds no matmul", and so no QuantizationWarning came)."""
+    params = {"stacked": jnp.asarray(rng.normal(size=(2, 64, 64)), jnp.float32) / 8,
+              "qkv": jnp.asarray(rng.normal(size=(64, 192)), jnp.float32) / 8,
+              "table": jnp.asarray(rng.normal(size=(64,)), jnp.float32)}
+    x = jnp.asarray(rng.normal(size=(8, 64)), jnp.float32)
+
+    def model(params, x):
+        for i in range(2):
+            x = jnp.tanh(x @ params["stacked"][i])
+        q, k, v = (x @ w for w in jnp.split(params["qkv"], 3, axis=1))
+        return jax.nn.softmax(q @ k.T) @ v + params["table"][3]  # table: read by a slice, which reaches no matmul
+
+    warned = (r"left 2 parameter\(s\) that feed a matmul in float.*\['qkv'\]: it is used by split at "
+              r".*test_params\.py:\d+ \(.*model\), whose result feeds a matmul \(quantize_params follows casts")
+    with pytest.warns(QuantizationWarning, match=warned):
+        quantize_params(model, params, x)
+    _, why = quantize_params(model, params, x, explain=True)
+    stacked = why["['stacked']"]
+    assert stacked.startswith("kept float: it is used by slice at ") and "feeds a matmul" in stacked
+    assert why["['table']"].startswith("kept float: it feeds no matmul (it is used by slice at ")
+
+
 def test_smoothing_groups_of_separate_calls_never_collide():
     """Two quantize_params calls both used to number their groups from 0: a program reading one activation
     through weights of both reused the wrong rescaled activation (40% error, silently)."""
