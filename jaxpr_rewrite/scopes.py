@@ -30,10 +30,12 @@ def user_scope(scope: str) -> str:
 
 
 def matching_pattern(scope: str, patterns) -> str | None:
-    """The first of ``patterns`` (``fnmatch`` syntax) that matches ``scope``, as JAX wrote it or with the
-    transform wrappers off (so ``skip=["attn"]`` still matches under ``grad`` and ``vmap``), or ``None``."""
-    unwrapped = user_scope(scope)
+    """The first of ``patterns`` (``fnmatch`` syntax, case-insensitive on every platform) that matches ``scope``,
+    as JAX wrote it or with the transform wrappers off (so ``skip=["attn"]`` still matches under ``grad`` and
+    ``vmap``), or ``None``. Case-insensitive because frameworks capitalise their scopes differently:
+    ``*attention*`` matches Flax's ``MultiHeadDotProductAttention_0`` and Equinox's ``MultiheadAttention``."""
+    scopes = (scope.lower(), user_scope(scope).lower())
     for pattern in patterns:
-        if fnmatch.fnmatchcase(scope, pattern) or fnmatch.fnmatchcase(unwrapped, pattern):
+        if any(fnmatch.fnmatchcase(s, pattern.lower()) for s in scopes):
             return pattern
     return None

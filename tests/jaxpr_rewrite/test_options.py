@@ -65,6 +65,21 @@ def test_skip_pattern_sees_the_full_nested_scope():
     assert len(_split_dots(int8ify(f, skip="attention*"), X, W1)[0]) == 0
 
 
+@pytest.mark.parametrize("scope", ["MultiHeadDotProductAttention_0", "MultiheadAttention", "self_attention"])
+def test_skip_patterns_ignore_case_as_frameworks_capitalise_differently(scope):
+    """Flax names its attention module's scope MultiHeadDotProductAttention_0, Equinox MultiheadAttention: the
+    README's skip=["*attention*"] matched neither (case-sensitive), silently."""
+    def f(x, w1, w2):
+        with jax.named_scope("Block_0"):
+            with jax.named_scope(scope):
+                h = x @ w1
+            return h @ w2
+
+    for pattern in ("*attention*", "*ATTENTION*", "block_0/*Attention*"):
+        floats, ints = _split_dots(int8ify(f, skip=[pattern]), X, W1, W2)
+        assert [e.outvars[0].aval.shape for e in floats] == [(4, 16)] and len(ints) == 1, pattern
+
+
 def test_skip_if_predicate_on_the_equation():
     seen = []
 
