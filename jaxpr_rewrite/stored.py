@@ -88,7 +88,9 @@ def to_stored(tree) -> tuple[dict, dict]:
             named = {name: leaf}
         else:
             raise Int8ifyError(f"cannot store the leaf at {_describe(entries)}: it is a {type(leaf).__name__}, not "
-                               "an array or a QuantizedArray")
+                               "an array or a QuantizedArray; store the arrays alone and put the rest back after "
+                               "loading onto a target (an Equinox module: eqx.partition and eqx.combine with "
+                               "is_leaf=is_quantized, as docs/deploy.md shows)")
         clash = set(named) & set(tensors)
         if clash:
             raise Int8ifyError(f"the leaf at {_describe(entries)} is stored as {sorted(clash)}, a name another leaf "

@@ -178,3 +178,12 @@ def test_a_target_whose_shapes_differ_is_refused_naming_the_leaf(tmp_path, model
     with pytest.raises(Int8ifyError, match=r"the target has leaves the file does not: \['extra'\]"):
         load_safetensors(tmp_path / "model.safetensors", target)
     assert isinstance(qparams["head"], QuantizedArray)
+
+
+def test_a_leaf_that_is_not_an_array_is_named_with_what_to_do(tmp_path, model):
+    """An Equinox module holds its activation function as a leaf: the error names it and the way to store the
+    arrays alone (docs/deploy.md runs that way end to end)."""
+    fn, params, x, qparams = model
+    with pytest.raises(Int8ifyError, match=r"cannot store the leaf at \['activation'\]: it is a ufunc, not an "
+                                           r"array or a QuantizedArray; store the arrays alone .*eqx\.partition"):
+        save_safetensors(tmp_path / "model.safetensors", {**qparams, "activation": np.tanh})
