@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from typing import Sequence
 
 import jax.numpy as jnp
@@ -24,12 +25,13 @@ __all__ = ["checks_codes", "has_dynamic_scales", "quantize", "quantize_operand",
            "smoothed_activation"]
 
 
-def quantize(x, reduce_axes: Sequence[int], bits: int = 8, block_size: int | None = None) -> QuantizedArray:
+def quantize(x, reduce_axes: int | Sequence[int], bits: int = 8, block_size: int | None = None) -> QuantizedArray:
     """Quantize ``x`` with one symmetric scale per slice over ``reduce_axes`` (the contract's rule).
 
     Arguments:
         x: a floating array (bfloat16 and float16 are upcast to float32 first).
-        reduce_axes: the axes one scale covers (for a dot operand: its contracting dims).
+        reduce_axes: the axes one scale covers (for a dot operand: its contracting dims), distinct, each in
+            ``[-x.ndim, x.ndim)`` (negative ones count from the end); a single int is one axis, as numpy's ``axis``.
         bits: 8 (codes in ``[-127, 127]``, scales ``absmax / 127``) or 4 (codes in ``[-7, 7]``, scales
             ``absmax / 7``, packed two per byte along the last axis).
         block_size: ``None``, or one scale per index of the kept axes and block of this many elements of the
@@ -41,8 +43,8 @@ def quantize(x, reduce_axes: Sequence[int], bits: int = 8, block_size: int | Non
     if bits not in CODE_LIMITS:
         raise Int8ifyError(f"bits must be one of {sorted(CODE_LIMITS)}, got {bits!r}")
     x = x if hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
-    ndim = max(x.ndim, 1)
-    reduce_axes = tuple(sorted(a % ndim for a in reduce_axes))
+    _check_floating(x)
+    reduce_axes = _normalized_axes(reduce_axes, x.shape)
     if bits == 4 and x.ndim == 0:
         raise Int8ifyError("4-bit codes are packed along the last axis; a scalar has none")
     kept = tuple(a for a in range(x.ndim) if a not in reduce_axes)
@@ -56,6 +58,48 @@ def quantize(x, reduce_axes: Sequence[int], bits: int = 8, block_size: int | Non
         return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, block_size=block_size)
     return QuantizedArray(pack_int4(codes), scales, exponents, reduce_axes, x.dtype, bits=4, length=x.shape[-1],
                           block_size=block_size)
+
+
+def _check_floating(x) -> None:
+    """Raise :class:`~jaxpr_rewrite.errors.Int8ifyError` unless ``x``'s dtype is a floating one (read off its
+    static dtype, so a traced ``x`` costs nothing): an integer or bool array has no fraction to keep, and a complex
+    one would lose its imaginary part."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        instead = ("quantize its real and imaginary parts separately" if jnp.issubdtype(x.dtype, jnp.complexfloating)
+                   else "cast it to a float dtype first, e.g. x.astype(jnp.float32)")
+        raise Int8ifyError(f"quantize needs a floating array x, got dtype {np.dtype(x.dtype).name} (shape "
+                           f"{tuple(x.shape)}); {instead}")
+
+
+def _normalized_axes(reduce_axes, shape: tuple) -> tuple:
+    """``reduce_axes`` (one int, or a sequence of them, negative ones counting from the end) as the sorted
+    non-negative axes of an array of ``shape``.
+
+    Raises:
+        Int8ifyError: an axis that is not an int, out of range for ``shape``, or named twice (a plain ``a % ndim``
+            would quietly wrap an out-of-range axis onto another one).
+    """
+    ndim = len(shape)
+    if isinstance(reduce_axes, numbers.Integral) and not isinstance(reduce_axes, (bool, np.bool_)):
+        reduce_axes = (reduce_axes,)
+    try:
+        axes = tuple(reduce_axes)
+    except TypeError:
+        axes = None
+    if axes is None or not all(isinstance(a, numbers.Integral) and not isinstance(a, (bool, np.bool_))
+                               for a in axes):
+        raise Int8ifyError(f"quantize: reduce_axes must be an int or a sequence of ints (axes of x), got "
+                           f"{reduce_axes!r}")
+    for a in axes:
+        if not -ndim <= a < ndim:
+            allowed = "x is a scalar, so pass reduce_axes=()" if ndim == 0 else f"use axes in [{-ndim}, {ndim - 1}]"
+            raise Int8ifyError(f"quantize: reduce_axes {axes} holds axis {a}, out of range for x of shape "
+                               f"{tuple(shape)}; {allowed}")
+    normalized = sorted(int(a) % ndim for a in axes)
+    if len(set(normalized)) < len(normalized):
+        raise Int8ifyError(f"quantize: reduce_axes {axes} names an axis of x (shape {tuple(shape)}) more than once; "
+                           f"list each axis once")
+    return tuple(normalized)
 
 
 def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:

@@ -1,4 +1,5 @@
-"""Edge cases: long contractions (int32 overflow), zero-size dims, NaN/Inf, literal and constant operands."""
+"""Edge cases: long contractions (int32 overflow), zero-size dims, NaN/Inf, literal and constant operands, and
+``quantize``'s axes and dtypes."""
 
 import jax
 
@@ -7,7 +8,7 @@ import pytest
 from jax import lax
 
 from helpers import assert_all_dots_int8, away_from_ties, reference_codes, reference_dot
-from jaxpr_rewrite import int8ify
+from jaxpr_rewrite import Int8ifyError, int8ify, quantize
 from jaxpr_rewrite.quantize import MAX_INT32_SAFE_CONTRACTION
 
 MATMUL = (((1,), (0,)), ((), ()))
@@ -105,3 +106,54 @@ def test_tiny_slices_keep_full_code_resolution():
     np.testing.assert_array_equal(np.asarray(out["w_scales"]), np.array([1.0, want_scale], np.float32))
     np.testing.assert_array_equal(np.asarray(out["y"])[1], 0)
     np.testing.assert_allclose(np.asarray(out["y"], np.float64), reference_dot(x, w, MATMUL), rtol=1e-6)
+
+
+# -- quantize's arguments ----------------------------------------------------------------------------------------
+def test_quantize_takes_one_int_axis_and_negative_axes():
+    """A single int is one axis (as numpy's ``axis``) and a negative one counts from the end, eager and under jit
+    (the axes are checked on the static shape only)."""
+    x = np.random.default_rng(6).normal(size=(2, 3, 4)).astype(np.float32)
+    want = quantize(x, (1,))
+    for q in (quantize(x, 1), quantize(x, (-2,)), quantize(x, np.int64(-2)), jax.jit(lambda x: quantize(x, -2))(x)):
+        assert q.contracting == want.contracting
+        np.testing.assert_array_equal(np.asarray(q.codes), np.asarray(want.codes))
+        np.testing.assert_array_equal(np.asarray(q.scales), np.asarray(want.scales))
+    assert quantize(x, (-1, 0)).contracting == quantize(x, (0, 2)).contracting
+
+
+@pytest.mark.parametrize("axes, message", [
+    ((3,), r"axis 3, out of range for x of shape \(2, 3, 4\); use axes in \[-3, 2\]"),
+    ((-4,), r"axis -4, out of range"),
+    (3, r"axis 3, out of range"),
+    ((1, 1), r"names an axis of x \(shape \(2, 3, 4\)\) more than once"),
+    ((2, -1), r"more than once"),
+    ((1.0,), r"must be an int or a sequence of ints"),
+    (None, r"must be an int or a sequence of ints"),
+])
+def test_quantize_rejects_out_of_range_and_repeated_axes(axes, message):
+    """An out-of-range axis used to wrap onto another one (3 -> 0, -4 -> 2) and an int to fail with a bare
+    TypeError."""
+    x = np.ones((2, 3, 4), np.float32)
+    with pytest.raises(Int8ifyError, match=message):
+        quantize(x, axes)
+    with pytest.raises(Int8ifyError, match=message):
+        jax.jit(lambda x: quantize(x, axes))(x)
+
+
+@pytest.mark.parametrize("dtype, instead", [
+    (np.int32, r"cast it to a float dtype"), (np.int8, r"cast it to a float dtype"),
+    (np.bool_, r"cast it to a float dtype"), (np.complex64, r"quantize its real and imaginary parts separately"),
+])
+def test_quantize_rejects_non_floating_dtypes(dtype, instead):
+    """An integer or bool array has no fraction to keep; a complex one lost its imaginary part."""
+    x = np.ones((2, 4), dtype)
+    with pytest.raises(Int8ifyError, match=rf"floating array x, got dtype {np.dtype(dtype).name} .*; {instead}"):
+        quantize(x, (1,))
+    with pytest.raises(Int8ifyError, match="floating array x"):
+        jax.jit(lambda x: quantize(x, 1))(x)
+
+
+def test_quantize_of_a_scalar_takes_no_axes():
+    assert int(quantize(np.float32(-2), ()).codes) == -127
+    with pytest.raises(Int8ifyError, match=r"axis 0, out of range for x of shape \(\); x is a scalar, so pass"):
+        quantize(np.float32(-2), 0)
