@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import numbers
 import uuid
+from collections.abc import Mapping
 from typing import Callable
 
 import jax
@@ -29,8 +30,8 @@ from .static_activations import ActivationScales, CalibratedDot, describe_dot, t
 from .tracing import target_of, trace
 from .weight_uses import plan_uses
 
-__all__ = ["calibrate_activation_dots", "calibration_tracer", "check_percentile", "measure_activations",
-           "static_scales"]
+__all__ = ["calibrate_activation_dots", "calibration_batches", "calibration_tracer", "check_percentile",
+           "measure_activations", "static_scales"]
 
 
 def check_percentile(value, option: str) -> None:
@@ -38,6 +39,56 @@ def check_percentile(value, option: str) -> None:
     (0, 100] (not a bool)."""
     if isinstance(value, (bool, np.bool_)) or not (isinstance(value, numbers.Real) and 0 < value <= 100):
         raise Int8ifyError(f"{option} must be a number in (0, 100], got {value!r}")
+
+
+def calibration_batches(calibration, example_args: tuple, caller: str) -> list:
+    """The calibration inputs as a list of argument tuples (the arguments after ``params``), one per batch.
+
+    Arguments:
+        calibration: ``None`` (then ``[example_args]``), or an iterable of argument tuples (or lists).
+        example_args: the call's arguments after ``params``.
+        caller: the function named in an error.
+
+    Raises:
+        Int8ifyError: ``calibration`` is an array, or not iterable, or one of its items is not a sequence of
+            arguments (an array, a number, a dict): ``tuple()`` would split an array into its rows, one argument
+            each, and the call then fails with a count of arguments that names neither ``calibration`` nor the
+            cause.
+    """
+    if calibration is None:
+        return [tuple(example_args)]
+    if _is_array(calibration) or not _is_iterable(calibration):
+        raise _not_argument_tuples(caller, _described(calibration))
+    batches = []
+    for i, args in enumerate(calibration):
+        if _is_array(args) or isinstance(args, Mapping) or not _is_iterable(args):
+            raise _not_argument_tuples(caller, f"a {type(calibration).__name__} whose item {i} is {_described(args)}")
+        batches.append(tuple(args))
+    return batches
+
+
+def _is_array(value) -> bool:
+    return hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def _is_iterable(value) -> bool:
+    try:
+        iter(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _described(value) -> str:
+    if _is_array(value):
+        return f"an array of shape {tuple(value.shape)} ({np.dtype(value.dtype).name})"
+    return f"a {type(value).__name__}"
+
+
+def _not_argument_tuples(caller: str, given: str) -> Int8ifyError:
+    return Int8ifyError(f"{caller}: calibration must be a sequence of argument tuples (the arguments after params), "
+                        f"one per batch, e.g. calibration=[(x1,), (x2,)], not {given}; wrap each batch's arguments "
+                        f"in a tuple: calibration=[(x,) for x in batches]")
 
 
 def calibration_tracer(function: Callable, signature_of: Callable, params, n_leaves: int, example_kwargs: dict,
@@ -100,7 +151,7 @@ def calibrate_activation_dots(fn: Callable, params, *example_args, calibration=N
         check_percentile(percentile, "percentile")
     n_leaves = len(jax.tree_util.tree_leaves(params, is_leaf=is_quantized))
     traced = calibration_tracer(function, signature_of, params, n_leaves, example_kwargs, "calibrate_activation_dots")
-    calibration = [tuple(example_args)] if calibration is None else [tuple(args) for args in calibration]
+    calibration = calibration_batches(calibration, example_args, "calibrate_activation_dots")
     if not calibration:
         raise Int8ifyError("calibrate_activation_dots needs at least one calibration input")
     measured: dict = {}

@@ -32,7 +32,8 @@ from jax import lax
 
 from .config import RewriteConfig
 from .errors import Int8ifyError
-from .calibration import calibration_tracer, check_percentile, measure_activations, static_scales
+from .calibration import (calibration_batches, calibration_tracer, check_percentile, measure_activations,
+                          static_scales)
 from .quantize import epilogue_factors, smoothing_inverse
 from .static_scales import StaticScale
 from .operands import quantize
@@ -194,6 +195,7 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
             raise Int8ifyError("activation_percentile calibrates static activation scales: pass activations='static'")
         check_percentile(activation_percentile, "activation_percentile")
 
+    calibration = calibration_batches(calibration, example_args, "quantize_params")
     traced = calibration_tracer(function, signature_of, params, len(leaves), example_kwargs, "quantize_params")
 
     example, inputs, _ = traced(example_args)
@@ -211,7 +213,6 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
         else:
             explanation[path] = reason
 
-    calibration = [tuple(example_args)] if calibration is None else [tuple(args) for args in calibration]
     smooth = {}
     if smooth_alpha is not None:
         smooth = _smoothing(plans, leaves, smooth_alpha, smooth_skip, calibration, traced)

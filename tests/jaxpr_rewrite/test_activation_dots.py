@@ -218,6 +218,20 @@ def test_bad_options_are_errors(options, message):
         int8ify(lambda p, a: a @ a.T, **{"activation_scales": scales, **options})
 
 
+@pytest.mark.parametrize("calibration, what", [
+    (lambda a: [a, a], r"not a list whose item 0 is an array of shape \(8, 64\) \(float32\)"),
+    (lambda a: a, r"not an array of shape \(8, 64\) \(float32\)"),
+    (lambda a: [1.0], r"not a list whose item 0 is a float"),
+])
+def test_calibration_of_arrays_instead_of_argument_tuples_is_an_error(calibration, what):
+    """``tuple()`` of an array splits it into its rows, one argument each: the call failed with a count of
+    arguments ("takes 2 positional arguments but 9 were given") that named neither calibration nor the cause."""
+    a = RNG.standard_normal((8, 64)).astype(np.float32)
+    with pytest.raises(Int8ifyError, match=rf"calibrate_activation_dots: calibration must be a sequence of argument "
+                                           rf"tuples .* e\.g\. calibration=\[\(x1,\), \(x2,\)\], {what}"):
+        calibrate_activation_dots(lambda p, a: a @ a.T, {}, a, calibration=calibration(a))
+
+
 def test_bad_calibration_is_an_error():
     a = RNG.standard_normal((8, 64)).astype(np.float32)
     fn = lambda p, a: a @ a.T  # noqa: E731

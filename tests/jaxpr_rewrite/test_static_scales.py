@@ -286,6 +286,19 @@ def test_bad_options_are_named(options, message):
         quantize_params(dense, params, *calibration[0], **options)
 
 
+@pytest.mark.parametrize("smooth_alpha", [None, 0.5])
+def test_calibration_of_arrays_instead_of_argument_tuples_is_an_error(smooth_alpha):
+    """``calibration=[x]`` or ``calibration=x`` (arrays, not argument tuples) failed with "dense() takes 2
+    positional arguments but 65 were given" (``tuple()`` split each array into its rows)."""
+    params, calibration = make_dense()
+    x = calibration[0][0]
+    for bad, what in (([x, x], r"a list whose item 0 is an array of shape \(64, 384\) \(float32\)"),
+                      (x, r"an array of shape \(64, 384\) \(float32\)")):
+        with pytest.raises(Int8ifyError, match=rf"quantize_params: calibration must be a sequence of argument tuples "
+                                               rf".*, not {what}; wrap each batch's arguments in a tuple"):
+            quantize_params(dense, params, x, activations="static", calibration=bad, smooth_alpha=smooth_alpha)
+
+
 def test_nan_in_the_calibration_data_is_an_error_naming_the_leaf():
     params, calibration = make_dense()
     bad = calibration[0][0].copy()
