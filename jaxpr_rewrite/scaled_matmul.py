@@ -51,7 +51,7 @@ from .config import RewriteConfig
 from .errors import Int8ifyError
 from .layout import blocked, contraction_size, free_axes
 from .straight_through import straight_through
-from .quantize import absmax
+from .quantize import absmax, epilogue_factors, scale_product
 
 
 class BlockFormat(NamedTuple):
@@ -221,11 +221,41 @@ def scaled_dot_general_impl(lhs, rhs, dimension_numbers, out_dtype, fmt: BlockFo
         out = jax.nn.scaled_matmul(lhs_q.codes, rhs_q.codes, lhs_q.scales, rhs_q.scales,
                                    preferred_element_type=jnp.float32)
     if fmt.tensor_scale:
-        # one tensor scale at a time: their product underflows for small operands (x ~ 1e-18, w ~ 1e-15 give
-        # ~1e-40) where the result itself is an ordinary float32
-        out = lax.mul(lax.mul(out, lhs_q.tensor_scale), rhs_q.tensor_scale)
+        out = tensor_scale_product(out, lhs_q.tensor_scale, rhs_q.tensor_scale)
     out = lax.reshape(out, out_shape)
     return out if out.dtype == out_dtype else lax.convert_element_type(out, out_dtype)
+
+
+def tensor_scale_product(out, g_lhs, g_rhs):
+    """``out * g_lhs * g_rhs`` for nvfp4's two float32 tensor scales, with no intermediate overflow or underflow
+    unless the result itself overflows or underflows.
+
+    Neither order of the two plain multiplies is safe: a tensor scale runs from ``2**-126`` to about ``2**117``
+    and ``out`` up to ``K * 2688**2``, so ``out * g`` overflows for a huge operand whose partner is tiny (x ~ 1e37,
+    w ~ 1e-37: Inf for a result of 16), and underflows to zero for a tiny one whose partner is huge; and the
+    product ``g_lhs * g_rhs`` first underflows for two small operands (x ~ 1e-18, w ~ 1e-15: ~1e-40) where the
+    result is an ordinary float32. So each scale is split as :func:`~jaxpr_rewrite.quantize.epilogue_factors`
+    splits an int8 scale, into a factor within ``2**+-60`` and a power of two, and
+    :func:`~jaxpr_rewrite.quantize.scale_product` applies them (see there why that is range-safe; a nonzero
+    ``|out|`` lies in ``[2**-20, K * 2**23]``, its terms multiples of ``(0.5 * 2**-9)**2``, so ``out`` times a factor
+    is a normal float for any contraction below ``2**44``). Where both scales lie within ``2**+-60`` (every ordinary
+    operand) the powers are 1 and this is ``(out * g_lhs) * g_rhs`` bit for bit; elsewhere it is that same number
+    wherever those intermediates are normal floats.
+    """
+    # scale_product multiplies by its rhs' factor first: the lhs goes there, so the powers of 1 leave the plain
+    # (out * g_lhs) * g_rhs
+    return scale_product(out, _tensor_scale_factors(g_rhs), _tensor_scale_factors(g_lhs))
+
+
+def _tensor_scale_factors(g):
+    """:func:`~jaxpr_rewrite.quantize.epilogue_factors` of a positive normal float32 scalar ``g`` (a tensor scale
+    of :func:`nvfp4_tensor_scale`), held as its mantissa in ``[1, 2)`` times ``2**exponent``; both read off its
+    bits exactly."""
+    bits = lax.bitcast_convert_type(g, np.int32)
+    exponent = lax.sub(lax.shift_right_logical(bits, np.int32(23)), np.int32(127))
+    mantissa = lax.bitcast_convert_type(lax.bitwise_or(lax.bitwise_and(bits, np.int32(0x7FFFFF)),
+                                                       np.int32(127 << 23)), np.float32)
+    return epilogue_factors(mantissa, exponent)
 
 
 def _scaled_impl(lhs, rhs, float_params, out_dtype, fmt: BlockFormat):

@@ -182,6 +182,31 @@ def test_error_against_float_is_format_sized(backend, bound):
     assert np.linalg.norm(out - exact) / np.linalg.norm(exact) < bound
 
 
+def test_nvfp4_epilogue_neither_overflows_nor_underflows_between_a_huge_and_a_tiny_operand():
+    """A huge operand times a tiny one has an ordinary result, and the epilogue's two tensor scales (near float32's
+    top and its bottom) must not overflow or underflow on the way to it. The plain ``out * g_lhs * g_rhs`` gave
+    Inf with the huge operand on the left, and 0 with the tiny one on the left where the huge one's column lies far
+    below its tensor scale. The values are exact in nvfp4 (blocks of ``6 * 448`` and ``6 * 1.5`` times their
+    tensor scale, and ``0.5 * 2**-9``, the smallest), so the result is the float64 product."""
+    tiny = np.float32(9 * 2.0**-126)  # tensor scale 2**-126 (the smallest), blocks 6 * 1.5 exactly
+    huge = np.float32(1e37)
+    small = huge / np.float32(6 * 448) * np.float32(2.0**-10)  # codes 0.5, block scale 2**-9 (the smallest)
+    a = np.full((2, 16), tiny, np.float32)
+    b = np.full((16, 2), huge, np.float32)
+    b[:, 0] = small
+    nvfp4 = jax.jit(int8ify(lambda x, w: x @ w, backend="nvfp4"))
+    for x, w in ((a, b), (b.T.copy(), a.T.copy())):
+        out = np.asarray(nvfp4(x, w), np.float64)
+        exact = x.astype(np.float64) @ w.astype(np.float64)
+        assert np.all(np.isfinite(out)) and np.all(out != 0), out
+        np.testing.assert_allclose(out, exact, rtol=1e-6)
+    # the reported cases (not exact in nvfp4: within its rounding)
+    for x_value, w_value in ((1e37, 1e-37), (1e-37, 1e37), (1e34, 1.0)):
+        x, w = np.full((1, 16), x_value, np.float32), np.full((16, 1), w_value, np.float32)
+        out = np.asarray(nvfp4(x, w), np.float64)
+        np.testing.assert_allclose(out, x.astype(np.float64) @ w.astype(np.float64), rtol=0.1)
+
+
 # -- the quantizers against numpy -------------------------------------------------------------------------
 def _blocks_for_scale_rule(block):
     """(1, 12, 2 * block) float32: random blocks of many magnitudes, exact 448 * 2**k edges, an all-zero
