@@ -27,6 +27,7 @@ __all__ = [
     "derivative_jaxprs",
     "dot_eqns",
     "forward_jaxprs",
+    "is_float_convolution",
     "is_float_dot",
     "is_matmul",
     "iter_eqns",
@@ -178,6 +179,11 @@ def dot_eqns(jaxpr, *, forward_only: bool = False, platform: str | None = None) 
     """The matmul equations (``dot_general``, ``ragged_dot_general``) of ``jaxpr``, nested ones included (for
     ``forward_only`` and ``platform``, see :func:`iter_eqns`)."""
     return [e for e in iter_eqns(jaxpr, forward_only=forward_only, platform=platform) if is_matmul(e)]
+
+
+def is_float_convolution(eqn) -> bool:
+    """Whether ``eqn`` is a convolution with a floating operand: float arithmetic the rewrite leaves as it is."""
+    return eqn.primitive.name == "conv_general_dilated" and jnp.issubdtype(eqn.invars[0].aval.dtype, jnp.inexact)
 
 
 def is_float_dot(eqn) -> bool:

@@ -32,7 +32,8 @@ from .errors import Int8ifyError
 from .evaluate import bind, evaluate
 from .compile_policy import shared_jit
 from .plotting import COLORS, bar_chart, new_figure, save
-from .jaxprs import derivative_jaxprs, is_float_dot, is_matmul, jaxpr_and_consts, matmul_dimension_numbers, sub_jaxprs
+from .jaxprs import (derivative_jaxprs, is_float_convolution, is_float_dot, is_matmul, iter_eqns, jaxpr_and_consts,
+                     matmul_dimension_numbers, sub_jaxprs)
 from .quantized import is_quantized, materialise
 from .reasons import KeptFloat, Why
 from .rewrite import Rewriter
@@ -107,9 +108,10 @@ _COLUMNS = ("#", "source", "scope", "operands", "dimension numbers", "int8", "er
 class Report:
     """The rows of :func:`report`: iterable, indexable, and printable as an aligned table."""
 
-    def __init__(self, rows: Sequence[DotRow], measured: bool):
+    def __init__(self, rows: Sequence[DotRow], measured: bool, convolutions: Sequence[str] = ()):
         self.rows = list(rows)
         self.measured = measured
+        self.convolutions = list(convolutions)  # where the program's float convolutions are: none is rewritten
 
     def __iter__(self) -> Iterator[DotRow]:
         return iter(self.rows)
@@ -163,6 +165,10 @@ class Report:
         worst = self.worst()
         if worst is not None:
             text += f"; largest int8 error {worst.error:.2e} at #{worst.index} ({worst.source})"
+        if self.convolutions:
+            shown = ", ".join(self.convolutions[:3]) + (", ..." if len(self.convolutions) > 3 else "")
+            text += (f"; {len(self.convolutions)} float convolution(s) not rewritten (int8ify rewrites matmuls "
+                     f"only): {shown}")
         return text
 
     def __str__(self) -> str:
@@ -386,4 +392,5 @@ def report(fn, *args, **kwargs) -> Report:
             dimension_numbers=matmul_dimension_numbers(eqn), rewritten=site.reason is None, reason=site.reason,
             error=error, note=note, primitive=eqn.primitive.name, path=site.path, eqn=eqn,
         ))
-    return Report(rows, measured=concrete)
+    convolutions = [str(eqn_location(e)) for e in iter_eqns(closed.jaxpr, forward_only=True) if is_float_convolution(e)]
+    return Report(rows, measured=concrete, convolutions=convolutions)

@@ -2,6 +2,7 @@
 the rewrite's decision, and the measured int8 error on real inputs."""
 
 import inspect
+import re
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +50,24 @@ def test_rows_describe_each_dot():
     assert r0.dimension_numbers == MATMUL
     assert r0.rewritten and r0.reason is None and r1.rewritten
     assert rep.measured
+
+
+def test_float_convolutions_are_named_in_the_summary():
+    """A convolution stays float (int8ify rewrites matmuls): the report used to say "1 dot_general(s)" and nothing
+    of it, though the report is where users look."""
+    def conv_net(kernel, w, x):
+        y = jax.lax.conv_general_dilated(x, kernel, (1, 1), "SAME")
+        return jax.nn.relu(y.reshape(y.shape[0], -1)) @ w
+
+    rng = np.random.default_rng(5)
+    kernel, x = rng.normal(size=(4, 3, 3, 3)).astype(np.float32), rng.normal(size=(2, 3, 8, 8)).astype(np.float32)
+    r = report(conv_net, kernel, rng.normal(size=(256, 10)).astype(np.float32), x)
+    line = inspect.getsourcelines(conv_net)[1] + 1
+    (where,) = r.convolutions
+    assert len(r) == 1 and re.fullmatch(rf".*test_report\.py:{line} \(.*conv_net\)", where)
+    assert str(r).splitlines()[-1].endswith(
+        f"; 1 float convolution(s) not rewritten (int8ify rewrites matmuls only): {where}")
+    assert "not rewritten" not in report(lambda w, x: x @ w, np.ones((32, 4), np.float32), X).summary()
 
 
 def test_measured_error_is_the_int8_dot_against_the_float_dot():
