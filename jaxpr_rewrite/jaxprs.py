@@ -19,6 +19,7 @@ from ._compat import scan_counts
 
 __all__ = [
     "BRANCH_PARAMS",
+    "CONVOLUTION_PRIMITIVES",
     "DERIVATIVE_ONLY_PARAMS",
     "MATMUL_PRIMITIVES",
     "PLATFORM_INDEX",
@@ -60,6 +61,7 @@ PLATFORM_INDEX = "platform_index"
 
 # Matrix-multiplying primitives: each is either rewritten to int8 or reported.
 MATMUL_PRIMITIVES = frozenset({"dot_general", "ragged_dot_general"})
+CONVOLUTION_PRIMITIVES = frozenset({"conv_general_dilated"})  # float arithmetic the rewrite leaves as it is
 
 
 def open_jaxpr(jaxpr) -> Jaxpr:
@@ -183,7 +185,7 @@ def dot_eqns(jaxpr, *, forward_only: bool = False, platform: str | None = None) 
 
 def is_float_convolution(eqn) -> bool:
     """Whether ``eqn`` is a convolution with a floating operand: float arithmetic the rewrite leaves as it is."""
-    return eqn.primitive.name == "conv_general_dilated" and jnp.issubdtype(eqn.invars[0].aval.dtype, jnp.inexact)
+    return eqn.primitive.name in CONVOLUTION_PRIMITIVES and jnp.issubdtype(eqn.invars[0].aval.dtype, jnp.inexact)
 
 
 def is_float_dot(eqn) -> bool:
