@@ -41,7 +41,8 @@ def find_updates(root, tree, is_dynamic: Sequence[bool], inputs: Sequence, fn_na
         fn_name: the function's name, for messages.
 
     Returns:
-        ``(paths, values)``: the path of each replaced traced leaf and the value the call left there.
+        ``(paths, values)``: the path of each leaf the call replaced (a traced one, or a static one by a traced
+        value) and the value it left there.
 
     Raises:
         Int8ifyError: the call stored a traced value where it cannot be written back.
@@ -57,8 +58,11 @@ def find_updates(root, tree, is_dynamic: Sequence[bool], inputs: Sequence, fn_na
                 "structure (a new attribute, entry or item), which int8ify cannot carry out of the traced program; "
                 "create that state before the call, or return the values instead")
         return (), []
-    dynamic = [(path, leaf) for (path, leaf), traced in zip(leaves, is_dynamic) if traced]
-    changed = [(path, leaf) for (path, leaf), given_leaf in zip(dynamic, inputs) if leaf is not given_leaf]
+    inputs_left, changed = iter(inputs), []
+    for (path, leaf), traced in zip(leaves, is_dynamic):
+        # a traced leaf replaced, or a static one (a Python number) that now holds a traced value
+        if (leaf is not next(inputs_left)) if traced else isinstance(leaf, jax.core.Tracer):
+            changed.append((path, leaf))
     for path, _ in changed:
         _parent(root, path, fn_name)  # fails now, at trace time, where a value could not be written back
     return tuple(path for path, _ in changed), [leaf for _, leaf in changed]

@@ -172,8 +172,8 @@ def test_state_updated_in_the_arguments_is_written_back_to_the_callers_objects()
         state["box"].value = state["box"].value + (x @ w).sum()
         return jnp.tanh(x @ w)
 
-    def fresh():
-        return {"calls": jnp.zeros((), jnp.int32), "history": [jnp.zeros((4, 5))], "box": Box(jnp.zeros(()))}
+    def fresh():  # "box" starts as a Python number: a static leaf, which the call replaces by a traced value
+        return {"calls": jnp.zeros((), jnp.int32), "history": [jnp.zeros((4, 5))], "box": Box(0.0)}
 
     want, got = fresh(), fresh()
     for _ in range(2):
