@@ -196,9 +196,13 @@ def split_call(args: tuple, kwargs: dict, static: StaticArgs = StaticArgs(frozen
     try:
         hash(key)
     except TypeError as e:
+        modules = [x for x in static_leaves if callable(getattr(x, "apply", None)) and callable(x)]
+        hint = ("; a module that is not a pytree (a Flax linen module, or a method decorated with @int8ify) is no "
+                "argument to trace: int8ify the function of its variables, int8ify(model.apply)(variables, x)"
+                if modules else "")
         raise Int8ifyError(
             f"a static argument of {fn_name} is not hashable ({e}); static arguments (static_argnums, "
-            "static_argnames, and leaves that are not arrays) must be hashable"
+            f"static_argnames, and leaves that are not arrays) must be hashable{hint}"
         ) from None
     return Signature(tree, is_dynamic, avals, static_leaves, static_pos, static_kw, key,
                      _compat.trace_context()), dynamic
@@ -280,13 +284,18 @@ def trace(fn: Callable, signature: Signature, dynamic: list) -> Traced:
     except TypeError as exc:
         if QuantizedArray.__name__ not in str(exc):
             raise
-        raise closed_over_quantized_error(exc) from exc
+        raise closed_over_quantized_error(exc, fn) from exc
     return Traced(closed, out_tree_box[-1], updates_box[-1])
 
 
-def closed_over_quantized_error(exc: TypeError) -> Int8ifyError:
+def closed_over_quantized_error(exc: TypeError, fn: Callable | None = None) -> Int8ifyError:
     """The error for a :class:`~jaxpr_rewrite.quantized.QuantizedArray` the traced function reached other than as
-    an argument (closed over, a module attribute), which JAX cannot compute with: where, and what works instead."""
+    an argument (closed over, a module attribute), which JAX cannot compute with: where, and what works instead;
+    for a function that is itself a pytree holding one (a quantized Equinox module), how to pass it in."""
+    if fn is not None and any(is_quantized(leaf) for leaf in jax.tree_util.tree_leaves(fn, is_leaf=is_quantized)):
+        return Int8ifyError(
+            f"the function, a {type(fn).__name__}, holds QuantizedArrays (a quantized module called as it is); int8ify "
+            "reads quantized weights from its arguments: pass the module in, int8ify(lambda m, x: m(x))(module, x)")
     frame = _user_frame(exc)
     where = f" at {frame.filename}:{frame.lineno}" if frame is not None else ""
     first = str(exc).strip().splitlines()[0]

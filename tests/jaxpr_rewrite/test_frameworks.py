@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from helpers import assert_all_dots_int8, dot_eqns
-from jaxpr_rewrite import int8ify
+from jaxpr_rewrite import Int8ifyError, int8ify, quantize_params
 
 X = jax.random.normal(jax.random.PRNGKey(0), (8, 16))
 
@@ -250,3 +250,27 @@ def test_weights_closed_over_by_flax_and_equinox_code_are_quantized_once(monkeyp
     want = eqx.filter_jit(int8ify(lambda m, x: jax.vmap(m)(x)))(module, X)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert sorted(quantized) == [(4, 32), (32, 16), (32, 32)]
+
+
+def test_modules_passed_the_wrong_way_get_the_way_that_works():
+    """A quantized Equinox module called as the function itself, and @int8ify on a Flax linen method: each error
+    says how to pass the module instead (they named Equinox's own line, or only that a module is not hashable)."""
+    eqx = pytest.importorskip("equinox")
+    nn = pytest.importorskip("flax.linen")
+    x = jax.random.normal(jax.random.PRNGKey(0), (8, 128))
+    linear = eqx.nn.Linear(128, 64, key=jax.random.PRNGKey(1))
+    quantized = quantize_params(lambda m, x: jax.vmap(m)(x), linear, x)
+    with pytest.raises(Int8ifyError, match=r"the function, a Linear, holds QuantizedArrays .* pass the module in, "
+                                           r"int8ify\(lambda m, x: m\(x\)\)\(module, x\)"):
+        jax.vmap(int8ify(quantized))(x)
+    assert rel_error(int8ify(lambda m, x: jax.vmap(m)(x))(quantized, x), jax.vmap(linear)(x)) < 0.03
+
+    class Dense(nn.Module):
+        @int8ify
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(10)(x)
+
+    with pytest.raises(Int8ifyError, match=r"not hashable .*int8ify the function of its variables, "
+                                           r"int8ify\(model.apply\)\(variables, x\)"):
+        Dense().init(jax.random.PRNGKey(0), x)
