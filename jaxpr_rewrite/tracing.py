@@ -181,8 +181,7 @@ def split_call(args: tuple, kwargs: dict, static: StaticArgs = StaticArgs(frozen
     """
     static_pos = tuple((i, args[i]) for i in sorted(static.argnums) if i < len(args))
     static_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in static.argnames))
-    dyn_args = [a for i, a in enumerate(args) if i not in static.argnums]
-    dyn_kwargs = {k: v for k, v in kwargs.items() if k not in static.argnames}
+    dyn_args, dyn_kwargs = _dynamic_parts(args, kwargs, static.argnums, static.argnames)
     leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs), is_leaf=is_quantized)
     for leaf in leaves:
         if is_quantized(leaf):
@@ -226,10 +225,12 @@ def _with_static(signature: Signature, dyn_args, dyn_kwargs) -> tuple[list, dict
 def argument_tree(signature: Signature, args: tuple, kwargs: dict) -> tuple[list, dict]:
     """A call's own ``(dynamic positional args, dynamic kwargs)``, the tree :func:`split_call` flattened, holding
     the caller's objects (where :func:`~jaxpr_rewrite.argument_updates.write_back` sets what the call updated)."""
-    static_pos = {i for i, _ in signature.static_positional}
-    static_kw = {k for k, _ in signature.static_keywords}
-    return ([a for i, a in enumerate(args) if i not in static_pos],
-            {k: v for k, v in kwargs.items() if k not in static_kw})
+    return _dynamic_parts(args, kwargs, {i for i, _ in signature.static_positional},
+                          {k for k, _ in signature.static_keywords})
+
+
+def _dynamic_parts(args, kwargs: dict, argnums, argnames) -> tuple[list, dict]:
+    return ([a for i, a in enumerate(args) if i not in argnums], {k: v for k, v in kwargs.items() if k not in argnames})
 
 
 def _abstract(x):
