@@ -14,7 +14,7 @@ from .jaxprs import is_float_dot, iter_eqns, matmul_dimension_numbers, open_jaxp
 from .rules import rule_for
 from .rules.dots import is_plain_dot, skip_reason
 from .scopes import join_scope
-from .source import describe_source
+from .source import UNKNOWN, Location, eqn_location
 
 __all__ = ["Use", "plan_uses"]
 
@@ -45,6 +45,8 @@ class _Trail:
         top: whether the value is read at the traced program's top level.
         axes: ``axes[i]`` is the parameter leaf's axis that axis ``i`` of the value is (a scan over stacked
             layers slices the leading axes off, a transpose permutes them).
+        outer: where the equation holding :attr:`jaxpr` is in the user's code: the place named for an equation
+            JAX recorded no user frame for (a gather inside a library's jitted ``jnp.take``).
     """
 
     config: RewriteConfig
@@ -54,6 +56,7 @@ class _Trail:
     casts: tuple = ()
     top: bool = True
     axes: tuple = ()
+    outer: Location = UNKNOWN  # where the equation holding `jaxpr` is in the user's code
 
     def follow(self, jaxpr, var, *, nested: bool = False, **changes) -> list[Use]:
         """The matmul uses of ``var`` in ``jaxpr``; ``nested``: ``jaxpr`` is a sub-jaxpr of the current one;
@@ -105,8 +108,10 @@ def _uses(jaxpr, var, trail: _Trail) -> list[Use]:
         positions = [k for k, v in enumerate(eqn.invars) if v is var]
         if not positions:
             continue
-        here = dataclasses.replace(trail, jaxpr=jaxpr, scope=join_scope(trail.scope, eqn.source_info.name_stack))
-        where = describe_source(eqn)
+        location = eqn_location(eqn, trail.outer)
+        here = dataclasses.replace(trail, jaxpr=jaxpr, scope=join_scope(trail.scope, eqn.source_info.name_stack),
+                                   outer=location)
+        where = str(location)
         if is_float_dot(eqn) and positions[0] < 2:
             found += _matmul_use(eqn, positions, here, where)
             continue

@@ -1,5 +1,6 @@
 """int8ify on real framework code: Flax linen, Flax nnx, Equinox modules, and an optax training step."""
 
+import re
 from pathlib import Path
 
 import jax
@@ -274,3 +275,22 @@ def test_modules_passed_the_wrong_way_get_the_way_that_works():
     with pytest.raises(Int8ifyError, match=r"not hashable .*int8ify the function of its variables, "
                                            r"int8ify\(model.apply\)\(variables, x\)"):
         Dense().init(jax.random.PRNGKey(0), x)
+
+
+def test_a_tied_flax_embedding_left_float_is_located_in_the_users_module():
+    """Flax's Embed looks tokens up with a gather inside a jitted jnp.take, whose equations carry no user frame:
+    the reason a tied embedding stays float named "<unknown location>"; it names the module's line now."""
+    nn = pytest.importorskip("flax.linen")
+
+    class Tied(nn.Module):
+        @nn.compact
+        def __call__(self, tokens):
+            embed = nn.Embed(256, 64)
+            return embed.attend(embed(tokens))
+
+    tokens = jnp.arange(16) % 256
+    model = Tied()
+    variables = model.init(jax.random.PRNGKey(0), tokens)
+    _, why = quantize_params(model.apply, variables, tokens, explain=True)
+    assert re.fullmatch(r"kept float: it is used by gather at .*test_frameworks\.py:\d+ \(.*Tied\.__call__\)",
+                        why["['params']['Embed_0']['embedding']"])
