@@ -80,7 +80,7 @@ HOST_CALLBACK = Code(
 )
 DEBUG_CALLBACK = Code(
     "JX302", "debug-callback",
-    "jax.debug.print or jax.debug.breakpoint in traced code.",
+    "jax.debug.print, jax.debug.breakpoint or jax.debug.callback in traced code.",
     "remove it before shipping",
 )
 

@@ -23,10 +23,12 @@ __all__ = [
     "COMBINE_BUILTINS",
     "DTYPE_PRESERVING_FUNCS",
     "DTYPE_PRESERVING_METHODS",
+    "NUMPY_DELEGATING_FUNCS",
     "NUMPY_OK_FUNCS",
     "STATIC_ATTRS",
     "STATIC_BUILTINS",
     "api_call_kind",
+    "delegates_to_method",
     "is_array_api",
     "method_call_kind",
 ]
@@ -94,11 +96,23 @@ NUMPY_OK_FUNCS: FrozenSet[str] = frozenset({
     "promote_types", "can_cast", "isscalar",
 })
 
+# numpy functions that call the array's own method when given an array that is not a numpy one (numpy's
+# ``_wrapreduction`` and ``_wrapfunc``): ``np.sum(x)`` on a tracer is ``x.sum()``, a tracer, not an error.
+NUMPY_DELEGATING_FUNCS: FrozenSet[str] = frozenset({
+    "sum", "mean", "max", "min", "amax", "amin", "prod", "std", "var", "any", "all", "argmax", "argmin",
+    "cumsum", "cumprod", "round", "transpose", "reshape", "squeeze", "swapaxes", "repeat",
+})
+
 _ARRAY_API_PREFIXES: Tuple[str, ...] = (
     "jax.numpy.", "jax.lax.", "jax.nn.", "jax.random.", "jax.scipy.", "jax.image.",
 )
 _JAX_WORLD = ("jax.", "flax.", "equinox.", "optax.")
 _NOT_ARRAY_RESULT = ("jax.tree", "jax.device_get")
+
+
+def delegates_to_method(q: str, arg_kinds: List[int]) -> bool:
+    """Whether the numpy function ``q`` runs as its first argument's own method: a traced array's."""
+    return q.rpartition(".")[2] in NUMPY_DELEGATING_FUNCS and bool(arg_kinds) and is_traced(arg_kinds[0])
 
 
 def is_array_api(qualname: str) -> bool:
@@ -115,9 +129,11 @@ def api_call_kind(q: str, call: cst.Call, arg_kinds: List[int], imports: ImportT
     any_traced = any(is_traced(k) for k in arg_kinds)
     if q.startswith("numpy."):
         # numpy runs on the host: with no tracer among its arguments, its result is a Python-side
-        # constant (given a tracer it raises, which JX202 reports)
+        # constant (given a tracer it raises, which JX202 reports, or calls the tracer's own method)
         if q.endswith(".int8"):
             return INT8
+        if delegates_to_method(q, arg_kinds):
+            return TRACED
         return UNKNOWN if any_traced else STATIC
     if q == "jax.lax.convert_element_type":
         dt = kwarg(call, "new_dtype")

@@ -155,9 +155,10 @@ _JNP = "jax.numpy."
 # Contractions. Not ``jnp.outer``: it sums nothing and traces to the broadcast multiply the int8 contract
 # asks for (``sx[:, None] * sw[None, :]``); an einsum or ``tensordot`` counts only when it sums a shared index.
 MATMUL_FUNCS: FrozenSet[str] = frozenset(
-    [_JNP + n for n in ("matmul", "dot", "einsum", "tensordot", "inner", "vdot")]
+    [_JNP + n for n in ("matmul", "dot", "einsum", "tensordot", "inner", "vdot", "vecdot", "matvec", "vecmat")]
     + ["jax.numpy.linalg." + n for n in ("matmul", "vecdot", "tensordot", "multi_dot")]
-    + ["jax.lax." + n for n in ("dot", "dot_general", "batch_matmul")]
+    + ["jax.lax." + n for n in ("dot", "dot_general", "batch_matmul", "ragged_dot", "ragged_dot_general")]
+    + ["jax.nn.dot_product_attention"]
     + ["jax.experimental.pallas.dot", "operator.matmul"]
 )
 
@@ -174,7 +175,6 @@ CALLBACK_FUNCS: FrozenSet[str] = frozenset({
     "jax.pure_callback",
     "jax.experimental.pure_callback",
     "jax.experimental.io_callback",
-    "jax.debug.callback",
 })
 CALLBACK_PREFIXES: Tuple[str, ...] = ("jax.experimental.host_callback.",)
 
@@ -182,6 +182,7 @@ CALLBACK_PREFIXES: Tuple[str, ...] = ("jax.experimental.host_callback.",)
 # the host (``host_callback.id_print`` takes a value there instead, so it is absent).
 HOST_CALLABLE_KEYWORDS: Dict[str, str] = {
     **{name: "callback" for name in CALLBACK_FUNCS},
+    "jax.debug.callback": "callback",
     "jax.experimental.host_callback.id_tap": "tap_func",
     "jax.experimental.host_callback.call": "callback_func",
 }
@@ -192,7 +193,8 @@ def host_callable_keyword(qualname: Optional[str]) -> Optional[str]:
     return HOST_CALLABLE_KEYWORDS.get(qualname) if qualname is not None else None
 
 
-DEBUG_FUNCS: FrozenSet[str] = frozenset({"jax.debug.print", "jax.debug.breakpoint"})
+# host callbacks for debugging (JX302), as jaxpr_rewrite.verify tells them from the others (JX301)
+DEBUG_FUNCS: FrozenSet[str] = frozenset({"jax.debug.print", "jax.debug.breakpoint", "jax.debug.callback"})
 
 
 class MetadataArgs(NamedTuple):

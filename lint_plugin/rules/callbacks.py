@@ -16,10 +16,10 @@ __all__ = ["DebugCallback", "HostCallback"]
 class HostCallback(Rule):
     """A host callback in traced code.
 
-    ``jax.pure_callback``, ``jax.experimental.io_callback``, ``jax.debug.callback`` and
-    ``jax.experimental.host_callback.*`` leave the compiled program to run Python on the host; the
-    int8 program must not. The function such a call runs is host code: it is not traced, and the
-    other rules do not look inside it.
+    ``jax.pure_callback``, ``jax.experimental.io_callback`` and ``jax.experimental.host_callback.*``
+    leave the compiled program to run Python on the host; the int8 program must not. The function such
+    a call runs is host code: it is not traced, and the other rules do not look inside it
+    (``jax.debug.callback`` is JX302, as :func:`jaxpr_rewrite.verify` reports it).
     """
 
     entry = HOST_CALLBACK
@@ -68,10 +68,10 @@ class HostCallback(Rule):
 
 
 class DebugCallback(Rule):
-    """``jax.debug.print`` or ``jax.debug.breakpoint`` in traced code.
+    """``jax.debug.print``, ``jax.debug.breakpoint`` or ``jax.debug.callback`` in traced code.
 
-    Both are host callbacks in disguise: fine while debugging, but they break the callback-free int8
-    program.
+    All are host callbacks in disguise: fine while debugging, but they break the callback-free int8
+    program. The function ``jax.debug.callback`` runs is host code, as for JX301.
     """
 
     entry = DEBUG_CALLBACK
@@ -103,6 +103,14 @@ class DebugCallback(Rule):
             debug.breakpoint()
             return x
         """, line=6, col=4),
+        Invalid("""
+        import jax
+
+        @jax.jit
+        def f(x):
+            jax.debug.callback(print, x)
+            return x
+        """, line=5, col=4),
     ]
 
     def visit_Call(self, node: cst.Call, walk: FunctionWalk) -> None:

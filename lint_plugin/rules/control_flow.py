@@ -7,7 +7,7 @@ import libcst as cst
 from jx_codes import CONCRETIZATION, TRACED_CONDITION
 
 from ..aliases import dotted_name
-from ..array_api import NUMPY_OK_FUNCS
+from ..array_api import NUMPY_OK_FUNCS, delegates_to_method
 from ..kinds import is_traced
 from ..walk import FunctionWalk
 from ._base import TRACED, Invalid, Rule
@@ -186,6 +186,14 @@ class Concretization(Rule):
         def f(x):
             return float(x.sum())
         """,
+        """
+        import jax
+        import numpy as np
+
+        @jax.jit
+        def f(x):
+            return np.mean(x) + np.sum(x, axis=0)  # numpy calls the tracer's own .mean(), .sum()
+        """,
     ]
     INVALID = [
         Invalid("""
@@ -232,7 +240,7 @@ class Concretization(Rule):
             return
         if q.startswith(("numpy.", "math.")):
             last = q.rpartition(".")[2]
-            if last in NUMPY_OK_FUNCS:
+            if last in NUMPY_OK_FUNCS or delegates_to_method(q, [walk.kind(a.value) for a in node.args[:1]]):
                 return
             if any(is_traced(walk.kind(a.value)) for a in node.args):
                 raw = dotted_name(func) or q

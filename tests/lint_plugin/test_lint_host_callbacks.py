@@ -31,7 +31,7 @@ def f(x, w):
     y = jax.pure_callback(host_matmul, x, x, w)  # JX301:8
     z = jax.pure_callback(lambda a: a @ a, x, x)  # JX301:8
     io_callback(functools.partial(host_print, label="x"), None, x)  # JX301:4
-    jax.debug.callback(callback=host_print, label="y", a=y)  # JX301:4
+    jax.debug.callback(callback=host_print, label="y", a=y)  # JX302:4
     return y @ z  # JX101:11
 '''
 
