@@ -9,6 +9,7 @@ from jx_codes import CONCRETIZATION, TRACED_CONDITION
 from ..aliases import dotted_name
 from ..array_api import NUMPY_OK_FUNCS, delegates_to_method
 from ..kinds import is_traced
+from ..module_info import named_params
 from ..walk import FunctionWalk
 from ._base import TRACED, Invalid, Rule
 
@@ -21,7 +22,8 @@ class TracedCondition(Rule):
     ``if``/``elif``/``while``/ternary/``assert``/``and``/``or``/``not`` on a traced value need its
     concrete truth value, which a tracer does not have (``TracerBoolConversionError`` under
     ``jit``). Conditions on static values are fine: shapes, dtypes, ``len()``, ``x is None``,
-    ``static_argnums``, module config, parameters annotated with a Python type, Python containers.
+    ``static_argnums``, module config, parameters annotated with a Python type, Python containers, and
+    the bare truth value of a module method's unannotated parameter (``if train:``, a Python flag).
     """
 
     entry = TRACED_CONDITION
@@ -63,6 +65,15 @@ class TracedCondition(Rule):
                 if not deterministic:
                     x = x * 2
                 return x
+        """,
+        """
+        import flax.linen as nn
+
+        class Block(nn.Module):
+            @nn.compact
+            def __call__(self, x, *, train):  # a flag the caller passes as a literal (static under jit)
+                x = nn.Dropout(0.1)(x, deterministic=not train)
+                return x * 2 if train else x
         """,
     ]
     INVALID = [
@@ -125,8 +136,11 @@ class TracedCondition(Rule):
     def _flag(self, walk: FunctionWalk, node: cst.CSTNode, construct: str) -> None:
         self.report(walk, node, construct=construct, fix=self._FIX[construct])
 
+    def _is_traced_test(self, walk: FunctionWalk, test: cst.BaseExpression) -> bool:
+        return is_traced(walk.kind(test)) and not _is_module_flag(walk, test)
+
     def visit_If(self, node: cst.If, walk: FunctionWalk) -> None:
-        if is_traced(walk.kind(node.test)):
+        if self._is_traced_test(walk, node.test):
             self._flag(walk, node, "if")
 
     def visit_While(self, node: cst.While, walk: FunctionWalk) -> None:
@@ -138,7 +152,7 @@ class TracedCondition(Rule):
             self._flag(walk, node, "assert")
 
     def visit_IfExp(self, node: cst.IfExp, walk: FunctionWalk) -> None:
-        if is_traced(walk.kind(node.test)):
+        if self._is_traced_test(walk, node.test):
             self._flag(walk, node.test, "ternary")
 
     def visit_BooleanOperation(self, node: cst.BooleanOperation, walk: FunctionWalk) -> None:
@@ -149,8 +163,20 @@ class TracedCondition(Rule):
 
     def visit_UnaryOperation(self, node: cst.UnaryOperation, walk: FunctionWalk) -> None:
         if isinstance(node.operator, cst.Not) and not walk.in_test(node) \
-                and is_traced(walk.kind(node.expression)):
+                and self._is_traced_test(walk, node.expression):
             self._flag(walk, node, "not")
+
+
+def _is_module_flag(walk: FunctionWalk, test: cst.BaseExpression) -> bool:
+    """Whether ``test`` is the bare truth value (``if train:``, ``not train``) of an unannotated parameter of a
+    Flax or Equinox module's method: almost always a Python flag (``train``, ``decode``) that the caller passes as
+    a literal under ``jit``, where it is static; an array's bare truth value is rarely what such a method asks."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        test = test.expression
+    fi = walk.func
+    if not isinstance(test, cst.Name) or fi is None or fi.method_of is None or fi.method_of.framework is None:
+        return False
+    return any(p.name.value == test.value and p.annotation is None for p in named_params(fi.node.params))
 
 
 _CONVERTERS = ("bool", "int", "float", "complex")
