@@ -101,6 +101,10 @@ class FunctionWalk:
         return k
 
     def qualname(self, node: cst.BaseExpression) -> Optional[str]:
+        """The imported name ``node`` stands for, through a local alias too (``einsum = jnp.einsum``)."""
+        if isinstance(node, cst.Name) and node.value in self.env:
+            bound = self.values.get(node.value)
+            return self.info.imports.resolve(bound) if isinstance(bound, (cst.Name, cst.Attribute)) else None
         return self.info.imports.resolve(node)
 
     def is_builtin(self, node: cst.BaseExpression, *names: str) -> bool:
@@ -117,6 +121,9 @@ class FunctionWalk:
     # ------------------------------------------------------------------ entry points
     def run_function(self, fi: FuncInfo) -> None:
         node = fi.node
+        for param in named_params(node.params):
+            if isinstance(param.default, (cst.Name, cst.Attribute)):
+                self.values[param.name.value] = param.default  # dot_general=lax.dot_general: the default's call
         if isinstance(node, cst.Lambda):
             self.ev(node.body)
         else:
