@@ -94,17 +94,9 @@ def resolve_dot_operands(invals: Sequence, contractions, direct: bool, shared: d
         shared: a per-program cache ``(id(activation), axes, group) -> (activation, its rescaling or its static
             scale)`` shared by the weights of one smoothing or static-scale group, or ``None``.
         block_size: the block length of the dot (``int8ify(..., block_size=...)`` with int8), or ``None``: a
-            block-scaled weight goes on as itself (the dot reads its :meth:`~QuantizedArray.block_operand`).
-
-    Raises:
-        Int8ifyError: a block-scaled weight in a dot of another block length, or one without blocks.
+            block-scaled weight goes on as itself (the dot reads its :meth:`~QuantizedArray.block_operand`); a
+            block-scaled weight here is of that length (:func:`_check_weights_fit` let it through).
     """
-    for x in invals:
-        if is_quantized(x) and x.block_size is not None and x.block_size != block_size:
-            dot = f"block_size={block_size}" if block_size is not None else "no block_size"
-            raise Int8ifyError(f"a weight quantized with block_size={x.block_size} ({x!r}) meets a dot with {dot}; "
-                               f"quantize it with the same int8ify options the program runs with "
-                               f"(quantize_params(int8ify(fn, block_size=...), ...))")
     usable = [
         is_quantized(x) and (x.block_size is not None or (direct and x.dot_operand(contract) is not None))
         for x, contract in zip(invals, contractions)
@@ -176,7 +168,7 @@ def rewrite_dot(config: RewriteConfig, backend: Backend, eqn, invals, where: Loc
     if ragged:
         _check_ragged(backend, eqn, where)
     contractions = matmul_dimension_numbers(eqn)[0]
-    _check_per_channel_weights(invals[:2], config, eqn, where)
+    _check_weights_fit(invals[:2], config, eqn, where)
     lhs, rhs = resolve_dot_operands(invals[:2], contractions, config.uses_per_channel_int8, smoothed,
                                     config.int8_block_size)
     # an integer operand of a mixed dot is quantized like a float one
@@ -200,15 +192,20 @@ def rewrite_dot(config: RewriteConfig, backend: Backend, eqn, invals, where: Loc
     return program(lhs, rhs)
 
 
-def _check_per_channel_weights(invals: Sequence, config: RewriteConfig, eqn, where: Location):
-    """A weight quantized per channel in int8 fits only the dots of that contract: re-quantizing its dequantized
-    values under other options would be neither its contract nor what those options give the float weight."""
-    if config.uses_per_channel_int8:
-        return
+def _check_weights_fit(invals: Sequence, config: RewriteConfig, eqn, where: Location):
+    """A pre-quantized weight fits only the dots its options make: a block-scaled one those of its block length, a
+    per-channel int8 one those of that contract (re-quantizing its dequantized values under other options would be
+    neither its contract nor what those options give the float weight)."""
+    block_size = config.int8_block_size
     for x in invals:
-        if is_quantized(x) and x.block_size is None:
+        if is_quantized(x) and x.block_size is not None and x.block_size != block_size:
+            dot = f"block_size={block_size}" if block_size is not None else "no block_size"
+            raise Int8ifyError(f"a weight quantized with block_size={x.block_size} ({x!r}) meets a dot with {dot}; "
+                               f"quantize it with the same int8ify options the program runs with "
+                               f"(quantize_params(int8ify(fn, block_size=...), ...))")
+        if is_quantized(x) and x.block_size is None and not config.uses_per_channel_int8:
             instead = ("quantize it with the same options, quantize_params(int8ify(fn, block_size=...), ...)"
-                       if config.int8_block_size is not None else "pass the float weight, which they quantize")
+                       if block_size is not None else "pass the float weight, which they quantize")
             raise Int8ifyError(
                 f"{eqn.primitive.name} at {describe_source(eqn, where)} gets a weight quantized per channel in int8 "
                 f"({x!r}), but the options quantize its dots otherwise ({config.describe_quantization()}); "
