@@ -93,6 +93,12 @@ class ImportTable:
         """``from module import name [as asname]`` (absolute imports only)."""
         self.names[asname or name] = module + "." + name
 
+    def bind_alias(self, local: str, raw: str) -> None:
+        """``local = raw`` of an imported name (``mm = jnp.matmul``): ``local`` stands for what ``raw`` does."""
+        full = self.resolve_dotted(raw)
+        if full is not None:
+            self.names[local] = full
+
     def add(self, node: cst.CSTNode) -> None:
         """Record a libcst ``Import``/``ImportFrom``."""
         if isinstance(node, cst.Import):

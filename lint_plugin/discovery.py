@@ -128,9 +128,9 @@ class _Walker:
             name = target.value
             if func is None:
                 self.info.module_assigns[name] = value
-                aliased = self.info.imports.resolve(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
-                if aliased is not None:
-                    self.info.imports.names[name] = aliased  # ``mm = jnp.matmul``: ``mm(x, w)`` is jnp.matmul
+                raw = dotted_name(value)
+                if raw is not None:
+                    self.info.imports.bind_alias(name, raw)  # ``mm = jnp.matmul``: ``mm(x, w)`` is jnp.matmul
             if isinstance(value, cst.Lambda) or (isinstance(value, cst.Call)
                                                  and (dotted_name(value.func) or "").endswith("partial")):
                 bound = self.info.module_bound_functions if func is None else func.bound_functions

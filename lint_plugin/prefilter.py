@@ -70,11 +70,10 @@ def _scan(tree: ast.AST, extra: TracedDecorators, want_traced: bool, want_matmul
         t = type(node)
         if t is ast.Import or t is ast.ImportFrom:
             imports.add_ast(node)
-        elif t is ast.Assign and len(node.targets) == 1 and type(node.targets[0]) is ast.Name \
-                and type(node.value) in (ast.Name, ast.Attribute):  # type: ignore[attr-defined]
-            aliased = imports.resolve_dotted(ast.unparse(node.value))  # type: ignore[attr-defined]
-            if aliased is not None:
-                imports.names[node.targets[0].id] = aliased  # type: ignore[attr-defined]  # mm = jnp.matmul
+        elif t is ast.Assign and len(node.targets) == 1 and type(node.targets[0]) is ast.Name:  # type: ignore
+            raw = ast_dotted_name(node.value)  # type: ignore[attr-defined]
+            if raw is not None:
+                imports.bind_alias(node.targets[0].id, raw)  # type: ignore[attr-defined]  # mm = jnp.matmul
         elif t is ast.Call:
             func = node.func  # type: ignore[attr-defined]
             candidates.append(func)
