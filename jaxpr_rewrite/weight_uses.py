@@ -147,7 +147,7 @@ def plan_uses(jaxpr, var, config: RewriteConfig) -> tuple[list[Use], str]:
     """The uses of a parameter input and how it is quantized, or ``([], reason)`` when it stays float."""
     if not jnp.issubdtype(var.aval.dtype, jnp.floating):
         return [], f"not a float array ({var.aval.str_short()})"
-    refused: list[str] = []
+    refused: list[_Refusal] = []
     uses = _uses(jaxpr, var, _Trail(config, refused, axes=tuple(range(len(var.aval.shape)))))
     if not uses:
         feeding = [r for r in refused if r.feeds_matmul]
