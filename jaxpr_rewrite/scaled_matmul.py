@@ -51,6 +51,7 @@ from .config import RewriteConfig
 from .errors import Int8ifyError
 from .layout import blocked, contraction_size, free_axes
 from .straight_through import straight_through
+from .float_formats import pow2
 from .quantize import absmax, epilogue_factors, scale_product
 
 
@@ -145,7 +146,7 @@ def mx_scale(amax):
     exponent = lax.sub(biased, np.int32(127 + 8))
     exponent = lax.add(exponent, lax.convert_element_type(lax.gt(mantissa, np.int32(0x600000)), np.int32))
     exponent = lax.clamp(np.int32(-126), exponent, np.int32(127))
-    scale = lax.bitcast_convert_type(lax.shift_left(lax.add(exponent, np.int32(127)), np.int32(23)), np.float32)
+    scale = pow2(exponent)
     scale = lax.select(lax.eq(amax, np.float32(0)), lax.full_like(scale, 1.0), scale)
     return _nan_where_not_finite(amax, scale)
 
