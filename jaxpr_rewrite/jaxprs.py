@@ -24,6 +24,7 @@ __all__ = [
     "MATMUL_PRIMITIVES",
     "PLATFORM_INDEX",
     "SUBJAXPR_PARAMS",
+    "VALUE_MOVING_PRIMITIVES",
     "default_platform",
     "derivative_jaxprs",
     "dot_eqns",
@@ -62,6 +63,12 @@ PLATFORM_INDEX = "platform_index"
 # Matrix-multiplying primitives: each is either rewritten to int8 or reported.
 MATMUL_PRIMITIVES = frozenset({"dot_general", "ragged_dot_general"})
 CONVOLUTION_PRIMITIVES = frozenset({"conv_general_dilated"})  # float arithmetic the rewrite leaves as it is
+# primitives whose outputs are some of their operand's values, moved or copied (a weight sliced, split, stacked,
+# broadcast or cast is still that weight); arithmetic (a bias added to an activation) makes a new value
+VALUE_MOVING_PRIMITIVES = frozenset({
+    "broadcast_in_dim", "concatenate", "convert_element_type", "copy", "copy_p", "dynamic_slice", "gather", "pad",
+    "reduce_precision", "reshape", "rev", "select_n", "slice", "split", "squeeze", "transpose",
+})
 
 
 def open_jaxpr(jaxpr) -> Jaxpr:

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 from jax.extend.core import Var
 
 from .config import RewriteConfig
-from .jaxprs import is_float_dot, iter_eqns, matmul_dimension_numbers, open_jaxpr, sub_jaxprs
+from .jaxprs import (VALUE_MOVING_PRIMITIVES, is_float_dot, iter_eqns, matmul_dimension_numbers, open_jaxpr,
+                     sub_jaxprs)
 from .rules import rule_for
 from .rules.dots import is_plain_dot, skip_reason
 from .scopes import join_scope
@@ -85,14 +86,18 @@ class _Refusal:
 
 
 def _reaches_a_float_dot(jaxpr, start) -> bool:
-    """Whether equation ``start`` of ``jaxpr`` holds a float matmul or what it computes flows into one."""
-    reached = set(start.outvars)
+    """Whether equation ``start`` of ``jaxpr`` holds a float matmul, or moves the values it reads (a slice, a split,
+    a cast: :data:`~jaxpr_rewrite.jaxprs.VALUE_MOVING_PRIMITIVES`) into one, through any number of such moves. A
+    value computed from the leaf (a bias added to an activation) is not the leaf: the matmul it feeds does not
+    make the leaf a weight."""
+    reached = set()
     for eqn in jaxpr.eqns[jaxpr.eqns.index(start):]:
         if eqn is not start and not any(v in reached for v in eqn.invars if isinstance(v, Var)):
             continue
         if is_float_dot(eqn) or any(is_float_dot(e) for sub in sub_jaxprs(eqn) for e in iter_eqns(sub)):
             return True
-        reached.update(eqn.outvars)
+        if eqn.primitive.name in VALUE_MOVING_PRIMITIVES:
+            reached.update(eqn.outvars)
     return False
 
 

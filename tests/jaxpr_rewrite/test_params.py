@@ -342,10 +342,13 @@ def test_a_leaf_left_float_is_never_silent():
     assert not isinstance(q["w"], QuantizedArray)
     _, why = quantize_params(tied, params, x, explain=True)
     assert why["['w']"].startswith("kept float: it is used by") and "feeds no matmul" in why["['b']"]
-    # a bias alone is no surprise: no warning
+    # a bias alone is no surprise: no warning; nor is one whose sum with the activation feeds the next layer's
+    # matmul (the sum is a new value, not the bias: this warned for every Dense bias but the last)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         quantize_params(lambda p, x: x @ p["w"] + p["b"], params, x)
+        _, why = quantize_params(lambda p, x: jnp.tanh(x @ p["w"] + p["b"]) @ p["w"], params, x, explain=True)
+    assert "feeds no matmul" in why["['b']"]
 
 
 def test_a_leaf_reaching_its_matmul_through_a_slice_or_split_is_named_and_warned_about():
