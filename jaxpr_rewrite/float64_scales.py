@@ -42,7 +42,8 @@ from jax import lax
 from .quantize import (FORMATS, INT8_MAX, clipped_codes, epilogue_window, nan_safe_magnitude, pow2,
                        to_compute)
 
-__all__ = ["quantize_by_float64", "quantize_with_float64_scales", "rounded_significands", "scale_product_in_float64"]
+__all__ = ["FLOOR_SCALE", "quantize_by_float64", "quantize_with_float64_scales", "rounded_significands",
+           "scale_product_in_float64"]
 
 _FLOAT32, _FLOAT64 = FORMATS[np.dtype(np.float32)], FORMATS[np.dtype(np.float64)]
 # float64 significand bits below a float32 significand's 24
@@ -50,7 +51,7 @@ _DROPPED_BITS = _FLOAT64.mantissa_bits - _FLOAT32.mantissa_bits
 # a slice of zeros' float64 scale: the smallest normal float64, below every slice's real scale (at least
 # 2**-149 / 127), so its zeros divide into zero codes and its zero sums scale to zero, with no select per slice (XLA's
 # GPU compiler made that select a kernel of its own)
-_FLOOR = np.float64(np.finfo(np.float64).tiny)
+FLOOR_SCALE = np.float64(np.finfo(np.float64).tiny)
 
 
 def rounded_significands(values):
@@ -121,7 +122,7 @@ def quantize_by_float64(x, reduce_axes: Sequence[int]):
     """
     codes, scales, exponents, scale = quantize_with_float64_scales(x, reduce_axes)
     with jax.enable_x64(True):
-        scale = lax.select(lax.eq(scale, _FLOOR), lax.full_like(scale, 1), scale)
+        scale = lax.select(lax.eq(scale, FLOOR_SCALE), lax.full_like(scale, 1), scale)
         factors = _factors(scale, _own_exponents(scale))
     return codes, scales, exponents, factors
 
@@ -137,9 +138,9 @@ def quantize_with_float64_scales(x, reduce_axes: Sequence[int]):
     magnitudes = nan_safe_magnitude(values)
     with jax.enable_x64(True):  # float64 inside the program, whatever the program's own setting
         quotients = lax.mul(lax.convert_element_type(magnitudes, np.float64), np.float64(1) / np.float64(INT8_MAX))
-        # the reduction starts from _FLOOR, far below any slice's scale: a slice of zeros (or none) keeps it
-        scale = lax.reduce(rounded_significands(quotients), _FLOOR, lax.max, reduce_axes)
-        zero = lax.eq(scale, _FLOOR)
+        # the reduction starts from FLOOR_SCALE, far below any slice's scale: a slice of zeros (or none) keeps it
+        scale = lax.reduce(rounded_significands(quotients), FLOOR_SCALE, lax.max, reduce_axes)
+        zero = lax.eq(scale, FLOOR_SCALE)
         divided = lax.div(lax.convert_element_type(values, np.float64),
                           lax.broadcast_in_dim(scale, values.shape, kept_axes))
         codes = clipped_codes(lax.round(lax.convert_element_type(divided, np.float32),

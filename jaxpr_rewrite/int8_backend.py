@@ -1,5 +1,6 @@
 """The ``"int8"`` backend (the contract, the default): the int8 programs of :mod:`~jaxpr_rewrite.int8_dot` and
-:mod:`~jaxpr_rewrite.ragged_dot` with straight-through gradients, registered with what they can take."""
+:mod:`~jaxpr_rewrite.ragged_dot` with straight-through gradients, registered with what they can take; and
+``"int8-fused"``, the same contract with one GPU kernel per dot of a pre-quantized weight."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from .operands import checks_codes
 from .ragged_dot import int8_ragged_dot_general_impl, ragged_dot_float
 from .straight_through import straight_through
 
-__all__ = ["int8_backend", "int8_dot_general", "int8_ragged_dot_general"]
+__all__ = ["int8_backend", "int8_dot_general", "int8_fused_backend", "int8_ragged_dot_general"]
 
 
 def _dot_impl(lhs, rhs, float_params, out_dtype, scheme):
@@ -44,3 +45,10 @@ def _int8_ragged_backend(lhs, rhs, group_sizes, float_params, out_dtype, config:
 def int8_backend(lhs, rhs, float_params, out_dtype, config: RewriteConfig):
     """The int8 contract (the default backend)."""
     return int8_dot_general(lhs, rhs, float_params, out_dtype, Scheme.of(config))
+
+
+@register_backend("int8-fused", ragged_dot=_int8_ragged_backend, takes_prequantized=True)
+def int8_fused_backend(lhs, rhs, float_params, out_dtype, config: RewriteConfig):
+    """The int8 contract, with a float activation times a pre-quantized weight as one Pallas kernel on an NVIDIA
+    GPU (:mod:`~jaxpr_rewrite.fused_gpu_dot`): the same numbers, fewer kernels; elsewhere the ``"int8"`` backend."""
+    return int8_dot_general(lhs, rhs, float_params, out_dtype, Scheme.of(config, fused_gpu_kernel=True))

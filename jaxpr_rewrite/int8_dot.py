@@ -25,6 +25,7 @@ from .config import RewriteConfig
 from .int32_dot import int32_dot
 from .layout import blocked, blocked_dimension_numbers, contraction_size, scale_to_output
 from .float64_scales import scale_product_in_float64
+from .fused_gpu_dot import fits_fused_kernel, fused_dot
 from .quantize import compute_dtype, scale_product
 from .operands import has_dynamic_scales, quantize_operand, quantize_operand_in_float64
 from .quantized import is_quantized
@@ -41,14 +42,18 @@ class Scheme(NamedTuple):
             ``"per-tensor"`` (one scale per operand).
         block_size: if set, per-channel scales are refined to one per block of this many elements along the
             (flattened) contraction; int32 partial sums are scaled per block and summed in float32.
+        fused_gpu_kernel: on an NVIDIA GPU, a dot of a float activation and a pre-quantized weight runs as one
+            kernel (:mod:`~jaxpr_rewrite.fused_gpu_dot`, the ``"int8-fused"`` backend); the same numbers.
     """
 
     granularity: str = "per-channel"
     block_size: int | None = None
+    fused_gpu_kernel: bool = False
 
     @classmethod
-    def of(cls, config: RewriteConfig) -> "Scheme":
-        return cls(config.granularity, None if config.block_size is None else int(config.block_size))
+    def of(cls, config: RewriteConfig, fused_gpu_kernel: bool = False) -> "Scheme":
+        return cls(config.granularity, None if config.block_size is None else int(config.block_size),
+                   fused_gpu_kernel)
 
 
 PER_CHANNEL = Scheme()
@@ -73,7 +78,7 @@ def _epilogue_dtype(lhs_scales_dtype, rhs_scales_dtype, out_dtype):
 
 
 def scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce: Sequence[int], rhs_reduce: Sequence[int],
-                    out_dtype=np.float32):
+                    out_dtype=np.float32, fused_gpu_kernel: bool = False):
     """Quantize both operands (one scale per slice over ``*_reduce``), take their int8 dot into int32, and scale
     it back: ``acc * lhs_scale * rhs_scale`` in float32 (float64 for float64 operands or output).
 
@@ -88,11 +93,14 @@ def scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce: Sequence[int], rhs_
         dimension_numbers: the dot's dimension numbers.
         lhs_reduce, rhs_reduce: the axes each scale covers (the contracting dims, or every axis).
         out_dtype: the dot's output dtype; a float64 one makes the epilogue float64.
+        fused_gpu_kernel: on an NVIDIA GPU, take :func:`~jaxpr_rewrite.fused_gpu_dot.fused_dot` where it fits (a
+            float activation times a pre-quantized 2-D weight, with dynamic or static activation scales).
 
     Returns:
         The result, in the epilogue's dtype.
     """
-    return _scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dtype, keep_operands=False)
+    return _scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dtype, keep_operands=False,
+                            fused_gpu_kernel=fused_gpu_kernel)
 
 
 def scaled_int8_dot_and_operands(lhs, rhs, dimension_numbers, lhs_reduce: Sequence[int],
@@ -106,7 +114,8 @@ def scaled_int8_dot_and_operands(lhs, rhs, dimension_numbers, lhs_reduce: Sequen
     return _scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, np.float32, keep_operands=True)
 
 
-def _scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dtype, keep_operands: bool):
+def _scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dtype, keep_operands: bool,
+                     fused_gpu_kernel: bool = False):
     def result(out, lhs_q, rhs_q):
         if not keep_operands:
             return out
@@ -129,9 +138,24 @@ def _scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dt
                      for q, scale, place in zip((lhs_q, rhs_q), (lhs_scale, rhs_scale), placements)]
         return result(scale_product_in_float64(acc, *sides), lhs_q, rhs_q)
 
-    if not _takes_float64_epilogue(lhs, rhs, out_dtype):
+    float64_epilogue = _takes_float64_epilogue(lhs, rhs, out_dtype)
+    if fused_gpu_kernel and not keep_operands and _fits_fused_kernel(lhs, rhs, dimension_numbers, out_dtype):
+        (_, (weight_contracting,)), _ = dimension_numbers
+        on_cuda = functools.partial(fused_dot, lhs, rhs, weight_contracting)
+        return lax.platform_dependent(cpu=portable, tpu=portable, cuda=on_cuda,
+                                      default=on_gpu if float64_epilogue else portable)
+    if not float64_epilogue:
         return portable()
     return lax.platform_dependent(cpu=portable, tpu=portable, default=on_gpu)
+
+
+def _fits_fused_kernel(lhs, rhs, dimension_numbers, out_dtype) -> bool:
+    """Whether the dot is a float activation times a pre-quantized weight, with a float32 epilogue, that
+    :func:`~jaxpr_rewrite.fused_gpu_dot.fused_dot` computes."""
+    if not is_quantized(rhs) or is_quantized(lhs) or isinstance(lhs, ScaledActivation):
+        return False
+    return (_epilogue_dtype(compute_dtype(lhs.dtype), rhs.scales.dtype, out_dtype) == np.float32
+            and fits_fused_kernel(lhs.shape, lhs.dtype, rhs, dimension_numbers))
 
 
 def _placements(lhs_q, rhs_q, dimension_numbers, out_shape):
@@ -177,5 +201,6 @@ def int8_dot_general_impl(lhs, rhs, dimension_numbers, out_dtype, scheme: Scheme
         per_tensor = scheme.granularity == "per-tensor"
         lhs_reduce = tuple(range(lhs.ndim)) if per_tensor else lc
         rhs_reduce = tuple(range(rhs.ndim)) if per_tensor else rc
-        out = scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dtype)
+        out = scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dtype,
+                              fused_gpu_kernel=scheme.fused_gpu_kernel and not per_tensor)
     return out if out.dtype == out_dtype else lax.convert_element_type(out, out_dtype)

@@ -1,0 +1,210 @@
+"""One kernel per dot on NVIDIA GPUs: a float activation times a pre-quantized int8 weight as a single Pallas
+(Triton) kernel that quantizes the activation, multiplies the codes on the int8 tensor cores and scales the int32
+sums, the ``"int8-fused"`` backend's GPU program.
+
+XLA's GPU compiler cannot put a quantization into its GEMM kernel's prologue: the codes of every dynamic activation
+are a kernel of their own (and the absmax a second one, unless it joins the previous epilogue), so the int8
+program of the 4 x 1024 MLP launches 13 kernels where bfloat16 launches 7 (``benchmarks/accelerators.py``). This
+kernel is the dot's whole program. With dynamic scales, a first pass over the rows' ``K`` elements takes their
+absmax, and each row's scale and its reciprocal are computed once; the codes are then made block by block inside
+the GEMM's ``K`` loop; the epilogue scales the sums. With a calibrated (static) scale there is no first pass. Each
+column block of the output quantizes its rows again (``N / BLOCK_N`` times over): that is the price of the missing
+kernels, and only a GPU can weigh it (``benchmarks/device_check.py``).
+
+The numbers are the ``"int8"`` backend's on a GPU, bit for bit. Dynamic: the row's scale is ``fl24(absmax / 127)``
+in float64 (a float32 significand, its exponent unbounded; NaN or Inf make it Inf, a row of zeros takes the
+smallest normal float64), as :func:`~jaxpr_rewrite.float64_scales.quantize_with_float64_scales` takes it as the
+maximum of its elements' candidates (rounding is monotone, so that maximum is the absmax's candidate); each code
+is ``rint(fl32(fl64(x) * (1 / scale)))`` clipped to +-127, the correctly rounded quotient
+(:func:`~jaxpr_rewrite.exact_division.rounded_quotients_by_float64`); the epilogue is ``fl32(fl64(fl32(acc * f) *
+g) * scale)`` with the weight's stored factors ``(f, g)``
+(:func:`~jaxpr_rewrite.float64_scales.scale_product_in_float64`). Static: the codes are ``rint(x * reciprocal)``,
+the epilogue ``(((acc * f_w) * f_x) * g_w) * g_x`` with ``f_x`` NaN for a row holding NaN or Inf
+(:func:`~jaxpr_rewrite.static_scales.quantize_static_parts`). Triton's float64 divisions and conversions are IEEE's,
+the epilogues are products only (nothing for a compiler to fuse into a multiply-add), and the rounding to even is
+done in integers (:func:`_rounded_codes`). Inputs below float32's normal range are read as they are (XLA's own
+kernels read them as zero).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pallas_triton
+
+from .float64_scales import FLOOR_SCALE, rounded_significands
+from .quantize import INT8_MAX, MAX_INT32_SAFE_CONTRACTION, nan_safe_magnitude
+from .static_scales import StaticScale
+
+__all__ = ["BLOCK_N", "fits_fused_kernel", "fused_dot"]
+
+BLOCK_N = 128
+# the largest row block; a smaller batch takes the power of two above it (16 at least, the tensor cores' tile)
+_MAX_BLOCK_M = 64
+_MIN_BLOCK = 16
+_BLOCK_K = 128
+
+
+def _block_k(k: int) -> int | None:
+    """The contraction's block: the largest power of two up to 128 dividing ``k``, at least 16 (``None``: none)."""
+    block = _BLOCK_K
+    while block >= _MIN_BLOCK and k % block:
+        block //= 2
+    return block if block >= _MIN_BLOCK else None
+
+
+def fits_fused_kernel(lhs_shape, lhs_dtype, weight, dimension_numbers) -> bool:
+    """Whether :func:`fused_dot` computes this dot: a float activation (at least one row) contracted over its last
+    axis with a 2-D per-channel int8 weight (either layout; a float32 static activation scale or none), no batch
+    axes, and a
+    contraction the int8 tensor cores tile (a multiple of 16) whose int32 sums cannot overflow."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    ndim = len(lhs_shape)
+    return (ndim >= 1 and not lb and not rb and tuple(lc) == (ndim - 1,) and len(rc) == 1
+            and weight.ndim == 2 and weight.codes.dtype == np.int8
+            and (weight.activation_scale is None or weight.activation_scale.dtype == np.float32)
+            and np.dtype(lhs_dtype) in (np.float32, jnp.bfloat16, np.float16)
+            and int(np.prod(lhs_shape[:-1], dtype=np.int64)) > 0 and weight.shape[1 - rc[0]] > 0
+            and lhs_shape[-1] <= MAX_INT32_SAFE_CONTRACTION and _block_k(lhs_shape[-1]) is not None)
+
+
+def _rounded_codes(quotients):
+    """int8 codes ``clip(rint(quotients), -127, 127)``, ties to even, NaN (a slice holding NaN or Inf, whose scale
+    is infinite) as 0. In integers: clipped first (127 is an integer, so the order does not matter), truncated, and
+    the exact remainder ``v - trunc(v)`` moves the code by one beyond a half, and at a half to the even side. A
+    float ``rint`` is not in Pallas' Triton lowering, and its usual stand-in, adding and subtracting ``1.5 *
+    2**23``, is undone by a compiler that reassociates (XLA:CPU does)."""
+    limit = np.float32(INT8_MAX)
+    values = jnp.clip(jnp.where(quotients != quotients, np.float32(0), quotients), -limit, limit)
+    whole = values.astype(jnp.int32)
+    remainder = values - whole.astype(jnp.float32)
+    odd = (whole & 1) == 1
+    up = (remainder > 0.5) | ((remainder == 0.5) & odd)
+    down = (remainder < -0.5) | ((remainder == -0.5) & odd)
+    return (whole + up.astype(jnp.int32) - down.astype(jnp.int32)).astype(jnp.int8)
+
+
+class _Blocks:
+    """The ``K`` blocks of one kernel instance's activation rows and weight columns (loop indices are int32)."""
+
+    def __init__(self, x_ref, w_ref, block_k: int, weight_rows_contract: bool):
+        self.x_ref, self.w_ref, self.block_k, self.rows_contract = x_ref, w_ref, block_k, weight_rows_contract
+
+    def _along_k(self, k):
+        return pl.ds(k * np.int32(self.block_k), self.block_k)
+
+    def activation(self, k):
+        return self.x_ref[:, self._along_k(k)].astype(jnp.float32)
+
+    def products(self, codes, k):
+        """The int32 products of the k-th block of codes with the weight's."""
+        weight = self.w_ref[self._along_k(k), :] if self.rows_contract else self.w_ref[:, self._along_k(k)].T
+        # int8 codes times int8 codes, which the linter cannot see through _rounded_codes
+        return jnp.dot(codes, weight, preferred_element_type=jnp.int32)  # noqa: JX101
+
+
+def _dynamic_kernel(x_ref, w_ref, factor_ref, power_ref, out_ref, *, steps: int, **blocking):
+    """One ``(rows, columns)`` block of the output with the rows' dynamic scales: the rows' absmax (a first pass over
+    their ``K`` elements, NaN read as Inf) and from it, once per row, the scale and its float64 reciprocal; then the
+    codes and their int32 sums block by block along ``K``; then the epilogue."""
+    blocks = _Blocks(x_ref, w_ref, **blocking)
+
+    def take_absmax(k, amax):
+        return jnp.maximum(amax, jnp.max(nan_safe_magnitude(blocks.activation(k)), axis=1))
+
+    def add_products(k, acc):
+        quotients = (blocks.activation(k).astype(jnp.float64) * reciprocal[:, None]).astype(jnp.float32)
+        return acc + blocks.products(_rounded_codes(quotients), k)
+
+    first, last = np.int32(0), np.int32(steps)
+    amax = lax.fori_loop(first, last, take_absmax, jnp.zeros((x_ref.shape[0],), jnp.float32))
+    # the row's scale, fl24(amax / 127) in float64; a row of zeros takes the smallest normal float64
+    scale = jnp.maximum(rounded_significands(amax.astype(jnp.float64) * (np.float64(1) / np.float64(INT8_MAX))),
+                        FLOOR_SCALE)
+    reciprocal = np.float64(1) / scale  # correctly rounded: rounded_quotients_by_float64's multiplier
+    acc = lax.fori_loop(first, last, add_products, jnp.zeros(out_ref.shape, jnp.int32))
+    by_weight = ((acc.astype(jnp.float32) * factor_ref[...][None, :]).astype(jnp.float64)
+                 * power_ref[...].astype(jnp.float64)[None, :])
+    out_ref[...] = (by_weight * scale[:, None]).astype(jnp.float32)
+
+
+def _static_kernel(x_ref, w_ref, factor_ref, power_ref, static_ref, out_ref, *, steps: int, **blocking):
+    """One ``(rows, columns)`` block of the output with the calibrated scale ``static_ref`` (a stored
+    :class:`~jaxpr_rewrite.static_scales.StaticScale`): codes ``rint(x * reciprocal)`` and their sums block by block
+    along ``K``, each row marked where it holds NaN or Inf, then the epilogue
+    ``(((acc * f_w) * f_x) * g_w) * g_x``, ``f_x`` NaN for a marked row."""
+    blocks = _Blocks(x_ref, w_ref, **blocking)
+    reciprocal, factor, power = (static_ref[field] for field in _STATIC_FIELDS)
+    largest = np.float32(np.finfo(np.float32).max)
+
+    def add_products(k, carry):
+        acc, nonfinite = carry
+        values = blocks.activation(k)
+        # 1 where the block of a row holds NaN or Inf (they compare false)
+        held = jnp.max(jnp.where(jnp.abs(values) <= largest, np.int32(0), np.int32(1)), axis=1)
+        return acc + blocks.products(_rounded_codes(values * reciprocal), k), jnp.maximum(nonfinite, held)
+
+    acc, nonfinite = lax.fori_loop(np.int32(0), np.int32(steps), add_products,
+                                   (jnp.zeros(out_ref.shape, jnp.int32), jnp.zeros((x_ref.shape[0],), jnp.int32)))
+    row_factor = jnp.where(nonfinite == 1, np.float32(np.nan), factor)
+    out_ref[...] = (((acc.astype(jnp.float32) * factor_ref[...][None, :]) * row_factor[:, None])
+                    * power_ref[...][None, :]) * power
+
+
+# the fields of a stored StaticScale the kernel reads: the codes' multiplier and the epilogue factors
+_STATIC_FIELDS = tuple(StaticScale._fields.index(name) for name in ("reciprocal", "factor", "power"))
+
+
+def fused_dot(x, weight, weight_contracting: int, interpret: bool = False):
+    """``x @ weight`` under the int8 contract as one kernel (see the module docstring).
+
+    Arguments:
+        x: the float activation, contracted over its last axis (any leading shape).
+        weight: a 2-D per-channel int8 :class:`~jaxpr_rewrite.quantized.QuantizedArray` (as
+            :meth:`~jaxpr_rewrite.quantized.QuantizedArray.dot_operand` gives it); with an ``activation_scale``, the
+            activation takes that calibrated scale, else the contract's dynamic one per row.
+        weight_contracting: the weight's contracting axis, 0 (``x @ w``) or 1 (``x @ w.T``).
+        interpret: run the kernel with Pallas' interpreter (any platform; for tests).
+
+    Returns:
+        float32, ``x.shape[:-1] + (N,)``.
+    """
+    k = x.shape[-1]
+    rows = int(np.prod(x.shape[:-1], dtype=np.int64))
+    n = weight.shape[1 - weight_contracting]
+    block_k = _block_k(k)
+    block_m = min(_MAX_BLOCK_M, max(_MIN_BLOCK, pl.next_power_of_2(rows)))
+    factor, power = weight.epilogue_factors(np.float32)
+    rows_contract = weight_contracting == 0
+    static = weight.activation_scale is not None
+    blocking = dict(steps=k // block_k, block_k=block_k, weight_rows_contract=rows_contract)
+    kernel = functools.partial(_static_kernel if static else _dynamic_kernel, **blocking)
+    per_column = pl.BlockSpec((BLOCK_N,), lambda i, j: (j,))
+    in_specs = [
+        pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
+        pl.BlockSpec((k, BLOCK_N), lambda i, j: (0, j)) if rows_contract else pl.BlockSpec((BLOCK_N, k),
+                                                                                           lambda i, j: (j, 0)),
+        per_column,
+        per_column,
+    ]
+    operands = [x.reshape(rows, k), weight.codes, factor, power]
+    if static:
+        in_specs.append(pl.BlockSpec((len(StaticScale._fields),), lambda i, j: (0,)))
+        operands.append(lax.convert_element_type(weight.activation_scale, np.float32))
+    with jax.enable_x64(True):  # the dynamic kernel's scales are float64, whatever the program's own setting
+        out = pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct((rows, n), jnp.float32),
+            grid=(pl.cdiv(rows, block_m), pl.cdiv(n, BLOCK_N)),
+            in_specs=in_specs,
+            out_specs=pl.BlockSpec((block_m, BLOCK_N), lambda i, j: (i, j)),
+            compiler_params=pallas_triton.CompilerParams(num_warps=4, num_stages=2),
+            interpret=interpret,
+            name="int8_fused_dot",
+        )(*operands)
+    return out.reshape(*x.shape[:-1], n)

@@ -1,0 +1,148 @@
+"""The ``"int8-fused"`` backend: a float activation times a pre-quantized weight as one Pallas kernel on an NVIDIA
+GPU. The kernel runs here in Pallas' interpreter (the same float64 and integer arithmetic), against the ``"int8"``
+backend's program bit for bit (dynamic and static activation scales) and against the independent numpy reference of
+the contract; the program lowered
+for CUDA holds one kernel per fitting dot and leaves the others to XLA."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers import iter_eqns, reference_dot, with_zero_and_non_finite_rows
+from jaxpr_rewrite import Int8ifyError, int8ify, quantize_params
+from jaxpr_rewrite.fused_gpu_dot import fused_dot
+
+TINY = np.finfo(np.float32).tiny
+# (rows, contraction, columns): blocks that divide and that overhang, contractions of 16-wide to 128-wide steps
+SHAPES = [(1, 64, 128), (8, 256, 200), (70, 384, 64), (3, 1040, 130)]
+
+
+def _dense(params, x):
+    return x @ params["w"]
+
+
+def _dense_transposed(params, x):
+    return x @ params["w"].T
+
+
+@st.composite
+def cases(draw):
+    rows, k, n = draw(st.sampled_from(SHAPES))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    kind = draw(st.sampled_from(["normal", "quarters", "bfloat16", "tiny", "huge", "binades"]))
+    x = rng.normal(size=(rows, k))
+    if kind == "quarters":  # rich in rounding ties
+        x = rng.integers(-300, 300, size=(rows, k)) / 4.0
+    elif kind == "bfloat16":
+        x = np.array(jnp.asarray(x * 3, jnp.bfloat16).astype(jnp.float32))
+    elif kind in ("tiny", "huge"):
+        x = x * 2.0 ** (-120 if kind == "tiny" else 120)
+    elif kind == "binades":
+        x = x * 2.0 ** rng.integers(-100, 100, size=(rows, 1))
+    x = np.array(x, np.float32)
+    x[np.abs(x) < TINY] = 0.0  # XLA reads subnormal inputs as zero; the kernel on a GPU reads them as they are
+    x, bad_rows = with_zero_and_non_finite_rows(draw, x, max_bad=2)
+    transposed = draw(st.booleans())
+    w = np.array(rng.normal(size=(n, k) if transposed else (k, n)), np.float32)
+    w[:, 0] = 0  # an all-zero weight column (or row of the transposed layout): scale 1
+    return x, w, transposed, bad_rows
+
+
+@settings(max_examples=25, deadline=None)
+@given(cases())
+def test_the_kernel_is_the_int8_backends_program_bit_for_bit(case):
+    x, w, transposed, bad_rows = case
+    fn = _dense_transposed if transposed else _dense
+    params = quantize_params(fn, {"w": jnp.asarray(w)}, jnp.asarray(x))
+    want = np.asarray(int8ify(fn)(params, jnp.asarray(x)))
+    got = np.asarray(jax.jit(lambda p, v: fused_dot(v, p["w"], int(transposed), interpret=True))(params, x))
+    np.testing.assert_array_equal(got, want)  # NaN where the other has NaN
+    assert np.isnan(got[bad_rows]).all()  # a row holding NaN or Inf: every output NaN (its codes 0, its scale Inf)
+    finite = np.setdiff1d(np.arange(x.shape[0]), bad_rows)
+    reference = reference_dot(x[finite], w.T if transposed else w, (((1,), (0,)), ((), ())))
+    # (results below float32's normal range are flushed to zero by XLA)
+    np.testing.assert_allclose(got[finite], reference, rtol=2e-7, atol=TINY)
+
+
+@settings(max_examples=15, deadline=None)
+@given(cases(), st.sampled_from([0.5, 1.0, 3.0]))
+def test_with_a_static_scale_the_kernel_is_the_int8_backends_program_bit_for_bit(case, beyond):
+    """Calibrated on the finite rows, then run on them times ``beyond``: at 3 most values saturate at +-127."""
+    x, w, transposed, bad_rows = case
+    fn = _dense_transposed if transposed else _dense
+    finite = np.setdiff1d(np.arange(x.shape[0]), bad_rows)
+    calibration = x[finite] if finite.size and np.abs(x[finite]).max() > 0 else np.ones_like(x)
+    params = quantize_params(fn, {"w": jnp.asarray(w)}, jnp.asarray(calibration), activations="static")
+    run = np.array(x * np.float32(beyond), np.float32)
+    want = np.asarray(int8ify(fn)(params, jnp.asarray(run)))
+    got = np.asarray(jax.jit(lambda p, v: fused_dot(v, p["w"], int(transposed), interpret=True))(params, run))
+    np.testing.assert_array_equal(got, want)
+    assert np.isnan(got[bad_rows]).all()
+
+
+def test_bfloat16_activations_and_any_leading_shape():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(2, 3, 5, 128)), jnp.bfloat16)
+    params = quantize_params(_dense, {"w": jnp.asarray(rng.normal(size=(128, 96)), jnp.float32)}, x)
+    got = fused_dot(x, params["w"], 0, interpret=True)
+    assert got.shape == (2, 3, 5, 96) and got.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(got, np.float32),
+                                  np.asarray(int8ify(_dense)(params, x), np.float32).astype(np.float32))
+
+
+def _mlp(params, x):
+    for layer in params:
+        x = jax.nn.gelu(x @ layer["w"] + layer["b"])
+    return x
+
+
+def _mlp_params(width=256, layers=3):
+    rng = np.random.default_rng(1)
+    return [{"w": jnp.asarray(rng.normal(size=(width, width)) / np.sqrt(width), jnp.float32),
+             "b": jnp.asarray(rng.normal(size=width) / 10, jnp.float32)} for _ in range(layers)]
+
+
+def test_off_a_gpu_the_backend_is_the_int8_one():
+    params, x = _mlp_params(), jnp.asarray(np.random.default_rng(2).normal(size=(64, 256)), jnp.float32)
+    q = quantize_params(_mlp, params, x)
+    np.testing.assert_array_equal(np.asarray(int8ify(_mlp, backend="int8-fused")(q, x)),
+                                  np.asarray(int8ify(_mlp)(q, x)))
+    grad = jax.grad(lambda p: int8ify(_mlp, backend="int8-fused")(p, x).sum())(params)  # straight-through
+    assert all(np.isfinite(np.asarray(g["w"])).all() for g in grad)
+
+
+def _kernels(jaxpr) -> int:
+    return sum(e.primitive.name == "pallas_call" for e in iter_eqns(jaxpr, platform="cuda"))
+
+
+def test_on_cuda_each_pre_quantized_dot_is_one_kernel_and_the_rest_xlas():
+    params, x = _mlp_params(), jnp.asarray(np.random.default_rng(3).normal(size=(64, 256)), jnp.float32)
+    q = quantize_params(_mlp, params, x)
+    fused = int8ify(_mlp, backend="int8-fused", late_inlining=False)
+    assert _kernels(jax.make_jaxpr(fused)(q, x)) == 3
+    assert _kernels(jax.make_jaxpr(int8ify(_mlp, late_inlining=False))(q, x)) == 0
+    static = quantize_params(_mlp, params, x, activations="static")
+    assert _kernels(jax.make_jaxpr(fused)(static, x)) == 3
+    # float weights (quantized per call), a dot of two activations, a float64 output: XLA's program
+    assert _kernels(jax.make_jaxpr(fused)(params, x)) == 0
+    assert _kernels(jax.make_jaxpr(int8ify(lambda a, b: a @ b, backend="int8-fused"))(x, x.T)) == 0
+    lowered = jax.jit(fused).trace(q, x).lower(lowering_platforms=("cuda",)).as_text()
+    assert "xla.gpu.triton" in lowered  # Pallas' Triton kernel, not a Mosaic GPU one
+    with jax.enable_x64(True):
+        wide = int8ify(lambda p, v: jnp.matmul(v, p[0]["w"], preferred_element_type=jnp.float64),
+                       backend="int8-fused")
+        assert _kernels(jax.make_jaxpr(wide)(q, x)) == 0
+
+
+def test_a_contraction_the_tensor_cores_cannot_tile_stays_with_xla():
+    x = jnp.zeros((8, 100), jnp.float32)
+    q = quantize_params(_dense, {"w": jnp.ones((100, 64))}, x)
+    assert _kernels(jax.make_jaxpr(int8ify(_dense, backend="int8-fused"))(q, x)) == 0
+
+
+def test_the_backend_is_named_in_the_options_error():
+    with pytest.raises(Int8ifyError, match="int8-fused"):
+        int8ify(_dense, backend="int8-fusd")
