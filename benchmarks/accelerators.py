@@ -19,6 +19,8 @@ batch 1024 and one pre-LN transformer block (d 384, 6 heads, MLP 1536) at batch 
   too (``int8ify(fn, activation_scales=calibrate_activation_dots(...))``);
 * ``+smooth``          ``int8ify+qparams`` and ``int8ify static`` with SmoothQuant (``smooth_alpha=0.5``), whose dots
   multiply their activation by the stored reciprocal of its factors;
+* ``int8ify fused``    (GPU) ``backend="int8-fused"``: each dot of a pre-quantized weight one Pallas kernel (dynamic
+  scales; ``static`` and ``static+attn`` as above);
 * ``bare int8 dots``   only the model's int8 x int8 -> int32 dots.
 
 GPU: the kernels the program launches (fusions, library calls) from XLA's real H200 compiler. TPU: the kernels,
@@ -174,6 +176,12 @@ def main(argv=None) -> int:
             variants["int8ify static+attn"] = (on_accelerator.with_options(activation_scales=attention), (static, x))
         variants["int8ify+qparams+smooth"] = (on_accelerator, (smoothed["dynamic"], x))
         variants["int8ify static+smooth"] = (on_accelerator, (smoothed["static"], x))
+        if args.which == "gpu":  # the Pallas kernel runs on NVIDIA GPUs only (elsewhere the int8 programs above)
+            fused = on_accelerator.with_options(backend="int8-fused")
+            variants["int8ify fused"] = (fused, (qparams, x))
+            variants["int8ify fused static"] = (fused, (static, x))
+            if attention.dots:
+                variants["int8ify fused static+attn"] = (fused.with_options(activation_scales=attention), (static, x))
         variants["bare int8 dots"] = (bare, (bare_args,))
         for target in targets:
             for variant, (fn, fn_args) in variants.items():

@@ -13,11 +13,13 @@ Steps, each bounded in time and each recorded even when an earlier one failed:
 3. speed, in one process and interleaved (medians): the MLP of ``benchmarks/speed.py`` and the all-MiniLM-L6-v2
    encoder (random weights: speed does not depend on them) at batch 128, as bf16 and float32 (the baselines)
    against ``int8ify``, ``int8ify`` + ``quantize_params`` (also with late inlining, on JAX 0.11+), with static
-   activation scales (and, for MiniLM, the attention einsums' activations static too), the
-   hand-written W8A8 program and the bare int8 dots;
+   activation scales (and, for MiniLM, the attention einsums' activations static too), ``backend="int8-fused"``
+   (one Pallas kernel per dot of a quantized weight, dynamic and static), the hand-written W8A8 program and the
+   bare int8 dots;
 4. the optimized HLO of each rewritten model: every GEMM listed with its operand types, so an int8 GEMM (cuBLASLt
    IMMA, a Triton s8 fusion) is told apart from an upcast float GEMM;
-5. the block-scaled backends on a GPU older than Blackwell (``mxfp8``/``nvfp4`` must run, ``auto`` must pick int8).
+5. the fused kernel (``backend="int8-fused"``) against the int8 backend's XLA program on the device, bit for bit;
+6. the block-scaled backends on a GPU older than Blackwell (``mxfp8``/``nvfp4`` must run, ``auto`` must pick int8).
 
 Writes ``benchmarks/results/<device>.md`` (``--out`` to change), rewritten after every step.
 """
@@ -57,6 +59,7 @@ GPU_TESTS = [
     "tests/jaxpr_rewrite/test_params.py",
     "tests/jaxpr_rewrite/test_exact_division.py",  # the divisions a GPU does not round correctly
     "tests/jaxpr_rewrite/test_float64_scales.py",  # the scale inside the reduction: float64 on the device
+    "tests/jaxpr_rewrite/test_fused_gpu_dot.py",
 ]
 
 
@@ -195,6 +198,9 @@ def _bench(name, model, params, rest, hand, rounds, reps, measured) -> list[str]
         "int8ify static": (dyn, (static, *rest)),
         "bare int8 dots": (bare, (bare_args,)),
     }
+    fused = jax.jit(int8ify(model, backend="int8-fused"))  # one Pallas kernel per dot of a quantized weight
+    variants["int8ify fused"] = (fused, (qparams, *rest))
+    variants["int8ify fused static"] = (fused, (static, *rest))
     if hand is not None:
         variants["hand W8A8"] = (jax.jit(hand[0]), (hand[1], *rest))
     attention = calibrate_activation_dots(model, params, *rest)
@@ -267,7 +273,36 @@ def hlo_check(dry_run: bool) -> str:
     return "\n".join(lines)
 
 
-# -- 5. block-scaled backends on this device ----------------------------------------------------------------------
+# -- 5. the fused kernel against XLA's program, on the device ----------------------------------------------------
+def fused_kernel(dry_run: bool) -> str:
+    """``backend="int8-fused"`` (the Pallas kernel) against ``"int8"`` (XLA's kernels), both on this device, bit
+    for bit: realistic shapes, both weight layouts, dynamic and static scales, rows of ties, zeros, NaN/Inf, tiny
+    and huge values (no subnormal inputs: XLA reads them as zero, the kernel as they are)."""
+    rng = np.random.default_rng(0)
+    shapes = [(8, 64, 128)] if dry_run else [(1, 1024, 1024), (100, 384, 1152), (1024, 4096, 4096), (4096, 1536, 384)]
+    lines = []
+    for rows, k, n in shapes:
+        x = rng.normal(size=(rows, k)).astype(np.float32)
+        x[: rows // 4] = rng.integers(-300, 300, size=(rows // 4, k)) / 4  # ties
+        x[rows // 2:] *= np.exp2(rng.integers(-100, 100, size=(rows - rows // 2, 1))).astype(np.float32)
+        x[0] = 0
+        if rows > 2:
+            x[1, 3], x[2, 5] = np.nan, np.inf
+        for transposed in (False, True):
+            w = jnp.asarray(rng.normal(size=(n, k) if transposed else (k, n)), jnp.float32)
+            fn = (lambda p, v: v @ p["w"].T) if transposed else (lambda p, v: v @ p["w"])
+            for mode in ("dynamic", "static"):
+                params = quantize_params(fn, {"w": w}, jnp.asarray(x[3:] if rows > 3 else x), activations=mode)
+                want = np.asarray(jax.jit(int8ify(fn))(params, x))
+                got = np.asarray(jax.jit(int8ify(fn, backend="int8-fused"))(params, x))
+                same = np.array_equal(got, want, equal_nan=True)
+                differ = int(np.sum(~((got == want) | (np.isnan(got) & np.isnan(want)))))
+                lines.append(f"- {rows}x{k} @ {'w.T' if transposed else 'w'} ({n}), {mode}: "
+                             f"{'bit for bit' if same else f'{differ} of {got.size} outputs differ'}")
+    return "\n".join(lines)
+
+
+# -- 6. block-scaled backends on this device ----------------------------------------------------------------------
 def block_scaled() -> str:
     from jaxpr_rewrite.config import RewriteConfig
 
@@ -300,6 +335,7 @@ def main(argv=None) -> int:
     step(report, "Speed (ms, medians of interleaved runs)", lambda: speed_body.append(speed(ns.dry_run)) or
          speed_body[-1][0])
     step(report, "What the dots compile to (optimized HLO)", hlo_check, ns.dry_run)
+    step(report, "The fused kernel against XLA's program", fused_kernel, ns.dry_run)
     step(report, "Block-scaled backends", block_scaled)
     print(f"\nwrote {out}")
     return 0
