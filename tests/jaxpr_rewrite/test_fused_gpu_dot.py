@@ -51,7 +51,7 @@ def cases(draw):
     return x, w, transposed, bad_rows
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(cases())
 def test_the_kernel_is_the_int8_backends_program_bit_for_bit(case):
     x, w, transposed, bad_rows = case
@@ -67,7 +67,7 @@ def test_the_kernel_is_the_int8_backends_program_bit_for_bit(case):
     np.testing.assert_allclose(got[finite], reference, rtol=2e-7, atol=TINY)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(cases(), st.sampled_from([0.5, 1.0, 3.0]))
 def test_with_a_static_scale_the_kernel_is_the_int8_backends_program_bit_for_bit(case, beyond):
     """Calibrated on the finite rows, then run on them times ``beyond``: at 3 most values saturate at +-127."""
