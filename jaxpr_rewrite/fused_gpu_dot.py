@@ -35,7 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.custom_partitioning import ArrayMapping, SdyShardingRule, custom_partitioning
 from jax.experimental.pallas import triton as pallas_triton
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from .float64_scales import FLOOR_SCALE, rounded_significands
 from .quantize import INT8_MAX, MAX_INT32_SAFE_CONTRACTION, nan_safe_magnitude
@@ -163,6 +166,10 @@ _STATIC_FIELDS = tuple(StaticScale._fields.index(name) for name in ("reciprocal"
 def fused_dot(x, weight, weight_contracting: int, interpret: bool = False):
     """``x @ weight`` under the int8 contract as one kernel (see the module docstring).
 
+    Under ``jit`` with sharded operands the kernel runs on each device's rows of ``x`` and columns of the weight
+    (a sharded contraction is gathered first: a row's absmax needs all of it), and the result keeps that sharding;
+    XLA would otherwise gather the whole activation onto every device and replicate the result.
+
     Arguments:
         x: the float activation, contracted over its last axis (any leading shape).
         weight: a 2-D per-channel int8 :class:`~jaxpr_rewrite.quantized.QuantizedArray` (as
@@ -176,12 +183,21 @@ def fused_dot(x, weight, weight_contracting: int, interpret: bool = False):
     """
     k = x.shape[-1]
     rows = int(np.prod(x.shape[:-1], dtype=np.int64))
-    n = weight.shape[1 - weight_contracting]
+    factor, power = weight.epilogue_factors(np.float32)
+    operands = [x.reshape(rows, k), weight.codes, factor, power]
+    if weight.activation_scale is not None:
+        operands.append(lax.convert_element_type(weight.activation_scale, np.float32))
+    out = _partitioned_kernel(weight_contracting == 0, interpret, *operands)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _kernel_call(x, codes, factor, power, *static, rows_contract: bool, interpret: bool):
+    """The kernel on whole (or one device's) operands: ``x`` ``(rows, K)``, ``codes`` ``(K, N)`` (or ``(N, K)``),
+    the weight's epilogue factors ``(N,)``, and a stored static scale or nothing."""
+    rows, k = x.shape
+    n = codes.shape[1 if rows_contract else 0]
     block_k = _block_k(k)
     block_m = min(_MAX_BLOCK_M, max(_MIN_BLOCK, pl.next_power_of_2(rows)))
-    factor, power = weight.epilogue_factors(np.float32)
-    rows_contract = weight_contracting == 0
-    static = weight.activation_scale is not None
     blocking = dict(steps=k // block_k, block_k=block_k, weight_rows_contract=rows_contract)
     kernel = functools.partial(_static_kernel if static else _dynamic_kernel, **blocking)
     per_column = pl.BlockSpec((BLOCK_N,), lambda i, j: (j,))
@@ -191,13 +207,10 @@ def fused_dot(x, weight, weight_contracting: int, interpret: bool = False):
                                                                                            lambda i, j: (j, 0)),
         per_column,
         per_column,
+        *(pl.BlockSpec((len(StaticScale._fields),), lambda i, j: (0,)) for _ in static),
     ]
-    operands = [x.reshape(rows, k), weight.codes, factor, power]
-    if static:
-        in_specs.append(pl.BlockSpec((len(StaticScale._fields),), lambda i, j: (0,)))
-        operands.append(lax.convert_element_type(weight.activation_scale, np.float32))
     with jax.enable_x64(True):  # the dynamic kernel's scales are float64, whatever the program's own setting
-        out = pl.pallas_call(
+        return pl.pallas_call(
             kernel,
             out_shape=jax.ShapeDtypeStruct((rows, n), jnp.float32),
             grid=(pl.cdiv(rows, block_m), pl.cdiv(n, BLOCK_N)),
@@ -206,5 +219,56 @@ def fused_dot(x, weight, weight_contracting: int, interpret: bool = False):
             compiler_params=pallas_triton.CompilerParams(num_warps=4, num_stages=2),
             interpret=interpret,
             name="int8_fused_dot",
-        )(*operands)
-    return out.reshape(*x.shape[:-1], n)
+        )(x, codes, factor, power, *static)
+
+
+# -- sharding: rows of x and columns of the weight stay where they are, the contraction is gathered -------------
+def _mesh_axes(sharding, dim: int) -> tuple:
+    """The mesh axes dimension ``dim`` of an operand is sharded over (none for a dimension past its spec)."""
+    spec = tuple(sharding.spec)
+    entry = spec[dim] if dim < len(spec) else None
+    return () if entry is None else tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def _shardings(mesh, arg_shapes, rows_contract: bool):
+    """The operands' and the result's shardings: ``x``'s rows and the weight's columns as they are (a columns'
+    axis that the rows use too is dropped: the result holds each axis once), everything else whole."""
+    rows = _mesh_axes(arg_shapes[0].sharding, 0)
+    columns = _mesh_axes(arg_shapes[1].sharding, 1 if rows_contract else 0)
+    if set(rows) & set(columns):
+        columns = ()
+    rows, columns = rows or None, columns or None
+    named = functools.partial(NamedSharding, mesh)
+    args = [named(P(rows, None)), named(P(None, columns) if rows_contract else P(columns, None)),
+            named(P(columns)), named(P(columns))]
+    args += [named(P())] * (len(arg_shapes) - len(args))
+    return args, named(P(rows, columns))
+
+
+def _infer_sharding(rows_contract, interpret, mesh, arg_shapes, result_shape):
+    return _shardings(mesh, arg_shapes, rows_contract)[1]
+
+
+def _partition(rows_contract, interpret, mesh, arg_shapes, result_shape):
+    args, result = _shardings(mesh, arg_shapes, rows_contract)
+    return mesh, functools.partial(_kernel_call, rows_contract=rows_contract, interpret=interpret), result, tuple(args)
+
+
+def _sharding_rule(rows_contract, interpret, mesh, arg_shapes, result_shape):
+    """Shardy's rule: rows ``m`` and columns ``n`` pass through, the contraction ``k`` (and a static scale's
+    fields ``s``) must be whole on each device."""
+    operands = [ArrayMapping("m", "k"), ArrayMapping("k", "n") if rows_contract else ArrayMapping("n", "k"),
+                ArrayMapping("n"), ArrayMapping("n")]
+    static = len(arg_shapes) > len(operands)
+    operands += [ArrayMapping("s")] * static
+    return SdyShardingRule(tuple(operands), (ArrayMapping("m", "n"),),
+                           need_replication_factors=("k", "s") if static else ("k",))
+
+
+@functools.partial(custom_partitioning, static_argnums=(0, 1))
+def _partitioned_kernel(rows_contract, interpret, *operands):
+    return _kernel_call(*operands, rows_contract=rows_contract, interpret=interpret)
+
+
+_partitioned_kernel.def_partition(partition=_partition, infer_sharding_from_operands=_infer_sharding,
+                                  sharding_rule=_sharding_rule)

@@ -93,6 +93,31 @@ def test_bfloat16_activations_and_any_leading_shape():
                                   np.asarray(int8ify(_dense)(params, x), np.float32).astype(np.float32))
 
 
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 host devices (tests/conftest.py sets them)")
+@pytest.mark.parametrize("transposed", [False, True])
+def test_sharded_rows_and_columns_stay_sharded(transposed):
+    """XLA does not partition a Pallas kernel by itself: without the kernel's partitioning rule it gathered the
+    whole activation onto every device and replicated the result (read in the deviceless 2 x H200 compile)."""
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.normal(size=(64, 256)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(256, 256)), jnp.float32)
+    fn = _dense_transposed if transposed else _dense
+    params = quantize_params(fn, {"w": w}, x)
+    want = np.asarray(int8ify(fn)(params, x))
+    codes = jax.device_put(params["w"].codes, NamedSharding(mesh, P("model", None) if transposed else P(None, "model")))
+    sharded = {"w": params["w"].replace(codes=codes)}
+    run = jax.jit(lambda p, v: fused_dot(v, p["w"], int(transposed), interpret=True))
+    xs = jax.device_put(x, NamedSharding(mesh, P("data", None)))
+    got = run(sharded, xs)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    assert got.sharding.spec == P("data", "model")
+    assert "all-gather" not in run.lower(sharded, xs).compile().as_text()
+
+
 def _mlp(params, x):
     for layer in params:
         x = jax.nn.gelu(x @ layer["w"] + layer["b"])
