@@ -29,6 +29,7 @@ kernels read them as zero).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,8 +41,9 @@ from jax.experimental.pallas import triton as pallas_triton
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .float64_scales import FLOOR_SCALE, rounded_significands
+from .float64_scales import FLOOR_SCALE, quantize_with_float64_scales, rounded_significands
 from .quantize import INT8_MAX, MAX_INT32_SAFE_CONTRACTION, nan_safe_magnitude
+from .quantized import is_quantized
 from .static_scales import StaticScale
 
 __all__ = ["BLOCK_N", "fits_fused_kernel", "fused_dot"]
@@ -51,6 +53,7 @@ BLOCK_N = 128
 _MAX_BLOCK_M = 64
 _MIN_BLOCK = 16
 _BLOCK_K = 128
+_FLOATS = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float16))
 
 
 def _block_k(k: int) -> int | None:
@@ -61,19 +64,22 @@ def _block_k(k: int) -> int | None:
     return block if block >= _MIN_BLOCK else None
 
 
-def fits_fused_kernel(lhs_shape, lhs_dtype, weight, dimension_numbers) -> bool:
+def fits_fused_kernel(lhs, rhs, dimension_numbers) -> bool:
     """Whether :func:`fused_dot` computes this dot: a float activation (at least one row) contracted over its last
-    axis with a 2-D per-channel int8 weight (either layout; a float32 static activation scale or none), no batch
-    axes, and a
-    contraction the int8 tensor cores tile (a multiple of 16) whose int32 sums cannot overflow."""
+    axis, no batch axes, a contraction the int8 tensor cores tile (a multiple of 16) whose int32 sums cannot
+    overflow, and on the right a 2-D weight (either layout): a per-channel int8 one (with a float32 static
+    activation scale, or none), or a float one that the program quantizes."""
     (lc, rc), (lb, rb) = dimension_numbers
-    ndim = len(lhs_shape)
-    return (ndim >= 1 and not lb and not rb and tuple(lc) == (ndim - 1,) and len(rc) == 1
-            and weight.ndim == 2 and weight.codes.dtype == np.int8
-            and (weight.activation_scale is None or weight.activation_scale.dtype == np.float32)
-            and np.dtype(lhs_dtype) in (np.float32, jnp.bfloat16, np.float16)
-            and int(np.prod(lhs_shape[:-1], dtype=np.int64)) > 0 and weight.shape[1 - rc[0]] > 0
-            and lhs_shape[-1] <= MAX_INT32_SAFE_CONTRACTION and _block_k(lhs_shape[-1]) is not None)
+    shape = lhs.shape
+    if is_quantized(rhs):
+        fits_rhs = rhs.codes.dtype == np.int8 and (rhs.activation_scale is None
+                                                   or rhs.activation_scale.dtype == np.float32)
+    else:
+        fits_rhs = np.dtype(rhs.dtype) in _FLOATS
+    return (fits_rhs and len(shape) >= 1 and not lb and not rb and tuple(lc) == (len(shape) - 1,) and len(rc) == 1
+            and rhs.ndim == 2 and np.dtype(lhs.dtype) in _FLOATS
+            and int(np.prod(shape[:-1], dtype=np.int64)) > 0 and rhs.shape[1 - rc[0]] > 0
+            and shape[-1] <= MAX_INT32_SAFE_CONTRACTION and _block_k(shape[-1]) is not None)
 
 
 def _rounded_codes(quotients):
@@ -111,10 +117,12 @@ class _Blocks:
         return jnp.dot(codes, weight, preferred_element_type=jnp.int32)  # noqa: JX101
 
 
-def _dynamic_kernel(x_ref, w_ref, factor_ref, power_ref, out_ref, *, steps: int, **blocking):
+def _dynamic_kernel(x_ref, w_ref, *column_refs, steps: int, **blocking):
     """One ``(rows, columns)`` block of the output with the rows' dynamic scales: the rows' absmax (a first pass over
     their ``K`` elements, NaN read as Inf) and from it, once per row, the scale and its float64 reciprocal; then the
-    codes and their int32 sums block by block along ``K``; then the epilogue."""
+    codes and their int32 sums block by block along ``K``; then the epilogue, with the weight's stored factors
+    ``(f, g)`` or its float64 scale per column (``column_refs``, then the output)."""
+    *column_refs, out_ref = column_refs
     blocks = _Blocks(x_ref, w_ref, **blocking)
 
     def take_absmax(k, amax):
@@ -130,9 +138,14 @@ def _dynamic_kernel(x_ref, w_ref, factor_ref, power_ref, out_ref, *, steps: int,
     scale = jnp.maximum(rounded_significands(amax.astype(jnp.float64) * (np.float64(1) / np.float64(INT8_MAX))),
                         FLOOR_SCALE)
     reciprocal = np.float64(1) / scale  # correctly rounded: rounded_quotients_by_float64's multiplier
-    acc = lax.fori_loop(first, last, add_products, jnp.zeros(out_ref.shape, jnp.int32))
-    by_weight = ((acc.astype(jnp.float32) * factor_ref[...][None, :]).astype(jnp.float64)
-                 * power_ref[...].astype(jnp.float64)[None, :])
+    acc = lax.fori_loop(first, last, add_products, jnp.zeros(out_ref.shape, jnp.int32)).astype(jnp.float32)
+    if len(column_refs) == 2:  # fl32(acc * f) * g is fl24(acc * s_w): a multiply XLA's own GEMM keeps in float32
+        factor_ref, power_ref = column_refs
+        by_weight = ((acc * factor_ref[...][None, :]).astype(jnp.float64)
+                     * power_ref[...].astype(jnp.float64)[None, :])
+    else:
+        (weight_scale_ref,) = column_refs
+        by_weight = rounded_significands(acc.astype(jnp.float64) * weight_scale_ref[...][None, :])
     out_ref[...] = (by_weight * scale[:, None]).astype(jnp.float32)
 
 
@@ -174,7 +187,9 @@ def fused_dot(x, weight, weight_contracting: int, interpret: bool = False):
         x: the float activation, contracted over its last axis (any leading shape).
         weight: a 2-D per-channel int8 :class:`~jaxpr_rewrite.quantized.QuantizedArray` (as
             :meth:`~jaxpr_rewrite.quantized.QuantizedArray.dot_operand` gives it); with an ``activation_scale``, the
-            activation takes that calibrated scale, else the contract's dynamic one per row.
+            activation takes that calibrated scale, else the contract's dynamic one per row. Or a 2-D float array,
+            quantized here as the ``"int8"`` backend quantizes it on a GPU, its float64 scale per column read by the
+            epilogue (:func:`~jaxpr_rewrite.float64_scales.quantize_with_float64_scales`).
         weight_contracting: the weight's contracting axis, 0 (``x @ w``) or 1 (``x @ w.T``).
         interpret: run the kernel with Pallas' interpreter (any platform; for tests).
 
@@ -183,31 +198,59 @@ def fused_dot(x, weight, weight_contracting: int, interpret: bool = False):
     """
     k = x.shape[-1]
     rows = int(np.prod(x.shape[:-1], dtype=np.int64))
-    factor, power = weight.epilogue_factors(np.float32)
-    operands = [x.reshape(rows, k), weight.codes, factor, power]
-    if weight.activation_scale is not None:
-        operands.append(lax.convert_element_type(weight.activation_scale, np.float32))
-    out = _partitioned_kernel(weight_contracting == 0, interpret, *operands)
+    if is_quantized(weight):
+        columns = weight.epilogue_factors(np.float32)
+        static = () if weight.activation_scale is None else (
+            lax.convert_element_type(weight.activation_scale, np.float32),)
+    else:  # its float64 scale per column, read by the epilogue as the int8 backend's GPU program reads it
+        codes, _, _, weight_scale = quantize_with_float64_scales(weight, (weight_contracting,))
+        weight, columns, static = _Codes(codes), (weight_scale,), ()
+    form = _Form(weight_contracting == 0, len(columns) == 1, bool(static), interpret)
+    out = _partitioned_kernel(form, x.reshape(rows, k), weight.codes, *columns, *static)
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def _kernel_call(x, codes, factor, power, *static, rows_contract: bool, interpret: bool):
+class _Codes(NamedTuple):
+    codes: object
+
+
+class _Form(NamedTuple):
+    """What the kernel is given, beside ``x`` and the weight's codes (a static argument, hashable).
+
+    Attributes:
+        rows_contract: the codes are ``(K, N)`` (else ``(N, K)``).
+        float64_weight_scale: the weight's scale per column in float64 (a weight quantized in the program), else its
+            stored epilogue factors ``(f, g)``.
+        static: a stored static activation scale follows.
+        interpret: run in Pallas' interpreter.
+    """
+
+    rows_contract: bool
+    float64_weight_scale: bool
+    static: bool
+    interpret: bool
+
+    @property
+    def columns(self) -> int:
+        """How many per-column vectors follow the codes."""
+        return 1 if self.float64_weight_scale else 2
+
+
+def _kernel_call(form: _Form, x, codes, *rest):
     """The kernel on whole (or one device's) operands: ``x`` ``(rows, K)``, ``codes`` ``(K, N)`` (or ``(N, K)``),
-    the weight's epilogue factors ``(N,)``, and a stored static scale or nothing."""
+    then ``form.columns`` vectors ``(N,)`` and a stored static scale if ``form.static``."""
     rows, k = x.shape
-    n = codes.shape[1 if rows_contract else 0]
+    n = codes.shape[1 if form.rows_contract else 0]
     block_k = _block_k(k)
     block_m = min(_MAX_BLOCK_M, max(_MIN_BLOCK, pl.next_power_of_2(rows)))
-    blocking = dict(steps=k // block_k, block_k=block_k, weight_rows_contract=rows_contract)
-    kernel = functools.partial(_static_kernel if static else _dynamic_kernel, **blocking)
-    per_column = pl.BlockSpec((BLOCK_N,), lambda i, j: (j,))
+    blocking = dict(steps=k // block_k, block_k=block_k, weight_rows_contract=form.rows_contract)
+    kernel = functools.partial(_static_kernel if form.static else _dynamic_kernel, **blocking)
     in_specs = [
         pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-        pl.BlockSpec((k, BLOCK_N), lambda i, j: (0, j)) if rows_contract else pl.BlockSpec((BLOCK_N, k),
-                                                                                           lambda i, j: (j, 0)),
-        per_column,
-        per_column,
-        *(pl.BlockSpec((len(StaticScale._fields),), lambda i, j: (0,)) for _ in static),
+        pl.BlockSpec((k, BLOCK_N), lambda i, j: (0, j)) if form.rows_contract else pl.BlockSpec((BLOCK_N, k),
+                                                                                                lambda i, j: (j, 0)),
+        *(pl.BlockSpec((BLOCK_N,), lambda i, j: (j,)) for _ in range(form.columns)),
+        *([pl.BlockSpec((len(StaticScale._fields),), lambda i, j: (0,))] if form.static else []),
     ]
     with jax.enable_x64(True):  # the dynamic kernel's scales are float64, whatever the program's own setting
         return pl.pallas_call(
@@ -217,9 +260,9 @@ def _kernel_call(x, codes, factor, power, *static, rows_contract: bool, interpre
             in_specs=in_specs,
             out_specs=pl.BlockSpec((block_m, BLOCK_N), lambda i, j: (i, j)),
             compiler_params=pallas_triton.CompilerParams(num_warps=4, num_stages=2),
-            interpret=interpret,
+            interpret=form.interpret,
             name="int8_fused_dot",
-        )(x, codes, factor, power, *static)
+        )(x, codes, *rest)
 
 
 # -- sharding: rows of x and columns of the weight stay where they are, the contraction is gathered -------------
@@ -230,44 +273,41 @@ def _mesh_axes(sharding, dim: int) -> tuple:
     return () if entry is None else tuple(entry) if isinstance(entry, tuple) else (entry,)
 
 
-def _shardings(mesh, arg_shapes, rows_contract: bool):
+def _shardings(form: _Form, mesh, arg_shapes):
     """The operands' and the result's shardings: ``x``'s rows and the weight's columns as they are (a columns'
     axis that the rows use too is dropped: the result holds each axis once), everything else whole."""
     rows = _mesh_axes(arg_shapes[0].sharding, 0)
-    columns = _mesh_axes(arg_shapes[1].sharding, 1 if rows_contract else 0)
+    columns = _mesh_axes(arg_shapes[1].sharding, 1 if form.rows_contract else 0)
     if set(rows) & set(columns):
         columns = ()
     rows, columns = rows or None, columns or None
     named = functools.partial(NamedSharding, mesh)
-    args = [named(P(rows, None)), named(P(None, columns) if rows_contract else P(columns, None)),
-            named(P(columns)), named(P(columns))]
-    args += [named(P())] * (len(arg_shapes) - len(args))
+    args = [named(P(rows, None)), named(P(None, columns) if form.rows_contract else P(columns, None)),
+            *(named(P(columns)) for _ in range(form.columns)), *([named(P())] if form.static else [])]
     return args, named(P(rows, columns))
 
 
-def _infer_sharding(rows_contract, interpret, mesh, arg_shapes, result_shape):
-    return _shardings(mesh, arg_shapes, rows_contract)[1]
+def _infer_sharding(form, mesh, arg_shapes, result_shape):
+    return _shardings(form, mesh, arg_shapes)[1]
 
 
-def _partition(rows_contract, interpret, mesh, arg_shapes, result_shape):
-    args, result = _shardings(mesh, arg_shapes, rows_contract)
-    return mesh, functools.partial(_kernel_call, rows_contract=rows_contract, interpret=interpret), result, tuple(args)
+def _partition(form, mesh, arg_shapes, result_shape):
+    args, result = _shardings(form, mesh, arg_shapes)
+    return mesh, functools.partial(_kernel_call, form), result, tuple(args)
 
 
-def _sharding_rule(rows_contract, interpret, mesh, arg_shapes, result_shape):
+def _sharding_rule(form, mesh, arg_shapes, result_shape):
     """Shardy's rule: rows ``m`` and columns ``n`` pass through, the contraction ``k`` (and a static scale's
     fields ``s``) must be whole on each device."""
-    operands = [ArrayMapping("m", "k"), ArrayMapping("k", "n") if rows_contract else ArrayMapping("n", "k"),
-                ArrayMapping("n"), ArrayMapping("n")]
-    static = len(arg_shapes) > len(operands)
-    operands += [ArrayMapping("s")] * static
+    operands = [ArrayMapping("m", "k"), ArrayMapping("k", "n") if form.rows_contract else ArrayMapping("n", "k"),
+                *(ArrayMapping("n") for _ in range(form.columns)), *([ArrayMapping("s")] if form.static else [])]
     return SdyShardingRule(tuple(operands), (ArrayMapping("m", "n"),),
-                           need_replication_factors=("k", "s") if static else ("k",))
+                           need_replication_factors=("k", "s") if form.static else ("k",))
 
 
-@functools.partial(custom_partitioning, static_argnums=(0, 1))
-def _partitioned_kernel(rows_contract, interpret, *operands):
-    return _kernel_call(*operands, rows_contract=rows_contract, interpret=interpret)
+@functools.partial(custom_partitioning, static_argnums=(0,))
+def _partitioned_kernel(form, *operands):
+    return _kernel_call(form, *operands)
 
 
 _partitioned_kernel.def_partition(partition=_partition, infer_sharding_from_operands=_infer_sharding,

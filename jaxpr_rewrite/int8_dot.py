@@ -150,12 +150,16 @@ def _scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dt
 
 
 def _fits_fused_kernel(lhs, rhs, dimension_numbers, out_dtype) -> bool:
-    """Whether the dot is a float activation times a pre-quantized weight, with a float32 epilogue, that
-    :func:`~jaxpr_rewrite.fused_gpu_dot.fused_dot` computes."""
-    if not is_quantized(rhs) or is_quantized(lhs) or isinstance(lhs, ScaledActivation):
+    """Whether :func:`~jaxpr_rewrite.fused_gpu_dot.fused_dot` computes the dot: a float activation with the
+    contract's dynamic scales, or the static scale of the pre-quantized weight it meets, times a 2-D weight, with a
+    float32 epilogue."""
+    if is_quantized(lhs) or any(isinstance(x, ScaledActivation) for x in (lhs, rhs)):
         return False
-    return (_epilogue_dtype(compute_dtype(lhs.dtype), rhs.scales.dtype, out_dtype) == np.float32
-            and fits_fused_kernel(lhs.shape, lhs.dtype, rhs, dimension_numbers))
+    if not (is_quantized(rhs) or has_dynamic_scales(rhs, lhs)):
+        return False
+    rhs_scales = rhs.scales.dtype if is_quantized(rhs) else compute_dtype(rhs.dtype)
+    return (_epilogue_dtype(compute_dtype(lhs.dtype), rhs_scales, out_dtype) == np.float32
+            and fits_fused_kernel(lhs, rhs, dimension_numbers))
 
 
 def _placements(lhs_q, rhs_q, dimension_numbers, out_shape):
