@@ -21,6 +21,8 @@ batch 1024 and one pre-LN transformer block (d 384, 6 heads, MLP 1536) at batch 
   multiply their activation by the stored reciprocal of its factors;
 * ``int8ify fused``    (GPU) ``backend="int8-fused"``: each dot of a pre-quantized weight one Pallas kernel (dynamic
   scales; ``static`` and ``static+attn`` as above);
+* ``float weights``    (GPU) ``int8ify`` and ``int8ify fused`` handed the float weights, quantized on every call (as
+  in training);
 * ``bare int8 dots``   only the model's int8 x int8 -> int32 dots.
 
 GPU: the kernels the program launches (fusions, library calls) from XLA's real H200 compiler. TPU: the kernels,
@@ -182,6 +184,8 @@ def main(argv=None) -> int:
             variants["int8ify fused static"] = (fused, (static, x))
             if attention.dots:
                 variants["int8ify fused static+attn"] = (fused.with_options(activation_scales=attention), (static, x))
+            variants["int8ify, float weights"] = (on_accelerator, (params, x))
+            variants["int8ify fused, float weights"] = (fused, (params, x))
         variants["bare int8 dots"] = (bare, (bare_args,))
         for target in targets:
             for variant, (fn, fn_args) in variants.items():
