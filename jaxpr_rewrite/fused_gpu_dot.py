@@ -199,19 +199,15 @@ def fused_dot(x, weight, weight_contracting: int, interpret: bool = False):
     k = x.shape[-1]
     rows = int(np.prod(x.shape[:-1], dtype=np.int64))
     if is_quantized(weight):
-        columns = weight.epilogue_factors(np.float32)
+        codes, columns = weight.codes, weight.epilogue_factors(np.float32)
         static = () if weight.activation_scale is None else (
             lax.convert_element_type(weight.activation_scale, np.float32),)
     else:  # its float64 scale per column, read by the epilogue as the int8 backend's GPU program reads it
         codes, _, _, weight_scale = quantize_with_float64_scales(weight, (weight_contracting,))
-        weight, columns, static = _Codes(codes), (weight_scale,), ()
+        columns, static = (weight_scale,), ()
     form = _Form(weight_contracting == 0, len(columns) == 1, bool(static), interpret)
-    out = _partitioned_kernel(form, x.reshape(rows, k), weight.codes, *columns, *static)
+    out = _partitioned_kernel(form, x.reshape(rows, k), codes, *columns, *static)
     return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-class _Codes(NamedTuple):
-    codes: object
 
 
 class _Form(NamedTuple):
