@@ -32,6 +32,7 @@ import functools
 from typing import NamedTuple
 
 import jax
+import jax.custom_batching
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -206,7 +207,7 @@ def fused_dot(x, weight, weight_contracting: int, interpret: bool = False):
         codes, _, _, weight_scale = quantize_with_float64_scales(weight, (weight_contracting,))
         columns, static = (weight_scale,), ()
     form = _Form(weight_contracting == 0, len(columns) == 1, bool(static), interpret)
-    out = _partitioned_kernel(form, x.reshape(rows, k), codes, *columns, *static)
+    out = _batchable_kernel(form)(x.reshape(rows, k), codes, *columns, *static)
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
@@ -308,3 +309,26 @@ def _partitioned_kernel(form, *operands):
 
 _partitioned_kernel.def_partition(partition=_partition, infer_sharding_from_operands=_infer_sharding,
                                   sharding_rule=_sharding_rule)
+
+
+# -- vmap: custom_partitioning has no batching rule ---------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _batchable_kernel(form: _Form):
+    """The partitioned kernel for ``form``, under ``vmap`` too: a batch of activations is more rows (one call, the
+    partitioning kept); a batch of weights, a batched Pallas call (its own rule adds a grid axis)."""
+
+    @jax.custom_batching.custom_vmap
+    def kernel(*operands):
+        return _partitioned_kernel(form, *operands)
+
+    @kernel.def_vmap
+    def _batched(axis_size, in_batched, *operands):
+        x, *weight_operands = operands
+        if not any(in_batched[1:]):
+            out = kernel(x.reshape(-1, x.shape[-1]), *weight_operands)
+            return out.reshape(axis_size, x.shape[1], out.shape[-1]), True
+        operands = [v if batched else jnp.broadcast_to(v, (axis_size, *v.shape))
+                    for v, batched in zip(operands, in_batched)]
+        return jax.vmap(functools.partial(_kernel_call, form))(*operands), True
+
+    return kernel

@@ -86,6 +86,22 @@ def test_with_a_static_scale_the_kernel_is_the_int8_backends_program_bit_for_bit
     assert np.isnan(got[bad_rows]).all()
 
 
+@pytest.mark.filterwarnings("ignore:Explicitly requested dtype float64 requested in full:UserWarning")
+def test_under_vmap_a_batch_of_activations_is_more_rows_and_a_batch_of_weights_a_batched_kernel():
+    """The kernel's partitioning rule (custom_partitioning) has no batching rule of its own: vmap failed."""
+    rng = np.random.default_rng(5)
+    xs = jnp.asarray(rng.normal(size=(3, 20, 128)), jnp.float32)
+    ws = jnp.asarray(rng.normal(size=(2, 128, 64)), jnp.float32)
+    params = quantize_params(_dense, {"w": ws[0]}, xs[0])
+    run = lambda v, w: fused_dot(v, w, 0, interpret=True)  # noqa: E731
+    got = jax.jit(jax.vmap(run, in_axes=(0, None)))(xs, params["w"])
+    want = np.stack([np.asarray(int8ify(_dense)(params, v)) for v in xs])
+    np.testing.assert_array_equal(np.asarray(got), want)
+    got = jax.jit(jax.vmap(run, in_axes=(None, 0)))(xs[0], ws)  # float weights, one per example
+    want = np.stack([np.asarray(int8ify(_dense)({"w": w}, xs[0])) for w in ws])
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
 def test_bfloat16_activations_and_any_leading_shape():
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(2, 3, 5, 128)), jnp.bfloat16)
