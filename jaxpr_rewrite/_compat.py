@@ -18,6 +18,8 @@ What needs internals, and why:
 * ``trace_context``: the settings besides the arguments that ``jax.jit`` keys its own cache on (x64, the mesh
   in use, the default device, type promotion, matmul precision, ...); a program traced under other settings
   types its values differently (``jnp.arange`` int32 or int64, a sharding per value on an explicit mesh).
+* ``result_struct`` (public API, named differently by version): a Pallas kernel's result type with the manual
+  mesh axes it varies over, ``manual_axis_type`` since JAX 0.10, ``vma`` before.
 * ``python_traceback``: the current Python stack as JAX records it; ``source_info_util.user_context`` only
   replaces the recorded stack with another one, so the shared int8 program is traced under a fresh stack (its
   equations then point at this library instead of the user line that happened to trace it first).
@@ -113,6 +115,17 @@ def shard_map_body_context(params) -> contextlib.ExitStack:
     stack.enter_context(_use_abstract_mesh(_shard_map._as_manual_mesh(mesh, manual)))
     stack.enter_context(_config._check_vma(params["check_vma"]))
     return stack
+
+
+def result_struct(shape, dtype, operands: Sequence) -> jax.ShapeDtypeStruct:
+    """A kernel result's ``ShapeDtypeStruct`` varying over every manual mesh axis one of ``operands`` varies over:
+    inside ``shard_map`` (``check_vma``) a ``pallas_call``'s ``out_shape`` must say it. JAX 0.10 holds that in
+    the aval's ``manual_axis_type`` (its ``varying`` axes), JAX <= 0.9 in its ``vma``."""
+    avals = [jax.typeof(x) for x in operands]
+    if hasattr(avals[0], "manual_axis_type"):
+        varying = frozenset().union(*(a.manual_axis_type.varying for a in avals))
+        return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=avals[0].manual_axis_type.update(varying=varying))
+    return jax.ShapeDtypeStruct(shape, dtype, vma=frozenset().union(*(getattr(a, "vma", frozenset()) for a in avals)))
 
 
 def trace_context():

@@ -42,6 +42,7 @@ from jax.experimental.pallas import triton as pallas_triton
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ._compat import result_struct
 from .float64_scales import FLOOR_SCALE, quantize_with_float64_scales, rounded_significands
 from .quantize import INT8_MAX, MAX_INT32_SAFE_CONTRACTION, nan_safe_magnitude
 from .quantized import is_quantized
@@ -252,7 +253,7 @@ def _kernel_call(form: _Form, x, codes, *rest):
     with jax.enable_x64(True):  # the dynamic kernel's scales are float64, whatever the program's own setting
         return pl.pallas_call(
             kernel,
-            out_shape=jax.ShapeDtypeStruct((rows, n), jnp.float32),
+            out_shape=result_struct((rows, n), np.float32, (x, codes, *rest)),
             grid=(pl.cdiv(rows, block_m), pl.cdiv(n, BLOCK_N)),
             in_specs=in_specs,
             out_specs=pl.BlockSpec((block_m, BLOCK_N), lambda i, j: (i, j)),

@@ -143,6 +143,24 @@ def test_sharded_rows_and_columns_stay_sharded(transposed, per_call):
     assert "all-gather" not in run.lower(sharded, xs).compile().as_text()
 
 
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 host devices (tests/conftest.py sets them)")
+def test_inside_shard_map():
+    """shard_map checks what its body's values vary over; the kernel's result said nothing (a ValueError when the
+    program was traced). Traced only: Pallas' interpreter itself fails that check inside shard_map."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((8,), ("data",))
+    rng = np.random.default_rng(6)
+    x = jnp.asarray(rng.normal(size=(64, 128)), jnp.float32)
+    params = quantize_params(_dense, {"w": jnp.asarray(rng.normal(size=(128, 64)), jnp.float32)}, x)
+    run = jax.shard_map(lambda p, v: fused_dot(v, p["w"], 0), mesh=mesh, in_specs=(P(), P("data", None)),
+                        out_specs=P("data", None))
+    traced = jax.jit(run).trace(jax.device_put(params, NamedSharding(mesh, P())),
+                                jax.device_put(x, NamedSharding(mesh, P("data", None))))
+    assert _kernels(traced.jaxpr) == 1
+
+
 def _mlp(params, x):
     for layer in params:
         x = jax.nn.gelu(x @ layer["w"] + layer["b"])
