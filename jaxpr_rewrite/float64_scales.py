@@ -43,7 +43,7 @@ from .quantize import (FORMATS, INT8_MAX, clipped_codes, epilogue_window, nan_sa
                        to_compute)
 
 __all__ = ["FLOOR_SCALE", "quantize_by_float64", "quantize_with_float64_scales", "rounded_significands",
-           "scale_product_in_float64"]
+           "scale_candidates", "scale_product_in_float64"]
 
 _FLOAT32, _FLOAT64 = FORMATS[np.dtype(np.float32)], FORMATS[np.dtype(np.float64)]
 # float64 significand bits below a float32 significand's 24
@@ -106,6 +106,15 @@ def _factors(scale, own):
     return factor, pow2(lax.sub(own, clipped))
 
 
+def scale_candidates(magnitudes):
+    """Each magnitude's candidate scale, ``|x| / 127`` rounded to a float32 significand in float64 (its exponent
+    unbounded): a slice's scale is the maximum of its candidates, which is its absmax's candidate (the rounding is
+    monotone), the contract's ``absmax / 127``."""
+    with jax.enable_x64(True):
+        return rounded_significands(lax.mul(lax.convert_element_type(magnitudes, np.float64),
+                                            np.float64(1) / np.float64(INT8_MAX)))
+
+
 def quantize_by_float64(x, reduce_axes: Sequence[int]):
     """The contract's int8 quantization of ``x`` (a float32, bfloat16 or float16 array) with one scale per slice
     over ``reduce_axes``, the scale taken inside the absmax reduction in float64.
@@ -137,9 +146,8 @@ def quantize_with_float64_scales(x, reduce_axes: Sequence[int]):
     values = to_compute(x)
     magnitudes = nan_safe_magnitude(values)
     with jax.enable_x64(True):  # float64 inside the program, whatever the program's own setting
-        quotients = lax.mul(lax.convert_element_type(magnitudes, np.float64), np.float64(1) / np.float64(INT8_MAX))
         # the reduction starts from FLOOR_SCALE, far below any slice's scale: a slice of zeros (or none) keeps it
-        scale = lax.reduce(rounded_significands(quotients), FLOOR_SCALE, lax.max, reduce_axes)
+        scale = lax.reduce(scale_candidates(magnitudes), FLOOR_SCALE, lax.max, reduce_axes)
         zero = lax.eq(scale, FLOOR_SCALE)
         divided = lax.div(lax.convert_element_type(values, np.float64),
                           lax.broadcast_in_dim(scale, values.shape, kept_axes))

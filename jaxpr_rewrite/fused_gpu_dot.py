@@ -43,8 +43,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ._compat import result_struct
-from .float64_scales import FLOOR_SCALE, quantize_with_float64_scales, rounded_significands
-from .quantize import INT8_MAX, MAX_INT32_SAFE_CONTRACTION, nan_safe_magnitude
+from .float64_scales import FLOOR_SCALE, quantize_with_float64_scales, scale_candidates, scale_product_in_float64
+from .quantize import INT8_MAX, MAX_INT32_SAFE_CONTRACTION, nan_safe_magnitude, scale_product
 from .quantized import is_quantized
 from .static_scales import StaticScale
 
@@ -136,19 +136,13 @@ def _dynamic_kernel(x_ref, w_ref, *column_refs, steps: int, **blocking):
 
     first, last = np.int32(0), np.int32(steps)
     amax = lax.fori_loop(first, last, take_absmax, jnp.zeros((x_ref.shape[0],), jnp.float32))
-    # the row's scale, fl24(amax / 127) in float64; a row of zeros takes the smallest normal float64
-    scale = jnp.maximum(rounded_significands(amax.astype(jnp.float64) * (np.float64(1) / np.float64(INT8_MAX))),
-                        FLOOR_SCALE)
+    # the row's scale; a row of zeros takes the smallest normal float64
+    scale = jnp.maximum(scale_candidates(amax), FLOOR_SCALE)
     reciprocal = np.float64(1) / scale  # correctly rounded: rounded_quotients_by_float64's multiplier
     acc = lax.fori_loop(first, last, add_products, jnp.zeros(out_ref.shape, jnp.int32)).astype(jnp.float32)
-    if len(column_refs) == 2:  # fl32(acc * f) * g is fl24(acc * s_w): a multiply XLA's own GEMM keeps in float32
-        factor_ref, power_ref = column_refs
-        by_weight = ((acc * factor_ref[...][None, :]).astype(jnp.float64)
-                     * power_ref[...].astype(jnp.float64)[None, :])
-    else:
-        (weight_scale_ref,) = column_refs
-        by_weight = rounded_significands(acc.astype(jnp.float64) * weight_scale_ref[...][None, :])
-    out_ref[...] = (by_weight * scale[:, None]).astype(jnp.float32)
+    placed = functools.partial(_placed, shape=acc.shape)
+    weight = tuple(placed(ref[...], rows=False) for ref in column_refs)
+    out_ref[...] = scale_product_in_float64(acc, placed(scale, rows=True), weight if len(weight) == 2 else weight[0])
 
 
 def _static_kernel(x_ref, w_ref, factor_ref, power_ref, static_ref, out_ref, *, steps: int, **blocking):
@@ -170,8 +164,19 @@ def _static_kernel(x_ref, w_ref, factor_ref, power_ref, static_ref, out_ref, *, 
     acc, nonfinite = lax.fori_loop(np.int32(0), np.int32(steps), add_products,
                                    (jnp.zeros(out_ref.shape, jnp.int32), jnp.zeros((x_ref.shape[0],), jnp.int32)))
     row_factor = jnp.where(nonfinite == 1, np.float32(np.nan), factor)
-    out_ref[...] = (((acc.astype(jnp.float32) * factor_ref[...][None, :]) * row_factor[:, None])
-                    * power_ref[...][None, :]) * power
+    placed = functools.partial(_placed, shape=out_ref.shape)
+    out_ref[...] = scale_product(acc.astype(jnp.float32), (placed(row_factor, rows=True), placed(power, rows=True)),
+                                 (placed(factor_ref[...], rows=False), placed(power_ref[...], rows=False)))
+
+
+def _placed(values, shape, rows: bool):
+    """Per-row (``rows``) or per-column ``values`` (or one scalar) broadcast to the output block's ``shape``, the
+    layout the contract's epilogues (:func:`~jaxpr_rewrite.quantize.scale_product`,
+    :func:`~jaxpr_rewrite.float64_scales.scale_product_in_float64`) take their factors in."""
+    values = jnp.asarray(values)
+    if values.ndim:
+        values = values[:, None] if rows else values[None, :]
+    return jnp.broadcast_to(values, shape)
 
 
 # the fields of a stored StaticScale the kernel reads: the codes' multiplier and the epilogue factors
