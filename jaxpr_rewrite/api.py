@@ -16,7 +16,7 @@ from .argument_updates import write_back
 from .config import RewriteConfig
 from .errors import Int8ifyError
 from .params import quantizable_uses, quantized_weight
-from .quantized import materialise
+from .quantized import is_quantized, materialise
 from .report import Report, report
 from .rewrite import Rewriter
 from .tracing import Int8ifiedBase, Signature, argument_tree, function_name, resolve_static, split_call, trace
@@ -158,13 +158,21 @@ class Int8ified(Int8ifiedBase):
         """The traced leaves of an eager call with the float arrays that come back replaced by their quantized
         copies, made once per array: the leaves :func:`~jaxpr_rewrite.quantize_params` would quantize, when they
         are ``jax.Array`` (immutable, so the same array passed again has the same codes) passed in an earlier
-        call too. The result is the same, bit for bit; the call skips those weights' absmax and quantization."""
+        call too. The result is the same, bit for bit; the call skips those weights' absmax and quantization.
+
+        An activation passed again (the same input array) is such a leaf too, and its codes are those of its
+        dynamic scales. So none is replaced in a call whose dots may read an activation through something else:
+        a pre-quantized weight's static activation scale or SmoothQuant factors, or the calibrated scales of dots
+        between two activations (``activation_scales``). The static scale was otherwise dropped for the
+        activation's dynamic one on the second call of the same input: other numbers than the first call's."""
         with self._lock:
             uses = self._weight_uses.get(signature)
         if uses is None:
             jaxpr = program.float_jaxpr.jaxpr
-            uses = {i: found for i, var in enumerate(jaxpr.invars)
-                    if (found := quantizable_uses(jaxpr, var, self.config))}
+            scaled_otherwise = self.config.activation_scales is not None or any(
+                is_quantized(x) and (x.activation_scale is not None or x.smooth is not None) for x in dynamic)
+            uses = {} if scaled_otherwise else {i: found for i, var in enumerate(jaxpr.invars)
+                                                if (found := quantizable_uses(jaxpr, var, self.config))}
             with self._lock:
                 self._weight_uses[signature] = uses
         return [self._weights.get(x, uses[i]) if i in uses and _is_weight_array(x) else x

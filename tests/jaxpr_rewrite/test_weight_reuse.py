@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from helpers import is_max_reduction
-from jaxpr_rewrite import api, int8ify, quantize_params
+from jaxpr_rewrite import api, calibrate_activation_dots, int8ify, quantize_params
 from jaxpr_rewrite.jaxprs import iter_eqns
 
 RNG = np.random.default_rng(11)
@@ -164,3 +164,24 @@ def test_closed_over_weights_anywhere_in_the_program(fn, quantized, quantization
     got = np.asarray(jax.jit(int8ify(lambda v: fn(params, v), min_contracting_size=6))(x))
     np.testing.assert_array_equal(got, want)
     assert len(quantizations) == quantized
+
+
+@pytest.mark.parametrize("how", ["static", "smoothed", "calibrated activation dot"])
+def test_an_activation_passed_again_keeps_the_scales_its_dots_read_it_with(how, quantizations):
+    """The same input array passed again is quantized once like a weight, with its dynamic scales: right where a
+    dot reads it so, wrong where it reads it through a weight's static scale or SmoothQuant factors, or the
+    calibrated scales of a dot between two activations. The second eager call of a static-scale model took the
+    dynamic scales (0.8 off the first call's numbers) until such calls stopped replacing any input."""
+    params = make_params()
+    x = jnp.asarray(RNG.standard_normal((32, 256)), jnp.float32)
+    if how == "calibrated activation dot":
+        fn, args = (lambda p, a, b: a @ b), ({}, x, params["w1"])
+        wrapped = int8ify(fn, activation_scales=calibrate_activation_dots(fn, *args), min_contracting_size=7)
+    else:
+        wrapped = int8ify(mlp, min_contracting_size=7)
+        args = (quantize_params(wrapped, params, x, **({"activations": "static"} if how == "static"
+                                                         else {"smooth_alpha": 0.5})), x)
+    want = np.asarray(jax.jit(wrapped)(*args))
+    for _ in range(3):
+        np.testing.assert_array_equal(np.asarray(wrapped(*args)), want)
+    assert quantizations == []
