@@ -1,7 +1,7 @@
 """The registry of backends: what a float dot can become, and what each one can take.
 
-A :class:`Backend` says, as values, what it handles (pre-quantized weights, ragged dots), so no caller compares
-backend names. Backends are registered with :func:`register_backend` (the int8 contract in
+A :class:`Backend` says, as values, what it handles (pre-quantized weights, ragged dots, sibling dots), so no caller
+compares backend names. Backends are registered with :func:`register_backend` (the int8 contract in
 :mod:`~jaxpr_rewrite.int8_backend`, the block-scaled fp8/fp4 formats in :mod:`~jaxpr_rewrite.scaled_matmul`), and
 names resolved when a program is rewritten (``"auto"``) with :func:`register_backend_alias`.
 """
@@ -9,12 +9,27 @@ names resolved when a program is rewritten (``"auto"``) with :func:`register_bac
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from .errors import Int8ifyError
 
-__all__ = ["BACKENDS", "BACKEND_ALIASES", "Backend", "backend_names", "register_backend", "register_backend_alias",
-           "resolve_backend_name"]
+__all__ = ["BACKENDS", "BACKEND_ALIASES", "Backend", "SiblingDots", "backend_names", "register_backend",
+           "register_backend_alias", "resolve_backend_name"]
+
+
+class SiblingDots(NamedTuple):
+    """How a backend computes sibling dots (several ``dot_general`` s reading one activation, such as attention's
+    query, key and value projections) as one program.
+
+    Attributes:
+        fits: ``fits(lhs, rhs, float_params, out_dtype, config)``, whether a dot (its operands resolved) joins its
+            siblings' program.
+        program: ``program(lhs, rhss, float_params, out_dtypes, config)``, the results of the fitting dots of the
+            activation ``lhs`` (two or more), one per right operand.
+    """
+
+    fits: Callable
+    program: Callable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,12 +44,15 @@ class Backend:
             ``ragged_dot_general``, or ``None`` when the backend has no ragged rule (such a dot is an error).
         takes_prequantized: whether a pre-quantized weight (a :class:`~jaxpr_rewrite.quantized.QuantizedArray`
             with per-channel int8 codes) is passed to ``dot`` as it is; other backends get it materialised.
+        sibling_dots: ``None``, or how the backend computes sibling dots of one activation as one program (each
+            dot alone otherwise).
     """
 
     name: str
     dot: Callable
     ragged_dot: Callable | None = None
     takes_prequantized: bool = False
+    sibling_dots: SiblingDots | None = None
 
 
 BACKENDS: dict[str, Backend] = {}
@@ -49,13 +67,14 @@ def _check_new(name: str) -> None:
         raise Int8ifyError(f"backend {name!r} is already registered; a backend is registered once")
 
 
-def register_backend(name: str, *, ragged_dot: Callable | None = None, takes_prequantized: bool = False):
+def register_backend(name: str, *, ragged_dot: Callable | None = None, takes_prequantized: bool = False,
+                     sibling_dots: SiblingDots | None = None):
     """Decorator: ``@register_backend(name)`` registers ``dot(lhs, rhs, float_params, out_dtype, config)`` as
     ``int8ify(backend=name)``.
 
     Arguments:
         name: the option value.
-        ragged_dot, takes_prequantized: what else the backend can take (see :class:`Backend`).
+        ragged_dot, takes_prequantized, sibling_dots: what else the backend can take (see :class:`Backend`).
 
     Returns:
         The decorator; it returns the decorated function unchanged.
@@ -66,7 +85,7 @@ def register_backend(name: str, *, ragged_dot: Callable | None = None, takes_pre
 
     def decorate(dot: Callable) -> Callable:
         _check_new(name)
-        BACKENDS[name] = Backend(name, dot, ragged_dot, takes_prequantized)
+        BACKENDS[name] = Backend(name, dot, ragged_dot, takes_prequantized, sibling_dots)
         return dot
 
     return decorate

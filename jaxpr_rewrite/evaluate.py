@@ -56,7 +56,7 @@ def _last_reads(jaxpr: Jaxpr) -> list[list]:
     return last
 
 
-def evaluate(jaxpr: Jaxpr, consts: Sequence, args: Sequence, step: Step = bind) -> list:
+def evaluate(jaxpr: Jaxpr, consts: Sequence, args: Sequence, step: Step = bind, *, with_reader: bool = False) -> list:
     """Evaluate ``jaxpr`` on ``args`` equation by equation, calling ``step`` for each.
 
     Arguments:
@@ -65,6 +65,9 @@ def evaluate(jaxpr: Jaxpr, consts: Sequence, args: Sequence, step: Step = bind) 
         args: values of its invars; any Python objects the step function understands (tracers, arrays, or
             wrapped values such as :class:`~jaxpr_rewrite.quantized.QuantizedArray`).
         step: ``step(eqn, invals) -> outvals``, run inside :func:`equation_context` of ``eqn``.
+        with_reader: call ``step(eqn, invals, read)`` instead, ``read(atom)`` giving the value of any variable
+            computed so far that a later equation or the result still reads (for a step that computes later
+            equations together with this one).
 
     Returns:
         The values of its outvars.
@@ -79,7 +82,7 @@ def evaluate(jaxpr: Jaxpr, consts: Sequence, args: Sequence, step: Step = bind) 
     for eqn, dead in zip(jaxpr.eqns, _last_reads(jaxpr)):
         invals = [read(v) for v in eqn.invars]
         with equation_context(eqn):
-            outs = step(eqn, invals)
+            outs = step(eqn, invals, read) if with_reader else step(eqn, invals)
         for v in dead:
             env.pop(v, None)
         env.update(zip(eqn.outvars, outs))

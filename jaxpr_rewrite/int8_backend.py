@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from .backends import register_backend
 from .config import RewriteConfig
-from .int8_dot import Scheme, int8_dot_general_impl
+from .int8_dot import Scheme, fits_sibling_kernel, int8_dot_general_impl, int8_sibling_dots_impl
 from .operands import checks_codes
 from .ragged_dot import int8_ragged_dot_general_impl, ragged_dot_float
-from .straight_through import straight_through
+from .backends import SiblingDots
+from .straight_through import straight_through, straight_through_group
 
-__all__ = ["int8_backend", "int8_dot_general", "int8_fused_backend", "int8_ragged_dot_general"]
+__all__ = ["int8_backend", "int8_dot_general", "int8_fused_backend", "int8_ragged_dot_general", "int8_sibling_dots"]
 
 
 def _dot_impl(lhs, rhs, float_params, out_dtype, scheme):
@@ -37,6 +38,24 @@ int8_ragged_dot_general = straight_through(int8_ragged_dot_general_impl, ragged_
 ``ragged_dot_general`` in int8, with a straight-through gradient."""
 
 
+int8_sibling_dots = straight_through_group(
+    int8_sibling_dots_impl, early_when=lambda lhs, rhss, float_params, out_dtypes, scheme: any(
+        _checks_codes_beside_the_dot(lhs, rhs, params, out_dtype, scheme)
+        for rhs, params, out_dtype in zip(rhss, float_params, out_dtypes)))
+"""``int8_sibling_dots(lhs, rhss, float_params, out_dtypes, scheme)``: several float ``dot_general`` s of one
+activation in int8, one kernel on an NVIDIA GPU, each with a straight-through gradient."""
+
+
+def _fits_fused_siblings(lhs, rhs, float_params, out_dtype, config: RewriteConfig) -> bool:
+    return fits_sibling_kernel(lhs, rhs, dict(float_params)["dimension_numbers"], out_dtype,
+                               Scheme.of(config, fused_gpu_kernel=True))
+
+
+def _fused_siblings(lhs, rhss, float_params, out_dtypes, config: RewriteConfig) -> tuple:
+    return int8_sibling_dots(lhs, tuple(rhss), tuple(float_params), tuple(out_dtypes),
+                             Scheme.of(config, fused_gpu_kernel=True))
+
+
 def _int8_ragged_backend(lhs, rhs, group_sizes, float_params, out_dtype, config: RewriteConfig):
     return int8_ragged_dot_general(lhs, rhs, group_sizes, float_params, out_dtype, Scheme.of(config))
 
@@ -47,8 +66,11 @@ def int8_backend(lhs, rhs, float_params, out_dtype, config: RewriteConfig):
     return int8_dot_general(lhs, rhs, float_params, out_dtype, Scheme.of(config))
 
 
-@register_backend("int8-fused", ragged_dot=_int8_ragged_backend, takes_prequantized=True)
+@register_backend("int8-fused", ragged_dot=_int8_ragged_backend, takes_prequantized=True,
+                  sibling_dots=SiblingDots(_fits_fused_siblings, _fused_siblings))
 def int8_fused_backend(lhs, rhs, float_params, out_dtype, config: RewriteConfig):
     """The int8 contract, with a float activation times a pre-quantized weight as one Pallas kernel on an NVIDIA
-    GPU (:mod:`~jaxpr_rewrite.fused_gpu_dot`): the same numbers, fewer kernels; elsewhere the ``"int8"`` backend."""
+    GPU (:mod:`~jaxpr_rewrite.fused_gpu_dot`), and sibling dots of one activation (attention's query, key and
+    value projections) as one kernel for all of them: the same numbers, fewer kernels; elsewhere the ``"int8"``
+    backend."""
     return int8_dot_general(lhs, rhs, float_params, out_dtype, Scheme.of(config, fused_gpu_kernel=True))

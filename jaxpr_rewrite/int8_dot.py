@@ -25,13 +25,14 @@ from .config import RewriteConfig
 from .int32_dot import int32_dot
 from .layout import blocked, blocked_dimension_numbers, contraction_size, scale_to_output
 from .float64_scales import scale_product_in_float64
-from .fused_gpu_dot import fits_fused_kernel, fused_dot
+from .fused_gpu_dot import fits_fused_kernel, fused_dot, fused_dots
 from .quantize import compute_dtype, scale_product
 from .operands import has_dynamic_scales, quantize_operand, quantize_operand_in_float64
 from .quantized import is_quantized
 from .static_activations import ScaledActivation
 
-__all__ = ["PER_CHANNEL", "Scheme", "int8_dot_general_impl", "scaled_int8_dot", "scaled_int8_dot_and_operands"]
+__all__ = ["PER_CHANNEL", "Scheme", "fits_sibling_kernel", "int8_dot_general_impl", "int8_sibling_dots_impl",
+           "scaled_int8_dot", "scaled_int8_dot_and_operands"]
 
 
 class Scheme(NamedTuple):
@@ -208,3 +209,39 @@ def int8_dot_general_impl(lhs, rhs, dimension_numbers, out_dtype, scheme: Scheme
         out = scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dtype,
                               fused_gpu_kernel=scheme.fused_gpu_kernel and not per_tensor)
     return out if out.dtype == out_dtype else lax.convert_element_type(out, out_dtype)
+
+
+def fits_sibling_kernel(lhs, rhs, dimension_numbers, out_dtype, scheme: Scheme) -> bool:
+    """Whether the dot joins its siblings' kernel (:func:`int8_sibling_dots_impl`): one that ``scheme`` computes
+    with :func:`~jaxpr_rewrite.fused_gpu_dot.fused_dot` on an NVIDIA GPU."""
+    return (scheme.fused_gpu_kernel and scheme.granularity == PER_CHANNEL.granularity and scheme.block_size is None
+            and _fits_fused_kernel(lhs, rhs, dimension_numbers, out_dtype))
+
+
+def int8_sibling_dots_impl(lhs, rhss, float_params, out_dtypes, scheme: Scheme) -> tuple:
+    """The int8 programs of several dots of one activation ``lhs`` (each fitting :func:`fits_sibling_kernel`): on
+    an NVIDIA GPU one kernel for all of them (:func:`~jaxpr_rewrite.fused_gpu_dot.fused_dots`), elsewhere each dot's
+    own :func:`int8_dot_general_impl`; the same numbers either way.
+
+    Arguments:
+        lhs: the float activation.
+        rhss: the weights, one per dot.
+        float_params: each dot's params, as sorted tuples of items.
+        out_dtypes: each dot's output dtype.
+        scheme: the layout of scales (its ``fused_gpu_kernel`` set).
+
+    Returns:
+        A tuple of the results.
+    """
+    dimension_numbers = [dict(params)["dimension_numbers"] for params in float_params]
+
+    def each_dot():
+        return tuple(int8_dot_general_impl(lhs, rhs, dims, out_dtype, scheme._replace(fused_gpu_kernel=False))
+                     for rhs, dims, out_dtype in zip(rhss, dimension_numbers, out_dtypes))
+
+    def on_cuda():
+        outs = fused_dots(lhs, rhss, [rc for ((_, (rc,)), _) in dimension_numbers])
+        return tuple(out if out.dtype == out_dtype else lax.convert_element_type(out, out_dtype)
+                     for out, out_dtype in zip(outs, out_dtypes))
+
+    return lax.platform_dependent(cuda=on_cuda, default=each_dot)

@@ -8,12 +8,12 @@ report, the verifier, the command line, the examples and the tests all walk prog
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import jax
 import jax.extend  # noqa: F401  (makes jax.extend.core importable)
 import jax.numpy as jnp
-from jax.extend.core import ClosedJaxpr, Jaxpr
+from jax.extend.core import ClosedJaxpr, Jaxpr, Var
 
 from ._compat import scan_counts
 
@@ -24,6 +24,7 @@ __all__ = [
     "MATMUL_PRIMITIVES",
     "PLATFORM_INDEX",
     "SUBJAXPR_PARAMS",
+    "SiblingGroup",
     "VALUE_MOVING_PRIMITIVES",
     "default_platform",
     "derivative_jaxprs",
@@ -38,6 +39,7 @@ __all__ = [
     "open_jaxpr",
     "scan_counts",
     "scan_operands",
+    "sibling_groups",
     "sub_index",
     "sub_jaxprs",
     "while_operands",
@@ -200,3 +202,66 @@ def is_float_dot(eqn) -> bool:
     when it cannot (complex)."""
     # jnp.issubdtype knows the ml_dtypes floats (bfloat16, float8_*); np.issubdtype does not.
     return is_matmul(eqn) and any(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in eqn.invars[:2])
+
+
+class SiblingGroup(NamedTuple):
+    """Dots of one activation that one program computes at the first of them (see :func:`sibling_groups`).
+
+    Attributes:
+        dots: the dot equations, in program order.
+        early: the equations computing the later dots' other operands that come after the first dot (a weight's
+            transpose or cast), in program order: they read only values computed before it, so they can run there.
+    """
+
+    dots: tuple
+    early: tuple
+
+
+def sibling_groups(jaxpr: Jaxpr, joins: Callable[[object], bool]) -> dict[int, SiblingGroup]:
+    """Equations of ``jaxpr`` that read one value as their first operand and whose other operands can all be
+    computed when the first of them runs (attention's query, key and value projections of one activation, their
+    weights perhaps transposed or cast on the way), so one program can compute them all there.
+
+    Arguments:
+        jaxpr: the program.
+        joins: which equations may be grouped.
+
+    Returns:
+        ``id(first equation) -> its group``, for every group of two or more.
+    """
+    producer = {}  # a variable -> (index, equation) computing it (inputs: none)
+    readers: dict = {}  # a first operand -> [(index, equation), ...] of the equations that may join
+    for index, eqn in enumerate(jaxpr.eqns):
+        if isinstance(eqn.invars[0], Var) and joins(eqn):
+            readers.setdefault(eqn.invars[0], []).append((index, eqn))
+        producer.update((v, (index, eqn)) for v in eqn.outvars)
+
+    def early_equations(var, before: int, found: dict) -> bool:
+        """Whether ``var`` can be computed before equation ``before``: by then, or by pure equations of such values
+        (no effects, no sub-jaxprs, no matmul), which are added to ``found`` (index -> equation)."""
+        if not isinstance(var, Var) or var not in producer or producer[var][0] < before:
+            return True
+        index, eqn = producer[var]
+        if index in found:
+            return True
+        if (eqn.effects or sub_jaxprs(eqn) or is_matmul(eqn)
+                or not all(early_equations(v, before, found) for v in eqn.invars)):
+            return False
+        found[index] = eqn
+        return True
+
+    groups = {}
+    for members in readers.values():
+        while len(members) > 1:
+            (first_index, first), rest = members[0], members[1:]
+            ready, early = [], {}
+            for member in rest:
+                found = dict(early)
+                if all(early_equations(v, first_index, found) for v in member[1].invars[1:]):
+                    ready.append(member)
+                    early = found
+            if ready:
+                groups[id(first)] = SiblingGroup((first, *(e for _, e in ready)),
+                                                 tuple(early[i] for i in sorted(early)))
+            members = [m for m in rest if m not in ready]
+    return groups

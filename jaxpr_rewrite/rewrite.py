@@ -29,12 +29,13 @@ from . import _compat
 from .compile_policy import late_inlining
 from .config import RewriteConfig
 from .errors import Int8ifyError
-from .evaluate import bind, evaluate
-from .jaxprs import SUBJAXPR_PARAMS, forward_jaxprs, is_float_dot, jaxpr_and_consts, open_jaxpr
+from .evaluate import bind, equation_context, evaluate
+from .jaxprs import (SUBJAXPR_PARAMS, SiblingGroup, forward_jaxprs, is_float_dot, jaxpr_and_consts, open_jaxpr,
+                     sibling_groups)
 from .quantized import is_quantized
 from .rules import RuleContext, rule_for
 from .rules.common import materialised
-from .rules.dots import rewrite_dot, skip_reason
+from .rules.dots import may_join_siblings, rewrite_dot, rewrite_sibling_dots, skip_reason
 from .scopes import join_scope
 from .source import UNKNOWN, Location, describe_source, eqn_location
 
@@ -179,8 +180,17 @@ class Rewriter:
         """
         tangent_vars = set(tangents)
         smoothed: dict = {}  # activations divided by a smoothing group's factors, shared by the group's dots
+        siblings = self._sibling_groups(jaxpr, scope, tangents)
+        computed: dict = {}  # id(equation) -> its results, computed early: with an earlier sibling dot, or for one
 
-        def step(eqn, invals):
+        def step(eqn, invals, read):
+            if id(eqn) in computed:
+                return computed.pop(id(eqn))
+            if id(eqn) in siblings:
+                computed.update(self._rewrite_siblings(siblings[id(eqn)], step, read, eqn_location(eqn, where),
+                                                       smoothed))
+                if id(eqn) in computed:
+                    return computed.pop(id(eqn))
             here = join_scope(scope, eqn.source_info.name_stack)
             reads_tangents = [isinstance(v, Var) and v in tangent_vars for v in eqn.invars] if tangent_vars else ()
             if any(reads_tangents):
@@ -188,7 +198,7 @@ class Rewriter:
                     # a nested call computing primal and tangent together (jax.jvp of a jitted function, a
                     # jitted helper in the rule) is inlined, so that only its tangent matmuls stay float
                     sub, sub_consts = jaxpr_and_consts(eqn.params[SUBJAXPR_PARAMS[eqn.primitive.name][0]])
-                    inner = frozenset(v for v, read in zip(sub.invars, reads_tangents) if read)
+                    inner = frozenset(v for v, reads in zip(sub.invars, reads_tangents) if reads)
                     outs = self.interpret(sub, sub_consts, invals, here, inner, where)
                     tangent_vars.update(v for v, dependent in zip(eqn.outvars, _tangent_outputs(sub, inner))
                                         if dependent)
@@ -216,7 +226,37 @@ class Rewriter:
                 )
             return bind(eqn, invals, rule.rewrite(RuleContext(self, here, eqn_location(eqn, where)), eqn.params))
 
-        return evaluate(jaxpr, consts, args, step)
+        return evaluate(jaxpr, consts, args, step, with_reader=True)
+
+    def _rewrite_siblings(self, group: SiblingGroup, step, read, where: Location, smoothed: dict) -> dict:
+        """The results of the sibling dots of ``group`` the backend computes together, and of the equations run
+        early for them, ``id(equation) -> its results``; the other dots are rewritten when they are reached."""
+        early: dict = {}  # a variable computed early -> its value
+        results = {}
+        for eqn in group.early:
+            with equation_context(eqn):
+                outs = step(eqn, [early[v] if v in early else read(v) for v in eqn.invars], read)
+            early.update(zip(eqn.outvars, outs))
+            results[id(eqn)] = outs
+        operands = [[early[v] if v in early else read(v) for v in eqn.invars] for eqn in group.dots]
+        with late_inlining(self.config.late_inlining):
+            dots = rewrite_sibling_dots(self.config, self.backend, group.dots, operands, where, smoothed)
+        return {**results, **{key: [out] for key, out in dots.items()}}
+
+    def _sibling_groups(self, jaxpr: Jaxpr, scope: str, tangents) -> dict:
+        """The float matmuls of ``jaxpr`` the backend computes with their siblings, where it can
+        (:func:`~jaxpr_rewrite.jaxprs.sibling_groups`): rewritten ones, reading no tangent and no calibrated
+        static scale of two activations."""
+        if self.backend.sibling_dots is None:
+            return {}
+        tangent_dependent = dependents(jaxpr, tangents) if tangents else set()
+
+        def joins(eqn) -> bool:
+            return (is_float_dot(eqn) and may_join_siblings(eqn) and id(eqn) not in self.static_dots
+                    and not any(isinstance(v, Var) and v in tangent_dependent for v in eqn.invars)
+                    and skip_reason(eqn, self.config, join_scope(scope, eqn.source_info.name_stack)) is None)
+
+        return sibling_groups(jaxpr, joins)
 
     # -- one matmul ---------------------------------------------------------------------------------------------
     def rewrite_matmul(self, eqn, invals: Sequence, where: Location = UNKNOWN, smoothed: dict | None = None):

@@ -15,7 +15,7 @@ from .compile_policy import shared_jit
 from .quantized import is_quantized
 from .static_activations import ScaledActivation
 
-__all__ = ["straight_through"]
+__all__ = ["straight_through", "straight_through_group"]
 
 
 def _dot_general_float(lhs, rhs, **params):
@@ -70,20 +70,62 @@ def straight_through(impl, float_matmul=_dot_general_float, n_extra: int = 0,
 
     def straight_through_jvp(float_params, out_dtype, option, primals, tangents):
         lhs, rhs, *extra = primals
-        lhs_dot, rhs_dot = (t.value if isinstance(t, ScaledActivation) else t for t in tangents[:2])
         out = matmul(lhs, rhs, *extra, float_params, out_dtype, option)
-        params = dict(float_params)
-        terms = []
-        if _has_tangent(lhs, lhs_dot):
-            terms.append(float_matmul(lhs_dot, _float_value(rhs, lhs_dot), *extra, **params))
-        if _has_tangent(rhs, rhs_dot):
-            terms.append(float_matmul(_float_value(lhs, rhs_dot), rhs_dot, *extra, **params))
-        if not terms:
-            return out, lax.full_like(out, 0)  # (lax.zeros_like_array is gone in JAX 0.10)
-        tangent = terms[0] if len(terms) == 1 else lax.add(*terms)
-        return out, tangent.astype(out.dtype)
+        return out, _tangent(float_matmul, out, primals, tangents, float_params)
 
     matmul.defjvp(straight_through_jvp, symbolic_zeros=True)
+    return _shared(matmul, static, early_when)
+
+
+def straight_through_group(impl, early_when: Callable[..., bool] | None = None):
+    """:func:`straight_through` for one program computing several ``dot_general`` s of one left operand (sibling
+    dots, such as attention's query, key and value projections).
+
+    Arguments:
+        impl: ``impl(lhs, rhss, float_params, out_dtypes, option)`` returning one result per right operand in
+            ``rhss`` (``float_params`` and ``out_dtypes``: one per dot).
+        early_when: as :func:`straight_through`'s, a predicate of ``impl``'s arguments.
+
+    Returns:
+        ``fn(lhs, rhss, float_params, out_dtypes, option)``: each result's JVP that of its own float dot.
+    """
+    static = (2, 3, 4)
+
+    def matmuls(*args):
+        return impl(*args)
+
+    matmuls.__name__ = matmuls.__qualname__ = impl.__name__.removesuffix("_impl")
+    matmuls = jax.custom_jvp(matmuls, nondiff_argnums=static)
+
+    def straight_through_jvp(float_params, out_dtypes, option, primals, tangents):
+        (lhs, rhss), (lhs_dot, rhs_dots) = primals, tangents
+        outs = matmuls(lhs, rhss, float_params, out_dtypes, option)
+        return outs, tuple(_tangent(_dot_general_float, out, (lhs, rhs), (lhs_dot, rhs_dot), params)
+                           for out, rhs, rhs_dot, params in zip(outs, rhss, rhs_dots, float_params))
+
+    matmuls.defjvp(straight_through_jvp, symbolic_zeros=True)
+    return _shared(matmuls, static, early_when)
+
+
+def _tangent(float_matmul, out, primals, tangents, float_params):
+    """The straight-through tangent of one quantized matmul's result ``out``: the float matmul's JVP at the float
+    operands, the sum of one float matmul per operand with a tangent (zeros when none has one)."""
+    lhs, rhs, *extra = primals
+    lhs_dot, rhs_dot = (t.value if isinstance(t, ScaledActivation) else t for t in tangents[:2])
+    params = dict(float_params)
+    terms = []
+    if _has_tangent(lhs, lhs_dot):
+        terms.append(float_matmul(lhs_dot, _float_value(rhs, lhs_dot), *extra, **params))
+    if _has_tangent(rhs, rhs_dot):
+        terms.append(float_matmul(_float_value(lhs, rhs_dot), rhs_dot, *extra, **params))
+    if not terms:
+        return lax.full_like(out, 0)  # (lax.zeros_like_array is gone in JAX 0.10)
+    tangent = terms[0] if len(terms) == 1 else lax.add(*terms)
+    return tangent.astype(out.dtype)
+
+
+def _shared(matmul, static: tuple, early_when):
+    """``matmul`` under :func:`shared_jit`, traced under this library's source location."""
 
     def shared(*args):
         # The body is traced once and shared by every matmul of the same types, so its equations point at this

@@ -26,7 +26,8 @@ from ..source import UNKNOWN, Location, describe_source
 from ..static_activations import ScaledActivation
 from .registry import register
 
-__all__ = ["is_plain_dot", "is_unsupported_ragged", "resolve_dot_operands", "rewrite_dot", "skip_reason"]
+__all__ = ["is_plain_dot", "is_unsupported_ragged", "may_join_siblings", "resolve_dot_operands", "rewrite_dot",
+           "rewrite_sibling_dots", "skip_reason"]
 
 
 def _label_dot(params) -> list[str]:
@@ -190,6 +191,48 @@ def rewrite_dot(config: RewriteConfig, backend: Backend, eqn, invals, where: Loc
         # runs with the mesh axes automatic inside and delivers the float dot's output sharding.
         program = jax.sharding.auto_axes(program, axes=out_sharding.mesh.explicit_axes, out_sharding=out_sharding)
     return program(lhs, rhs)
+
+
+def may_join_siblings(eqn) -> bool:
+    """Whether the float matmul ``eqn`` may share one program with sibling dots of its left operand (a backend's
+    :class:`~jaxpr_rewrite.backends.SiblingDots`): a ``dot_general`` whose operands live on no mesh with explicit
+    axes (such a dot's program runs under its own ``auto_axes``)."""
+    return is_plain_dot(eqn) and _explicit_sharding(eqn) is None
+
+
+def rewrite_sibling_dots(config: RewriteConfig, backend: Backend, eqns, invals, where: Location = UNKNOWN,
+                         smoothed: dict | None = None) -> dict:
+    """One program for the sibling dots among ``eqns`` that the backend's
+    :class:`~jaxpr_rewrite.backends.SiblingDots` rule fits: float ``dot_general`` s of one left operand (after its
+    resolution: a smoothing group's dots share one rescaled activation), computed at the first equation.
+
+    Arguments:
+        config: the rewrite options.
+        backend: what the dots become (its ``sibling_dots`` set).
+        eqns: the equations, in program order, each one :func:`may_join_siblings` lets join.
+        invals: each equation's operand values.
+        where: the user's source of the enclosing equation, for errors about equations JAX recorded none for.
+        smoothed: as :func:`rewrite_dot`'s.
+
+    Returns:
+        ``id(equation) -> its result`` for the dots computed together (two or more per activation); the others
+        are rewritten one by one.
+    """
+    by_activation: dict = {}
+    for eqn, values in zip(eqns, invals):
+        _check_weights_fit(values[:2], config, eqn, where)
+        lhs, rhs = resolve_dot_operands(values[:2], matmul_dimension_numbers(eqn)[0], config.uses_per_channel_int8,
+                                        smoothed, config.int8_block_size)
+        dot = (eqn, rhs, tuple(sorted(eqn.params.items())), eqn.outvars[0].aval.dtype)
+        if backend.sibling_dots.fits(lhs, rhs, *dot[2:], config):
+            by_activation.setdefault(id(lhs), (lhs, []))[1].append(dot)
+    results = {}
+    for lhs, dots in by_activation.values():
+        if len(dots) > 1:
+            eqns, rhss, params, out_dtypes = zip(*dots)
+            outs = backend.sibling_dots.program(lhs, rhss, params, out_dtypes, config)
+            results.update((id(eqn), out) for eqn, out in zip(eqns, outs))
+    return results
 
 
 def _check_weights_fit(invals: Sequence, config: RewriteConfig, eqn, where: Location):

@@ -2,7 +2,8 @@
 program) as one Pallas kernel on an NVIDIA GPU. The kernel runs here in Pallas' interpreter (the same float64 and
 integer arithmetic), against the ``"int8"`` backend's program bit for bit (dynamic and static activation scales)
 and against the independent numpy reference of the contract; the program lowered for CUDA holds one kernel per
-fitting dot and leaves the others to XLA; sharded operands stay sharded."""
+fitting dot (one for sibling dots of one activation) and leaves the others to XLA; sharded operands stay
+sharded."""
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from helpers import iter_eqns, reference_dot, with_zero_and_non_finite_rows
 from jaxpr_rewrite import Int8ifyError, int8ify, quantize_params
-from jaxpr_rewrite.fused_gpu_dot import fused_dot
+from jaxpr_rewrite.fused_gpu_dot import fused_dot, fused_dots
 
 TINY = np.finfo(np.float32).tiny
 # (rows, contraction, columns): blocks that divide and that overhang, contractions of 16-wide to 128-wide steps
@@ -87,6 +88,28 @@ def test_with_a_static_scale_the_kernel_is_the_int8_backends_program_bit_for_bit
 
 
 @pytest.mark.filterwarnings("ignore:Explicitly requested dtype float64 requested in full:UserWarning")
+@settings(max_examples=6, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["dynamic", "static", "float"]), st.booleans(),
+                          st.sampled_from([64, 130, 200])), min_size=2, max_size=3),
+       st.sampled_from([1, 70]), st.integers(0, 2**32 - 1))
+def test_sibling_dots_in_one_kernel_give_each_dots_numbers(weights, rows, seed):
+    """Weights of one activation in one grid, each in its own range of column blocks: each result is the ``int8``
+    backend's for its weight alone, bit for bit, whatever their kinds, layouts and widths (blocks that overhang)."""
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.normal(size=(rows, 256)), jnp.float32)
+    operands, fns = [], []
+    for kind, transposed, n in weights:
+        fn = _dense_transposed if transposed else _dense
+        w = {"w": jnp.asarray(rng.normal(size=(n, 256) if transposed else (256, n)), jnp.float32)}
+        operands.append(w if kind == "float" else quantize_params(fn, w, x, activations=kind))
+        fns.append(fn)
+    contractings = [int(transposed) for _, transposed, _ in weights]
+    got = jax.jit(lambda v, ws: fused_dots(v, [w["w"] for w in ws], contractings, interpret=True))(x, operands)
+    for out, fn, params in zip(got, fns, operands):
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(jax.jit(int8ify(fn))(params, x)))
+
+
+@pytest.mark.filterwarnings("ignore:Explicitly requested dtype float64 requested in full:UserWarning")
 def test_under_vmap_a_batch_of_activations_is_more_rows_and_a_batch_of_weights_a_batched_kernel():
     """The kernel's partitioning rule (custom_partitioning) has no batching rule of its own: vmap failed."""
     rng = np.random.default_rng(5)
@@ -100,6 +123,10 @@ def test_under_vmap_a_batch_of_activations_is_more_rows_and_a_batch_of_weights_a
     got = jax.jit(jax.vmap(run, in_axes=(None, 0)))(xs[0], ws)  # float weights, one per example
     want = np.stack([np.asarray(int8ify(_dense)({"w": w}, xs[0])) for w in ws])
     np.testing.assert_array_equal(np.asarray(got), want)
+    siblings = jax.jit(jax.vmap(lambda v: fused_dots(v, (params["w"], ws[1]), (0, 0), interpret=True)))(xs)
+    for got, weight in zip(siblings, ({"w": params["w"]}, {"w": ws[1]})):
+        want = np.stack([np.asarray(int8ify(_dense)(weight, v)) for v in xs])
+        np.testing.assert_array_equal(np.asarray(got), want)
 
 
 def test_bfloat16_activations_and_any_leading_shape():
@@ -141,6 +168,11 @@ def test_sharded_rows_and_columns_stay_sharded(transposed, per_call):
     np.testing.assert_array_equal(np.asarray(got), want)
     assert got.sharding.spec == P("data", "model")
     assert "all-gather" not in run.lower(sharded, xs).compile().as_text()
+    siblings = jax.jit(lambda p, v: fused_dots(v, (p["w"], p["w"]), (int(transposed),) * 2, interpret=True))
+    for out in siblings(sharded, xs):
+        np.testing.assert_array_equal(np.asarray(out), want)
+        assert out.sharding.spec == P("data", "model")
+    assert "all-gather" not in siblings.lower(sharded, xs).compile().as_text()
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 host devices (tests/conftest.py sets them)")
@@ -203,6 +235,41 @@ def test_on_cuda_each_pre_quantized_dot_is_one_kernel_and_the_rest_xlas():
         wide = int8ify(lambda p, v: jnp.matmul(v, p[0]["w"], preferred_element_type=jnp.float64),
                        backend="int8-fused")
         assert _kernels(jax.make_jaxpr(wide)(q, x)) == 0
+
+
+def _attention_projections(params, x):
+    """Attention's query, key and value projections of one activation, and a fourth dot whose weight is computed
+    after the first of them (so it cannot join their kernel, which runs there)."""
+    h = jnp.tanh(x)
+    q, k, v = h @ params["wq"], h @ params["wk"].T, h @ params["wv"]
+    late = h @ (params["wo"] * q.mean())
+    return jax.nn.softmax(q * k, axis=-1) * v + late
+
+
+def _projection_params(width=256):
+    rng = np.random.default_rng(7)
+    return {name: jnp.asarray(rng.normal(size=(width, width)) / np.sqrt(width), jnp.float32)
+            for name in ("wq", "wk", "wv", "wo")}
+
+
+@pytest.mark.parametrize("weights", ["dynamic", "static", "smoothed", "float"])
+def test_sibling_dots_of_one_activation_are_one_kernel(weights):
+    """The query, key and value projections: one kernel where bfloat16 has XLA merge them into one GEMM; the
+    fourth dot's weight does not exist yet when they run: a kernel of its own. Off a GPU the numbers are the
+    ``int8`` backend's, bit for bit, and so are the straight-through gradients but for the order in which the
+    activation's cotangents from its three dots are added."""
+    params = _projection_params()
+    x = jnp.asarray(np.random.default_rng(8).normal(size=(64, 256)), jnp.float32)
+    options = {"dynamic": {}, "static": {"activations": "static"}, "smoothed": {"smooth_alpha": 0.5}}
+    if weights != "float":
+        params = quantize_params(_attention_projections, params, x, **options[weights])
+    fused = int8ify(_attention_projections, backend="int8-fused", late_inlining=False)
+    # SmoothQuant leaves the transposed key weight unsmoothed: its dot reads the activation, the others its rescaling
+    assert _kernels(jax.make_jaxpr(fused)(params, x)) == (3 if weights == "smoothed" else 2)
+    plain = int8ify(_attention_projections)
+    np.testing.assert_array_equal(np.asarray(jax.jit(fused)(params, x)), np.asarray(jax.jit(plain)(params, x)))
+    grads = [jax.grad(lambda v, f=f: f(params, v).sum())(x) for f in (fused, plain)]
+    np.testing.assert_allclose(np.asarray(grads[0]), np.asarray(grads[1]), rtol=1e-5, atol=1e-7)
 
 
 def test_the_kernel_lowers_for_cuda_as_a_triton_kernel():

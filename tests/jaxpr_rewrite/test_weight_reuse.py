@@ -179,8 +179,8 @@ def test_an_activation_passed_again_keeps_the_scales_its_dots_read_it_with(how, 
         wrapped = int8ify(fn, activation_scales=calibrate_activation_dots(fn, *args), min_contracting_size=7)
     else:
         wrapped = int8ify(mlp, min_contracting_size=7)
-        args = (quantize_params(wrapped, params, x, **({"activations": "static"} if how == "static"
-                                                         else {"smooth_alpha": 0.5})), x)
+        options = {"activations": "static"} if how == "static" else {"smooth_alpha": 0.5}
+        args = (quantize_params(wrapped, params, x, **options), x)
     want = np.asarray(jax.jit(wrapped)(*args))
     for _ in range(3):
         np.testing.assert_array_equal(np.asarray(wrapped(*args)), want)
