@@ -35,23 +35,27 @@ _FLOATS = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float16))
 
 def fits_fused_kernel(lhs, rhs, dimension_numbers) -> bool:
     """Whether :func:`fused_dot` computes this dot: a float activation (at least one row) contracted over its last
-    axis, no batch axes, a contraction the int8 tensor cores tile (a multiple of 16) whose int32 sums cannot
-    overflow, and on the right a 2-D weight (either layout): a per-channel int8 one (with a float32 static
-    activation scale, or none), or a float one that the program quantizes."""
+    axes, no batch axes, a contraction the int8 tensor cores tile (a multiple of 16) whose int32 sums cannot
+    overflow, and on the right a weight contracted over its leading or its trailing axes in the same order (a
+    matrix either way round, or Flax's ``DenseGeneral`` kernels, ``(d, heads, head_dim)`` and ``(heads, head_dim,
+    d)``): a per-channel int8 one (with a float32 static activation scale, or none), or a float one that the program
+    quantizes."""
     (lc, rc), (lb, rb) = dimension_numbers
-    shape = lhs.shape
+    shape, count = lhs.shape, len(lc)
     if is_quantized(rhs):
         fits_rhs = rhs.codes.dtype == np.int8 and (rhs.activation_scale is None
                                                    or rhs.activation_scale.dtype == np.float32)
     else:
         fits_rhs = np.dtype(rhs.dtype) in _FLOATS
-    return (fits_rhs and len(shape) >= 1 and not lb and not rb and tuple(lc) == (len(shape) - 1,) and len(rc) == 1
-            and rhs.ndim == 2 and np.dtype(lhs.dtype) in _FLOATS
-            and int(np.prod(shape[:-1], dtype=np.int64)) > 0 and rhs.shape[1 - rc[0]] > 0
-            and shape[-1] <= MAX_INT32_SAFE_CONTRACTION and contraction_block(shape[-1]) is not None)
+    k = int(np.prod(shape[len(shape) - count:], dtype=np.int64))
+    return (fits_rhs and not lb and not rb and 0 < count < rhs.ndim and np.dtype(lhs.dtype) in _FLOATS
+            and tuple(lc) == tuple(range(len(shape) - count, len(shape)))
+            and tuple(rc) in (tuple(range(count)), tuple(range(rhs.ndim - count, rhs.ndim)))
+            and int(np.prod(shape[:len(shape) - count], dtype=np.int64)) > 0 and 0 not in rhs.shape
+            and k <= MAX_INT32_SAFE_CONTRACTION and contraction_block(k) is not None)
 
 
-def fused_dot(x, weight, weight_contracting: int, interpret: bool = False):
+def fused_dot(x, weight, weight_contracting, interpret: bool = False):
     """``x @ weight`` under the int8 contract as one kernel (see the module docstring).
 
     Under ``jit`` with sharded operands the kernel runs on each device's rows of ``x`` and columns of the weight
@@ -59,17 +63,18 @@ def fused_dot(x, weight, weight_contracting: int, interpret: bool = False):
     XLA would otherwise gather the whole activation onto every device and replicate the result.
 
     Arguments:
-        x: the float activation, contracted over its last axis (any leading shape).
-        weight: a 2-D per-channel int8 :class:`~jaxpr_rewrite.quantized.QuantizedArray` (as
+        x: the float activation, contracted over its last axes (as many as the weight's; any leading shape).
+        weight: a per-channel int8 :class:`~jaxpr_rewrite.quantized.QuantizedArray` (as
             :meth:`~jaxpr_rewrite.quantized.QuantizedArray.dot_operand` gives it); with an ``activation_scale``, the
-            activation takes that calibrated scale, else the contract's dynamic one per row. Or a 2-D float array,
+            activation takes that calibrated scale, else the contract's dynamic one per row. Or a float array,
             quantized here as the ``"int8"`` backend quantizes it on a GPU, its float64 scale per column read by the
             epilogue (:func:`~jaxpr_rewrite.float64_scales.quantize_with_float64_scales`).
-        weight_contracting: the weight's contracting axis, 0 (``x @ w``) or 1 (``x @ w.T``).
+        weight_contracting: the weight's contracting axes (an int: one), its leading ones (``x @ w``) or its
+            trailing ones (``x @ w.T``), in order.
         interpret: run the kernel with Pallas' interpreter (any platform; for tests).
 
     Returns:
-        float32, ``x.shape[:-1] + (N,)``.
+        float32, ``x``'s leading shape followed by the weight's free axes.
     """
     return fused_dots(x, (weight,), (weight_contracting,), interpret)[0]
 
@@ -81,29 +86,35 @@ def fused_dots(x, weights, weight_contractings, interpret: bool = False) -> tupl
     is one, and the codes and results are those of :func:`fused_dot`.
 
     Arguments:
-        x: the float activation, contracted over its last axis (any leading shape).
+        x: the float activation.
         weights: the weights, each as :func:`fused_dot` takes it.
-        weight_contractings: each weight's contracting axis.
+        weight_contractings: each weight's contracting axes, as :func:`fused_dot` takes them (as many for each).
         interpret: run the kernel with Pallas' interpreter.
 
     Returns:
-        A tuple of float32 results, ``x.shape[:-1] + (N_i,)``.
+        A tuple of float32 results.
     """
-    k = x.shape[-1]
-    rows = int(np.prod(x.shape[:-1], dtype=np.int64))
-    layouts, operands = [], []
-    for weight, contracting in zip(weights, weight_contractings):
+    contractions = [(c,) if isinstance(c, int) else tuple(c) for c in weight_contractings]
+    count = len(contractions[0])
+    leading_shape = x.shape[:x.ndim - count]
+    k = int(np.prod(x.shape[x.ndim - count:], dtype=np.int64))
+    layouts, operands, free_shapes = [], [], []
+    for weight, contracting in zip(weights, contractions):
+        rows_contract = contracting == tuple(range(count))
+        free_shape = weight.shape[count:] if rows_contract else weight.shape[:weight.ndim - count]
+        n = int(np.prod(free_shape, dtype=np.int64))
         if is_quantized(weight):
             codes, columns = weight.codes, weight.epilogue_factors(np.float32)
             static = () if weight.activation_scale is None else (
                 lax.convert_element_type(weight.activation_scale, np.float32),)
         else:  # its float64 scale per column, read by the epilogue as the int8 backend's GPU program reads it
-            codes, _, _, weight_scale = quantize_with_float64_scales(weight, (contracting,))
+            codes, _, _, weight_scale = quantize_with_float64_scales(weight, contracting)
             columns, static = (weight_scale,), ()
-        layouts.append(WeightLayout(contracting == 0, len(columns) == 1, bool(static)))
-        operands += [codes, *columns, *static]
-    outs = _batchable_kernel(KernelForm(tuple(layouts), interpret))(x.reshape(rows, k), *operands)
-    return tuple(out.reshape(*x.shape[:-1], out.shape[-1]) for out in outs)
+        layouts.append(WeightLayout(rows_contract, len(columns) == 1, bool(static)))
+        operands += [codes.reshape((k, n) if rows_contract else (n, k)), *(c.reshape(n) for c in columns), *static]
+        free_shapes.append(free_shape)
+    outs = _batchable_kernel(KernelForm(tuple(layouts), interpret))(x.reshape(-1, k), *operands)
+    return tuple(out.reshape(*leading_shape, *free) for out, free in zip(outs, free_shapes))
 
 
 # -- sharding: rows of x and columns of the weight stay where they are, the contraction is gathered -------------

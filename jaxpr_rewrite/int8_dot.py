@@ -141,8 +141,8 @@ def _scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dt
 
     float64_epilogue = _takes_float64_epilogue(lhs, rhs, out_dtype)
     if fused_gpu_kernel and not keep_operands and _fits_fused_kernel(lhs, rhs, dimension_numbers, out_dtype):
-        (_, (weight_contracting,)), _ = dimension_numbers
-        on_cuda = functools.partial(fused_dot, lhs, rhs, weight_contracting)
+        (_, weight_contracting), _ = dimension_numbers
+        on_cuda = functools.partial(fused_dot, lhs, rhs, tuple(weight_contracting))
         return lax.platform_dependent(cpu=portable, tpu=portable, cuda=on_cuda,
                                       default=on_gpu if float64_epilogue else portable)
     if not float64_epilogue:
@@ -152,7 +152,7 @@ def _scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dt
 
 def _fits_fused_kernel(lhs, rhs, dimension_numbers, out_dtype) -> bool:
     """Whether :func:`~jaxpr_rewrite.fused_gpu_dot.fused_dot` computes the dot: a float activation with the
-    contract's dynamic scales, or the static scale of the pre-quantized weight it meets, times a 2-D weight, with a
+    contract's dynamic scales, or the static scale of the pre-quantized weight it meets, times a weight, with a
     float32 epilogue."""
     if is_quantized(lhs) or any(isinstance(x, ScaledActivation) for x in (lhs, rhs)):
         return False
@@ -240,7 +240,7 @@ def int8_sibling_dots_impl(lhs, rhss, float_params, out_dtypes, scheme: Scheme) 
                      for rhs, dims, out_dtype in zip(rhss, dimension_numbers, out_dtypes))
 
     def on_cuda():
-        outs = fused_dots(lhs, rhss, [rc for ((_, (rc,)), _) in dimension_numbers])
+        outs = fused_dots(lhs, rhss, [tuple(rc) for ((_, rc), _) in dimension_numbers])
         return tuple(out if out.dtype == out_dtype else lax.convert_element_type(out, out_dtype)
                      for out, out_dtype in zip(outs, out_dtypes))
 

@@ -224,8 +224,9 @@ def rewrite_sibling_dots(config: RewriteConfig, backend: Backend, eqns, invals, 
         lhs, rhs = resolve_dot_operands(values[:2], matmul_dimension_numbers(eqn)[0], config.uses_per_channel_int8,
                                         smoothed, config.int8_block_size)
         dot = (eqn, rhs, tuple(sorted(eqn.params.items())), eqn.outvars[0].aval.dtype)
-        if backend.sibling_dots.fits(lhs, rhs, *dot[2:], config):
-            by_activation.setdefault(id(lhs), (lhs, []))[1].append(dot)
+        if backend.sibling_dots.fits(lhs, rhs, *dot[2:], config):  # (one program contracts lhs one way)
+            contracting = tuple(matmul_dimension_numbers(eqn)[0][0])
+            by_activation.setdefault((id(lhs), contracting), (lhs, []))[1].append(dot)
     results = {}
     for lhs, dots in by_activation.values():
         if len(dots) > 1:

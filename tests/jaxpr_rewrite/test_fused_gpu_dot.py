@@ -129,6 +129,36 @@ def test_under_vmap_a_batch_of_activations_is_more_rows_and_a_batch_of_weights_a
         np.testing.assert_array_equal(np.asarray(got), want)
 
 
+def _projection(params, x):
+    """Flax's ``DenseGeneral`` attention projections: ``(d, heads, head_dim)`` in, ``(heads, head_dim, d)`` out."""
+    heads = jax.lax.dot_general(x, params["qkv"], (((2,), (0,)), ((), ())))
+    return jax.lax.dot_general(jnp.tanh(heads), params["out"], (((2, 3), (0, 1)), ((), ())))
+
+
+@pytest.mark.filterwarnings("ignore:Explicitly requested dtype float64 requested in full:UserWarning")
+@pytest.mark.parametrize("kind", ["dynamic", "static", "float"])
+def test_weights_of_more_axes_contracted_over_leading_or_trailing_ones(kind):
+    """A weight of several free or contracting axes is the matrix they flatten to: the kernel's numbers are the
+    ``int8`` backend's, bit for bit, and on CUDA both of Flax's attention projections are kernels."""
+    rng = np.random.default_rng(9)
+    x = jnp.asarray(rng.normal(size=(2, 24, 128)), jnp.float32)
+    params = {"qkv": jnp.asarray(rng.normal(size=(128, 4, 32)) / 11, jnp.float32),
+              "out": jnp.asarray(rng.normal(size=(4, 32, 128)) / 11, jnp.float32)}
+    if kind != "float":
+        params = quantize_params(_projection, params, x, activations=kind)
+    heads = fused_dot(x, params["qkv"], (0,), interpret=True)
+    want = jax.jit(int8ify(lambda p, v: jax.lax.dot_general(v, p["qkv"], (((2,), (0,)), ((), ())))))(params, x)
+    np.testing.assert_array_equal(np.asarray(heads), np.asarray(want))
+    h = jnp.tanh(heads)
+    outs = [fused_dot(h, params["out"], (0, 1), interpret=True)]
+    if kind == "float":  # the same weight stored (d, heads, head_dim): contracted over its trailing axes
+        outs.append(fused_dot(h, jnp.transpose(params["out"], (2, 0, 1)), (1, 2), interpret=True))
+    want = jax.jit(int8ify(lambda p, v: jax.lax.dot_general(v, p["out"], (((2, 3), (0, 1)), ((), ())))))(params, h)
+    for out in outs:
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+    assert _kernels(jax.make_jaxpr(int8ify(_projection, backend="int8-fused", late_inlining=False))(params, x)) == 2
+
+
 def test_bfloat16_activations_and_any_leading_shape():
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(2, 3, 5, 128)), jnp.bfloat16)
