@@ -18,7 +18,8 @@ Steps, each bounded in time and each recorded even when an earlier one failed:
    bare int8 dots;
 4. the optimized HLO of each rewritten model: every GEMM listed with its operand types, so an int8 GEMM (cuBLASLt
    IMMA, a Triton s8 fusion) is told apart from an upcast float GEMM;
-5. the fused kernel (``backend="int8-fused"``) against the int8 backend's XLA program on the device, bit for bit;
+5. the fused kernel (``backend="int8-fused"``) against the int8 backend's XLA program on the device, bit for bit
+   (one dot; sibling dots of one activation, one of them a ``DenseGeneral`` kernel);
 6. the block-scaled backends on a GPU older than Blackwell (``mxfp8``/``nvfp4`` must run, ``auto`` must pick int8).
 
 Writes ``benchmarks/results/<device>.md`` (``--out`` to change), rewritten after every step.
@@ -300,7 +301,23 @@ def fused_kernel(dry_run: bool) -> str:
                 differ = int(np.sum(~((got == want) | (np.isnan(got) & np.isnan(want)))))
                 lines.append(f"- {rows}x{k} @ {'w.T' if transposed else 'w'} ({n}), {mode}: "
                              f"{'bit for bit' if same else f'{differ} of {got.size} outputs differ'}")
+        # sibling dots of one activation in one kernel, one of them a DenseGeneral kernel (k, heads, n / heads)
+        weights = {"a": jnp.asarray(rng.normal(size=(k, n)), jnp.float32),
+                   "b": jnp.asarray(rng.normal(size=(n, k)), jnp.float32),
+                   "c": jnp.asarray(rng.normal(size=(k, 4, n // 4)), jnp.float32)}
+        for mode in ("dynamic", "static"):
+            params = quantize_params(_siblings, weights, jnp.asarray(x[3:] if rows > 3 else x), activations=mode)
+            wants = jax.jit(int8ify(_siblings))(params, x)
+            gots = jax.jit(int8ify(_siblings, backend="int8-fused"))(params, x)
+            differ = sum(int(np.sum(~((np.asarray(g) == np.asarray(w)) | (np.isnan(g) & np.isnan(w)))))
+                         for g, w in zip(gots, wants))
+            lines.append(f"- {rows}x{k}, siblings x @ a, x @ b.T, DenseGeneral x . c, {mode}: "
+                         f"{'bit for bit' if not differ else f'{differ} outputs differ'}")
     return "\n".join(lines)
+
+
+def _siblings(params, x):
+    return (x @ params["a"], x @ params["b"].T, jax.lax.dot_general(x, params["c"], (((1,), (0,)), ((), ()))))
 
 
 # -- 6. block-scaled backends on this device ----------------------------------------------------------------------
