@@ -232,13 +232,17 @@ class Rewriter:
         """The results of the sibling dots of ``group`` the backend computes together, and of the equations run
         early for them, ``id(equation) -> its results``; the other dots are rewritten when they are reached."""
         early: dict = {}  # a variable computed early -> its value
+
+        def value(atom):
+            return early[atom] if isinstance(atom, Var) and atom in early else read(atom)
+
         results = {}
         for eqn in group.early:
             with equation_context(eqn):
-                outs = step(eqn, [early[v] if v in early else read(v) for v in eqn.invars], read)
+                outs = step(eqn, [value(v) for v in eqn.invars], read)
             early.update(zip(eqn.outvars, outs))
             results[id(eqn)] = outs
-        operands = [[early[v] if v in early else read(v) for v in eqn.invars] for eqn in group.dots]
+        operands = [[value(v) for v in eqn.invars] for eqn in group.dots]
         with late_inlining(self.config.late_inlining):
             dots = rewrite_sibling_dots(self.config, self.backend, group.dots, operands, where, smoothed)
         return {**results, **{key: [out] for key, out in dots.items()}}

@@ -302,6 +302,22 @@ def test_sibling_dots_of_one_activation_are_one_kernel(weights):
     np.testing.assert_allclose(np.asarray(grads[0]), np.asarray(grads[1]), rtol=1e-5, atol=1e-7)
 
 
+def _weight_made_on_the_way(params, x):
+    h = jnp.tanh(x)
+    return h @ params["wq"] + h @ (params["wk"] * 2.0).astype(jnp.bfloat16).astype(jnp.float32)
+
+
+def test_a_weight_computed_after_the_first_sibling_is_computed_there():
+    """The second weight is scaled by a literal and cast after the first dot: those equations run early, at the
+    first dot, and the two dots are one kernel (a literal operand of them failed the rewrite)."""
+    params = {k: v for k, v in _projection_params().items() if k in ("wq", "wk")}
+    x = jnp.asarray(np.random.default_rng(10).normal(size=(16, 256)), jnp.float32)
+    fused = int8ify(_weight_made_on_the_way, backend="int8-fused", late_inlining=False)
+    assert _kernels(jax.make_jaxpr(fused)(params, x)) == 1
+    np.testing.assert_array_equal(np.asarray(jax.jit(fused)(params, x)),
+                                  np.asarray(jax.jit(int8ify(_weight_made_on_the_way))(params, x)))
+
+
 def test_the_kernel_lowers_for_cuda_as_a_triton_kernel():
     params, x = _mlp_params(), jnp.ones((64, 256), jnp.float32)
     q = quantize_params(_mlp, params, x)
