@@ -114,9 +114,10 @@ def _tangent(float_matmul, out, primals, tangents, float_params):
     lhs_dot, rhs_dot = (t.value if isinstance(t, ScaledActivation) else t for t in tangents[:2])
     params = dict(float_params)
     terms = []
-    if _has_tangent(lhs, lhs_dot):
+    # _has_tangent reads types (a pre-quantized operand, a symbolic zero), which the linter cannot see through
+    if _has_tangent(lhs, lhs_dot):  # noqa: JX201
         terms.append(float_matmul(lhs_dot, _float_value(rhs, lhs_dot), *extra, **params))
-    if _has_tangent(rhs, rhs_dot):
+    if _has_tangent(rhs, rhs_dot):  # noqa: JX201
         terms.append(float_matmul(_float_value(lhs, rhs_dot), rhs_dot, *extra, **params))
     if not terms:
         return lax.full_like(out, 0)  # (lax.zeros_like_array is gone in JAX 0.10)

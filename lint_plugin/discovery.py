@@ -6,7 +6,8 @@ assignments and ``functools.partial`` bindings. Afterwards:
 
 * *roots* are functions decorated with or passed to a JAX transform (``jax.jit``, ``jax.vmap``,
   ``jax.grad``, ``lax.scan`` bodies, their ``flax.nnx`` versions, ``pl.pallas_call`` kernels,
-  ``@pl.when`` bodies, ...), ``int8ify``, ``equinox.filter_*``, the extra decorators named by
+  ``@pl.when`` bodies, ``jax.custom_vjp``/``custom_jvp`` primals and the rules ``f.defvjp``/``f.defjvp``
+  register, ...), ``int8ify``, ``equinox.filter_*``, the extra decorators named by
   ``--jx-traced-decorators``, ``__call__`` of flax linen, flax nnx and equinox modules, and
   ``@nn.compact`` methods of linen modules (see :mod:`lint_plugin.roots`);
 * module-local functions called from traced code become traced too; that closure (and which
@@ -152,7 +153,7 @@ def discover(module: cst.Module, extra: TracedDecorators = TracedDecorators()) -
     finder = RootFinder(info, extra)
     for fi, decorators in walker.decorated:
         for d in decorators:
-            spec = finder.decorator_root(d.decorator)
+            spec = finder.decorator_root(d.decorator, fi.parent)
             if spec is not None:
                 add_root(fi, spec)
             elif fi.method_of is not None and fi.method_of.framework == LINEN \

@@ -110,7 +110,7 @@ class _Fixpoint:
             for spec in fi.roots:
                 if spec.inherit_from is not None:
                     self.children.setdefault(id(spec.inherit_from), []).append(fi)
-                elif not spec.sig.int8ify and not _int8ified(fi):
+                elif not spec.sig.int8ify and not spec.sig.derivative and not _int8ified(fi):
                     fi.plain = True
             if fi.traced:
                 self.enqueue(fi)
@@ -135,7 +135,7 @@ class _Fixpoint:
                 continue
             for spec in fi.roots:
                 parent = spec.inherit_from
-                if parent is not None and not parent.traced:
+                if parent is not None and not parent.traced and not spec.sig.derivative:
                     fi.plain = True
                     self.enqueue(fi)
                     progressed = True

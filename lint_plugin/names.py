@@ -14,6 +14,7 @@ __all__ = [
     "CALLBACK_FUNCS",
     "CALLBACK_PREFIXES",
     "CONV_FUNCS",
+    "CUSTOM_RULES",
     "DEBUG_FUNCS",
     "ENUM_BASES",
     "EQUINOX",
@@ -46,8 +47,14 @@ class TransformSig(NamedTuple):
     ``list_pos``: index of a list/tuple of functions (``lax.switch``); ``params``: which
     parameters of the wrapped function become tracers: ``"all"`` (jit, vmap, lax bodies),
     ``"argnums"`` (grad: only the differentiated ones, default 0), ``"first"`` (equinox's filter
-    gradients); ``in_specs_pos``: positional index of ``shard_map``'s ``in_specs``, whose ``None``
-    entries pass Python values through; ``int8ify``: the transform is this project's ``int8ify``.
+    gradients), ``"trailing"`` (a custom derivative rule, ``bwd(*nondiff, res, g)`` or
+    ``jvp(*nondiff, primals, tangents)``: only the last two positional parameters; the ones before are the
+    primal's ``nondiff_argnums``, Python values); ``in_specs_pos``: positional index of ``shard_map``'s
+    ``in_specs``, whose ``None`` entries pass Python values through; ``int8ify``: the transform is this
+    project's ``int8ify``; ``rule_method``: the method of the wrapped function that registers the functions
+    of its derivative rules (``f.defvjp``), traced too (see :data:`CUSTOM_RULES`); ``derivative``: the function
+    computes derivatives (``bwd``, a ``jvp`` rule), whose matmuls ``int8ify`` keeps float by design, so its
+    float matmuls are not reported (JX101).
     """
 
     fun_pos: Tuple[int, ...] = (0,)
@@ -56,6 +63,8 @@ class TransformSig(NamedTuple):
     params: str = "all"
     in_specs_pos: Optional[int] = None
     int8ify: bool = False
+    rule_method: Optional[str] = None
+    derivative: bool = False
 
 
 _ALL = TransformSig()
@@ -82,6 +91,9 @@ TRANSFORMS: Dict[str, TransformSig] = {
     "jax.checkpoint": _ALL,
     "jax.remat": _ALL,
     "jax.named_call": _ALL,
+    # the primal of a custom derivative (its ``nondiff_argnums``/``nondiff_argnames`` are Python values)
+    "jax.custom_vjp": TransformSig(fun_kw=("fun",), rule_method="defvjp"),
+    "jax.custom_jvp": TransformSig(fun_kw=("fun",), rule_method="defjvp"),
     "jax.experimental.shard_map.shard_map": _SHARD_MAP,
     "jax.shard_map": _SHARD_MAP,
     "jax.lax.scan": _SCAN,
@@ -113,6 +125,17 @@ TRANSFORMS: Dict[str, TransformSig] = {
     "flax.nnx.switch": _SWITCH,
     "jax.experimental.pallas.pallas_call": TransformSig(fun_kw=("kernel",)),
     "jax.experimental.pallas.when": _DECORATOR_FACTORY,
+}
+
+# The functions ``f.defvjp(fwd, bwd)`` and ``f.defjvp(jvp)`` (also ``@f.defjvp``) register as the derivative
+# rules of a ``jax.custom_vjp``/``jax.custom_jvp`` function ``f``: they run on traced values. ``fwd`` takes the
+# primal's parameters (``params="all"``: its ``nondiff_argnums`` stay Python values); ``bwd(*nondiff, res, g)``
+# and ``jvp(*nondiff, primals, tangents)`` take the ``nondiff_argnums`` values first (``params="trailing"``) and
+# compute derivatives: int8ify rewrites the primal and ``fwd`` (the forward pass) and keeps their matmuls float.
+CUSTOM_RULES: Dict[str, Tuple[TransformSig, ...]] = {
+    "defvjp": (TransformSig(fun_kw=("fwd",)),
+               TransformSig(fun_pos=(1,), fun_kw=("bwd",), params="trailing", derivative=True)),
+    "defjvp": (TransformSig(fun_kw=("jvp",), params="trailing", derivative=True),),
 }
 
 # ``@int8ify`` traces like ``jax.jit`` and rewrites every matmul in the function (JX101 is off there).

@@ -1,5 +1,6 @@
-"""Roots of traced code: functions decorated with or passed to a transform, and how the
-transform's arguments (``static_argnums``, ``argnums``, ``in_axes``, ``in_specs``,
+"""Roots of traced code: functions decorated with or passed to a transform (or registered as the
+derivative rules of a ``jax.custom_vjp``/``custom_jvp`` function), and how the transform's arguments
+(``static_argnums``, ``nondiff_argnums``/``nondiff_argnames``, ``argnums``, ``in_axes``, ``in_specs``,
 ``functools.partial`` bindings) trace their parameters."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import libcst as cst
 from .aliases import dotted_name
 from .call_args import positional as positional_args
 from .module_info import FuncInfo, ModuleInfo, RootSpec
-from .names import INT8IFY, PARTIAL, TRANSFORMS, TransformSig, is_int8ify
+from .names import CUSTOM_RULES, INT8IFY, PARTIAL, TRANSFORMS, TransformSig, is_int8ify
 from .traced_decorators import TracedDecorators
 
 __all__ = ["RootFinder", "add_root", "transform_sig"]
@@ -70,13 +71,13 @@ def _read_transform_args(spec: RootSpec, args: Sequence[cst.Arg]) -> None:
                 spec.all_unknown = True
             continue
         kw = a.keyword.value
-        if kw in ("static_argnums", "static_broadcasted_argnums"):
+        if kw in ("static_argnums", "static_broadcasted_argnums", "nondiff_argnums"):
             nums = _literal_set(a.value, _literal_int)
             if nums is None:
                 spec.all_unknown = True
             else:
                 spec.static_nums |= nums
-        elif kw == "static_argnames":
+        elif kw in ("static_argnames", "nondiff_argnames"):
             names = _literal_set(a.value, _literal_str)
             if names is None:
                 spec.all_unknown = True
@@ -136,11 +137,16 @@ class RootFinder:
     def is_partial(self, expr: cst.BaseExpression) -> bool:
         return self.info.imports.resolve(expr) == PARTIAL
 
-    def decorator_root(self, dec: cst.BaseExpression) -> Optional[RootSpec]:
-        """The root spec of ``@transform``, ``@transform(...)`` or ``@partial(transform, ...)``."""
+    def decorator_root(self, dec: cst.BaseExpression, scope: Optional[FuncInfo] = None) -> Optional[RootSpec]:
+        """The root spec of ``@transform``, ``@transform(...)``, ``@partial(transform, ...)`` or ``@f.defjvp``
+        (``scope``: the function the decorated ``def`` is in)."""
         sig = self.transform_of(dec)
         if sig is not None:
             return RootSpec(sig)
+        if isinstance(dec, cst.Attribute):
+            primal = self._custom_primal(dec, scope)
+            rules = [s for s in CUSTOM_RULES.get(dec.attr.value, ()) if 0 in s.fun_pos]
+            return _rule_spec(rules[0], primal) if primal is not None and rules else None
         if isinstance(dec, cst.Call):
             sig = self.transform_of(dec.func)
             if sig is not None:
@@ -152,14 +158,14 @@ class RootFinder:
         return None
 
     def function_args(self, call: cst.Call, scope: Optional[FuncInfo]) -> None:
-        """Register the function arguments of a transform call as roots."""
+        """Register the function arguments of a transform call (or of ``f.defvjp(fwd, bwd)``) as roots."""
         sig = self.transform_of(call.func)
         if sig is None:
+            self._custom_rules(call, scope)
             return
         args = call.args
         positional = positional_args(call)
-        targets: List[cst.BaseExpression] = [positional[i] for i in sig.fun_pos if i < len(positional)]
-        targets.extend(a.value for a in args if a.keyword is not None and a.keyword.value in sig.fun_kw)
+        targets = _function_targets(sig, call, positional)
         if sig.list_pos is not None and sig.list_pos < len(positional):
             seq = positional[sig.list_pos]
             if isinstance(seq, (cst.List, cst.Tuple)):
@@ -169,6 +175,37 @@ class RootFinder:
             if sig.in_specs_pos is not None and sig.in_specs_pos < len(positional):
                 spec.static_nums |= _none_positions(positional[sig.in_specs_pos])
             self._register_target(target, spec, scope)
+
+    def _custom_rules(self, call: cst.Call, scope: Optional[FuncInfo]) -> None:
+        """``f.defvjp(fwd, bwd)``/``f.defjvp(jvp)`` of a ``jax.custom_vjp``/``custom_jvp`` function ``f``: the
+        rule functions run on traced values."""
+        func = call.func
+        if not isinstance(func, cst.Attribute) or func.attr.value not in CUSTOM_RULES:
+            return
+        primal = self._custom_primal(func, scope)
+        if primal is None:
+            return
+        positional = positional_args(call)
+        for sig in CUSTOM_RULES[func.attr.value]:
+            for target in _function_targets(sig, call, positional):
+                self._register_target(target, _rule_spec(sig, primal), scope)
+
+    def _custom_primal(self, method: cst.Attribute, scope: Optional[FuncInfo]) -> Optional[RootSpec]:
+        """The root spec of ``f`` in ``f.defvjp``/``f.defjvp`` when ``f`` is a function of this file made a
+        ``jax.custom_vjp``/``custom_jvp`` (decorated, or ``f = jax.custom_vjp(g, ...)`` at module level)."""
+        primal, name = method.value, method.attr.value
+        if not isinstance(primal, cst.Name):
+            return None
+        fi = self.info.lookup(primal.value, scope)
+        for spec in fi.roots if fi is not None else ():
+            if spec.sig.rule_method == name:
+                return spec
+        wrapped = self.info.module_assigns.get(primal.value)
+        if isinstance(wrapped, cst.Call):
+            sig = self.transform_of(wrapped.func)
+            if sig is not None and sig.rule_method == name:
+                return _new_spec(sig, wrapped.args)
+        return None
 
     def _register_target(self, target: cst.BaseExpression, spec: RootSpec, scope: Optional[FuncInfo]) -> None:
         if isinstance(target, cst.Name) and self.info.lookup(target.value, scope) is None:
@@ -202,6 +239,25 @@ class RootFinder:
             return self.info.lookup_all(target.value, scope)
         fi = self.info.lookup_expr(target, scope)
         return [fi] if fi is not None else []
+
+
+def _function_targets(sig: TransformSig, call: cst.Call,
+                      positional: List[cst.BaseExpression]) -> List[cst.BaseExpression]:
+    """The arguments of ``call`` at the function positions and keywords of ``sig``."""
+    targets = [positional[i] for i in sig.fun_pos if i < len(positional)]
+    targets.extend(a.value for a in call.args if a.keyword is not None and a.keyword.value in sig.fun_kw)
+    return targets
+
+
+def _rule_spec(sig: TransformSig, primal: RootSpec) -> RootSpec:
+    """How a derivative rule of the custom_vjp/custom_jvp primal traced by ``primal`` traces its parameters:
+    ``fwd`` as the primal (its ``nondiff_argnums`` are static), ``bwd``/``jvp`` from ``sig.params``."""
+    spec = RootSpec(sig)
+    if sig.params == "all":
+        spec.static_nums = set(primal.static_nums)
+        spec.static_names = set(primal.static_names)
+        spec.all_unknown = primal.all_unknown
+    return spec
 
 
 def add_root(fi: FuncInfo, spec: RootSpec) -> None:

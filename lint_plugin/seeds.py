@@ -76,7 +76,7 @@ class ParamSeeds:
             return STATIC
         kind: Optional[int] = None
         for spec in fi.roots:
-            kind = merge_seed(kind, _root_param_kind(spec, index, param))
+            kind = merge_seed(kind, _root_param_kind(spec, index, param, len(fi.params)))
         seeded = fi.seed.get(param.name.value)
         if seeded is not None:
             kind = merge_seed(kind, seeded)
@@ -86,10 +86,13 @@ class ParamSeeds:
         return UNKNOWN if kind is None else kind
 
 
-def _root_param_kind(spec: RootSpec, index: Optional[int], p: cst.Param) -> int:
+def _root_param_kind(spec: RootSpec, index: Optional[int], p: cst.Param, positional: int) -> int:
+    """``p`` is the ``index``-th of ``positional`` positional parameters (``index`` None: keyword-only)."""
     name = p.name.value
     if (index is not None and index < spec.bound_pos) or name in spec.static_names:
         return STATIC
+    if index is not None and spec.sig.params == "trailing" and index < positional - 2:
+        return STATIC  # the ``nondiff_argnums`` values a custom_vjp ``bwd``/custom_jvp ``jvp`` takes first
     if spec.all_unknown:
         return UNKNOWN
     if index is not None:

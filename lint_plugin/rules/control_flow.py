@@ -24,6 +24,8 @@ class TracedCondition(Rule):
     ``jit``). Conditions on static values are fine: shapes, dtypes, ``len()``, ``x is None``,
     ``static_argnums``, module config, parameters annotated with a Python type, Python containers, and
     the bare truth value of a module method's unannotated parameter (``if train:``, a Python flag).
+    The primal of a ``jax.custom_vjp``/``jax.custom_jvp`` function and the rules ``f.defvjp(fwd, bwd)``
+    and ``f.defjvp(jvp)`` register are traced code too; their ``nondiff_argnums`` values are static.
     """
 
     entry = TRACED_CONDITION
@@ -75,6 +77,22 @@ class TracedCondition(Rule):
                 x = nn.Dropout(0.1)(x, deterministic=not train)
                 return x * 2 if train else x
         """,
+        """
+        from functools import partial
+        import jax
+
+        @partial(jax.custom_vjp, nondiff_argnums=(1,))
+        def f(x, training):
+            return x * 0.5 if training else x
+
+        def f_fwd(x, training):
+            return f(x, training), None
+
+        def f_bwd(training, res, g):
+            return (g * 0.5 if training else g,)
+
+        f.defvjp(f_fwd, f_bwd)
+        """,
     ]
     INVALID = [
         Invalid("""
@@ -120,6 +138,23 @@ class TracedCondition(Rule):
         def f(x, y):
             return x or y
         """, line=5, col=11),
+        Invalid("""
+        import jax
+
+        @jax.custom_vjp
+        def f(x):
+            return x
+
+        def f_fwd(x):
+            return x, x
+
+        def f_bwd(res, g):
+            if res.sum() > 0:
+                return (g,)
+            return (-g,)
+
+        f.defvjp(f_fwd, f_bwd)
+        """, line=11, col=4),
     ]
 
     _FIX = {
@@ -180,6 +215,15 @@ def _is_module_flag(walk: FunctionWalk, test: cst.BaseExpression) -> bool:
 
 
 _CONVERTERS = ("bool", "int", "float", "complex")
+# builtins that compare their arguments (or the items of their one argument) in Python, or take their
+# truth values, with what to use instead
+_COMPARING_BUILTINS = {
+    "max": "use jnp.maximum (jnp.max over an array)",
+    "min": "use jnp.minimum (jnp.min over an array)",
+    "sorted": "use jnp.sort",
+    "any": "use jnp.any",
+    "all": "use jnp.all",
+}
 
 
 class Concretization(Rule):
@@ -187,8 +231,13 @@ class Concretization(Rule):
 
     ``bool()``, ``int()``, ``float()``, ``complex()``, ``.item()``, ``.tolist()``, ``np.*`` (numpy
     proper, not ``jax.numpy``) and ``math.*`` on a traced value raise ``ConcretizationTypeError``
-    (or ``TracerArrayConversionError``) under ``jit``. On static values (``int(x.shape[0])``,
-    ``np.prod(x.shape)``) they are fine.
+    (or ``TracerArrayConversionError``) under ``jit``. So do the builtins that compare values or take
+    their truth in Python: ``max``/``min`` of several arguments, one of them traced (``max(x.sum(), 0.0)``),
+    and ``max``/``min``/``sorted``/``any``/``all`` of one literal list, tuple or set with a traced item or of
+    a comprehension of traced items (``any(v.sum() > 0 for v in xs)``). Any other single argument is not
+    flagged (``sorted(params)`` of a dict of arrays iterates its keys), nor is a call with ``key=`` (it
+    compares the keys). On static values (``int(x.shape[0])``, ``np.prod(x.shape)``,
+    ``max(x.shape[0], 1)``) they are fine.
     """
 
     entry = CONCRETIZATION
@@ -220,6 +269,19 @@ class Concretization(Rule):
         def f(x):
             return np.mean(x) + np.sum(x, axis=0)  # numpy calls the tracer's own .mean(), .sum()
         """,
+        """
+        import jax
+
+        @jax.jit
+        def f(x, params, n: int):
+            rows = max(x.shape[0] // 2, 1, min(n, 3))
+            widths = sorted([x.shape[-1], len(params)])
+            first = min(params, key=len)  # a traced pytree's keys or items, compared by a key
+            names = sorted(params)  # a dict of arrays: its keys
+            if any(w > 1 for w in widths) and all([rows, n]):
+                x = x * params[first]
+            return x, names
+        """,
     ]
     INVALID = [
         Invalid("""
@@ -246,6 +308,31 @@ class Concretization(Rule):
             print(x.item())
             return x.sum()
         """, line=5, col=10),
+        Invalid("""
+        import jax
+
+        @jax.jit
+        def f(x):
+            m = max(x.sum(), 0.0)
+            return x / m
+        """, line=5, col=8),
+        Invalid("""
+        import jax
+
+        @jax.jit
+        def f(xs):
+            if any(v.sum() > 0 for v in xs):
+                return xs
+            return [-v for v in xs]
+        """, line=5, col=7),
+        Invalid("""
+        import jax
+
+        @jax.jit
+        def f(a, b):
+            lo, hi = sorted([a.min(), b.min()])
+            return a + lo + hi
+        """, line=5, col=13),
     ]
 
     def visit_Call(self, node: cst.Call, walk: FunctionWalk) -> None:
@@ -255,6 +342,9 @@ class Concretization(Rule):
                     and is_traced(walk.kind(node.args[0].value)):
                 self.report(walk, node, call=f"{func.value}()",
                             fix="keep it an array (jnp.where / lax.cond for branches, .astype for dtypes)")
+            elif func.value in _COMPARING_BUILTINS and walk.is_builtin(func, func.value) \
+                    and _compares_traced(node, walk, func.value):
+                self.report(walk, node, call=f"{func.value}()", fix=_COMPARING_BUILTINS[func.value])
             return
         if isinstance(func, cst.Attribute) and func.attr.value in ("item", "tolist") and not node.args \
                 and is_traced(walk.kind(func.value)):
@@ -273,3 +363,28 @@ class Concretization(Rule):
                 fix = ("use the jax.numpy equivalent" if q.startswith("numpy.")
                        else "use the jax.numpy equivalent of this math function")
                 self.report(walk, node, call=f"{raw}()", fix=fix)
+
+
+def _compares_traced(call: cst.Call, walk: FunctionWalk, name: str) -> bool:
+    """Whether the builtin ``name`` (``max``, ``min``, ``sorted``, ``any``, ``all``) compares traced values or takes
+    their truth: two or more positional arguments (``max``/``min``) of which one is traced, or one argument that is
+    a literal list/tuple/set with a traced item (and two items or more for ``max``/``min``/``sorted``, which only
+    compare then) or a comprehension of traced items.
+    A lone argument of any other kind is not known to hold traced items (``sorted(params)`` of a dict iterates
+    its keys); nor are the values a ``key=`` function compares."""
+    if any(a.star for a in call.args) or any(a.keyword is not None and a.keyword.value == "key" for a in call.args):
+        return False
+    args = [a.value for a in call.args if a.keyword is None]
+    if len(args) > 1:
+        return name in ("max", "min") and any(is_traced(walk.kind(a)) for a in args)
+    if len(args) != 1:
+        return False
+    arg = args[0]
+    if isinstance(arg, (cst.List, cst.Tuple, cst.Set)):
+        items = arg.elements
+        return len(items) >= (1 if name in ("any", "all") else 2) \
+            and not any(isinstance(e, cst.StarredElement) for e in items) \
+            and any(is_traced(walk.kind(e.value)) for e in items)
+    if isinstance(arg, (cst.ListComp, cst.SetComp, cst.GeneratorExp)) and not isinstance(arg.elt, cst.Name):
+        return is_traced(walk.kind(arg.elt))  # a bare loop variable could be a key of a dict of arrays
+    return False

@@ -149,8 +149,9 @@ class FloatMatmul(_MatmulRule):
     matmul of scales (``sx[:, None] @ sw[None, :]``) counts, while an einsum that sums no shared
     index (``"...k,k->...k"``, ``"i,j->ij"``), ``jnp.tensordot(a, b, axes=0)`` and ``jnp.outer`` (the
     broadcast multiply ``sx[:, None] * sw[None, :]``) are not matmuls. Not reported: matmuls of
-    Python/numpy values only (``np.eye(3) @ basis``), and functions under ``@int8ify``, which
-    rewrites their matmuls.
+    Python/numpy values only (``np.eye(3) @ basis``), functions under ``@int8ify``, which
+    rewrites their matmuls, and the derivative rules of a custom derivative (``bwd``, a ``jvp``
+    rule), whose matmuls ``int8ify`` keeps float by design (the primal and ``fwd`` are reported).
     """
 
     entry = FLOAT_MATMUL
