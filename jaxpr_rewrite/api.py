@@ -42,7 +42,24 @@ class _Program(NamedTuple):
         return [materialise(out) for out in outs]
 
 
-def _quantized_constants(closed: ClosedJaxpr, config: RewriteConfig, weights: "_QuantizedWeights") -> list:
+def _reads_activations_otherwise(dynamic: list) -> bool:
+    """Whether a call's dots may read an activation through a pre-quantized weight's static activation scale or
+    SmoothQuant factors (one among the call's traced leaves ``dynamic``). Then no array of the call is quantized
+    ahead as a weight (an input passed again, a constant): it may be such an activation, and its dynamic codes
+    would replace the scales its dot reads it with."""
+    return any(is_quantized(x) and (x.activation_scale is not None or x.smooth is not None) for x in dynamic)
+
+
+def _ahead_uses(jaxpr, var, config: RewriteConfig, calibrated) -> list:
+    """The uses of ``var`` (an input or constant of ``jaxpr``) when it is quantized ahead as a weight: those of
+    :func:`~jaxpr_rewrite.params.quantizable_uses`, unless one is a dot between two activations with calibrated
+    scales (``calibrated``: the ids of those dots), which reads it with them."""
+    uses = quantizable_uses(jaxpr, var, config)
+    return [] if any(id(use.eqn) in calibrated for use in uses) else uses
+
+
+def _quantized_constants(closed: ClosedJaxpr, config: RewriteConfig, weights: "_QuantizedWeights",
+                         ahead: bool = True, calibrated=frozenset()) -> list:
     """The constants of a traced program or of a closed jaxpr inside it (the arrays ``fn`` or a jitted function it
     calls close over) with each weight among them quantized once:
     each ``jax.Array`` constant :func:`~jaxpr_rewrite.quantize_params` would quantize were it a parameter (every use
@@ -53,12 +70,16 @@ def _quantized_constants(closed: ClosedJaxpr, config: RewriteConfig, weights: "_
     constant at compile time, slowly (about a second of compile time per million weights on CPU, with an
     error-level log line for each fold over a second) or not at all. Quantized here, eagerly, the program holds
     their int8 codes as constants instead. As for any pre-quantized weight, a derivative through such a matmul is
-    the float matmul's at the weight's value inside the dot."""
+    the float matmul's at the weight's value inside the dot. With ``ahead`` false (see
+    :func:`_reads_activations_otherwise`) they are left as they are, and so is an operand of a dot with calibrated
+    scales (the ids of those dots in ``calibrated``)."""
     jaxpr = closed.jaxpr
     consts = list(closed.consts)
+    if not ahead:
+        return consts
     with jax.ensure_compile_time_eval():  # eagerly, also while an enclosing jit traces the call
         for i, (var, value) in enumerate(zip(jaxpr.constvars, consts)):
-            uses = quantizable_uses(jaxpr, var, config) if _is_weight_array(value) else []
+            uses = _ahead_uses(jaxpr, var, config, calibrated) if _is_weight_array(value) else []
             if uses:
                 consts[i] = weights.quantized(value, uses)
     return consts
@@ -129,7 +150,10 @@ class Int8ified(Int8ifiedBase):
                 return program
         float_jaxpr, out_tree, updates = trace(self.fn, signature, dynamic)
         cacheable = not any(isinstance(c, jax.core.Tracer) for c in float_jaxpr.consts)
-        constants = functools.partial(_quantized_constants, config=self.config, weights=self._weights)
+        scales = self.config.activation_scales
+        constants = functools.partial(
+            _quantized_constants, config=self.config, weights=self._weights, ahead=not _reads_activations_otherwise(
+                dynamic), calibrated=frozenset(() if scales is None else scales.assign(float_jaxpr.jaxpr)))
         program = _Program(float_jaxpr, out_tree, updates, Rewriter(self.config, float_jaxpr.jaxpr, constants),
                            cacheable, constants(float_jaxpr))
         # A program that closes over an outer tracer belongs to that trace alone: never reuse it.
@@ -161,18 +185,18 @@ class Int8ified(Int8ifiedBase):
         call too. The result is the same, bit for bit; the call skips those weights' absmax and quantization.
 
         An activation passed again (the same input array) is such a leaf too, and its codes are those of its
-        dynamic scales. So none is replaced in a call whose dots may read an activation through something else:
-        a pre-quantized weight's static activation scale or SmoothQuant factors, or the calibrated scales of dots
-        between two activations (``activation_scales``). The static scale was otherwise dropped for the
-        activation's dynamic one on the second call of the same input: other numbers than the first call's."""
+        dynamic scales. So none is replaced in a call whose dots may read an activation otherwise
+        (:func:`_reads_activations_otherwise`), nor an operand of a dot with calibrated scales. The static scale
+        was otherwise dropped for the activation's dynamic one on the second call of the same input: other
+        numbers than the first call's."""
         with self._lock:
             uses = self._weight_uses.get(signature)
         if uses is None:
             jaxpr = program.float_jaxpr.jaxpr
-            scaled_otherwise = self.config.activation_scales is not None or any(
-                is_quantized(x) and (x.activation_scale is not None or x.smooth is not None) for x in dynamic)
-            uses = {} if scaled_otherwise else {i: found for i, var in enumerate(jaxpr.invars)
-                                                if (found := quantizable_uses(jaxpr, var, self.config))}
+            calibrated = program.rewriter.static_dots
+            uses = {} if _reads_activations_otherwise(dynamic) else {
+                i: found for i, var in enumerate(jaxpr.invars)
+                if (found := _ahead_uses(jaxpr, var, self.config, calibrated))}
             with self._lock:
                 self._weight_uses[signature] = uses
         return [self._weights.get(x, uses[i]) if i in uses and _is_weight_array(x) else x

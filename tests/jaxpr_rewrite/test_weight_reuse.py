@@ -174,8 +174,8 @@ def test_an_activation_passed_again_keeps_the_scales_its_dots_read_it_with(how, 
     dynamic scales (0.8 off the first call's numbers) until such calls stopped replacing any input."""
     params = make_params()
     x = jnp.asarray(RNG.standard_normal((32, 256)), jnp.float32)
-    if how == "calibrated activation dot":
-        fn, args = (lambda p, a, b: a @ b), ({}, x, params["w1"])
+    if how == "calibrated activation dot":  # the weight w2 after it is still quantized once
+        fn, args = (lambda p, a, b: (a @ b) @ p["w2"]), ({"w2": params["w2"]}, x, params["w1"])
         wrapped = int8ify(fn, activation_scales=calibrate_activation_dots(fn, *args), min_contracting_size=7)
     else:
         wrapped = int8ify(mlp, min_contracting_size=7)
@@ -184,4 +184,21 @@ def test_an_activation_passed_again_keeps_the_scales_its_dots_read_it_with(how, 
     want = np.asarray(jax.jit(wrapped)(*args))
     for _ in range(3):
         np.testing.assert_array_equal(np.asarray(wrapped(*args)), want)
+    assert quantizations == ([(512, 64)] if how == "calibrated activation dot" else [])
+
+
+@pytest.mark.parametrize("how", ["static", "smoothed"])
+def test_an_activation_closed_over_keeps_the_scales_its_dots_read_it_with(how, quantizations):
+    """A constant is quantized ahead like a weight, with its dynamic scales; a closed-over activation meeting a
+    weight with a static scale or SmoothQuant factors took them instead of the weight's (0.8 off the numbers of
+    the same activation passed as an argument)."""
+    params = make_params()
+    x = jnp.asarray(RNG.standard_normal((32, 256)), jnp.float32)
+    wrapped = int8ify(mlp, min_contracting_size=8)
+    options = {"activations": "static"} if how == "static" else {"smooth_alpha": 0.5}
+    qparams = quantize_params(wrapped, params, x, **options)
+    want = np.asarray(jax.jit(wrapped)(qparams, x))
+    closed = int8ify(lambda p: mlp(p, x), min_contracting_size=8)
+    np.testing.assert_array_equal(np.asarray(jax.jit(closed)(qparams)), want)
+    np.testing.assert_array_equal(np.asarray(closed(qparams)), want)
     assert quantizations == []
