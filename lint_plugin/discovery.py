@@ -8,8 +8,9 @@ assignments and ``functools.partial`` bindings. Afterwards:
   ``jax.grad``, ``lax.scan`` bodies, their ``flax.nnx`` versions, ``pl.pallas_call`` kernels,
   ``@pl.when`` bodies, ``jax.custom_vjp``/``custom_jvp`` primals and the rules ``f.defvjp``/``f.defjvp``
   register, ...), ``int8ify``, ``equinox.filter_*``, the extra decorators named by
-  ``--jx-traced-decorators``, ``__call__`` of flax linen, flax nnx and equinox modules, and
-  ``@nn.compact`` methods of linen modules (see :mod:`lint_plugin.roots`);
+  ``--jx-traced-decorators``, ``__call__`` of flax linen, flax nnx and equinox modules,
+  ``@nn.compact`` methods of linen modules and the linen methods given as ``method=`` to
+  ``apply``/``init`` (see :mod:`lint_plugin.roots`);
 * module-local functions called from traced code become traced too; that closure (and which
   parameters of a helper receive traced values) is computed in :mod:`lint_plugin.fixpoint`, which
   knows the kinds of the arguments at each call site.
@@ -52,6 +53,7 @@ class _Walker:
             node, func, cls, self_cls = pop()
             t = type(node)
             if t is cst.Call:
+                info.order[id(node)] = len(info.order)
                 if func is None:
                     info.module_calls.append(node)  # type: ignore[arg-type]
                 else:
@@ -88,6 +90,7 @@ class _Walker:
     def _function(self, node: cst.FunctionDef, func: Optional[FuncInfo], cls: Optional[ClassInfo],
                   self_cls: Optional[ClassInfo], push: Callable[[_Frame], None]) -> None:
         info = self.info
+        info.order[id(node)] = len(info.order)
         fi = FuncInfo(node, node.name.value, func, cls, cls or self_cls)
         info.functions.append(fi)
         info.by_node[id(node)] = fi
@@ -144,10 +147,42 @@ def _module_method_spec() -> RootSpec:
     return spec
 
 
+def _mark_unconditional(info: ModuleInfo, module: cst.Module) -> None:
+    """Record the ``def``s that are statements of their scope's own body (see :meth:`ModuleInfo.lookup_all`)."""
+    bodies: List[Sequence[cst.CSTNode]] = [module.body]
+    for fi in info.functions:
+        if isinstance(fi.node, cst.FunctionDef) and isinstance(fi.node.body, cst.IndentedBlock):
+            bodies.append(fi.node.body.body)
+    for body in bodies:
+        info.unconditional.update(id(s) for s in body if isinstance(s, cst.FunctionDef))
+
+
+# the linen ``Module`` methods that run a method of the module given as ``method=`` (``model.apply(params, x,
+# method=Model.encode)``) like ``__call__``
+_LINEN_APPLY_METHODS = frozenset({"apply", "init", "init_with_output"})
+
+
+def _applied_method(info: ModuleInfo, call: cst.Call) -> None:
+    """``m.apply(variables, ..., method=Model.encode)`` with ``Model`` a linen module of this file: ``encode`` runs
+    as ``__call__`` does (a root like it)."""
+    if not isinstance(call.func, cst.Attribute) or call.func.attr.value not in _LINEN_APPLY_METHODS:
+        return
+    for a in call.args:
+        if a.keyword is None or a.keyword.value != "method":
+            continue
+        target = a.value
+        if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name):
+            ci = info.classes_by_name.get(target.value.value)
+            fi = ci.methods.get(target.attr.value) if ci is not None and ci.framework == LINEN else None
+            if fi is not None and not any(r.module_method for r in fi.roots):
+                add_root(fi, _module_method_spec())
+
+
 def discover(module: cst.Module, extra: TracedDecorators = TracedDecorators()) -> ModuleInfo:
     info = ModuleInfo()
     walker = _Walker(info)
     walker.walk(module)
+    _mark_unconditional(info, module)
     resolve_classes(info)
     info.module_strings = {name for name, value in info.module_assigns.items() if isinstance(value, STRING_NODES)}
     finder = RootFinder(info, extra)
@@ -164,6 +199,8 @@ def discover(module: cst.Module, extra: TracedDecorators = TracedDecorators()) -
             call = c.methods.get("__call__")
             if call is not None and not any(r.module_method for r in call.roots):
                 add_root(call, _module_method_spec())
+    for call in [*info.module_calls, *(c for fi in info.functions for c in fi.calls)]:
+        _applied_method(info, call)
     for call in info.module_calls:
         finder.function_args(call, None)
     for fi in list(info.functions):

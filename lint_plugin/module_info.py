@@ -114,7 +114,7 @@ class ModuleInfo:
 
     __slots__ = ("imports", "functions", "module_funcs", "module_shadowed", "classes", "classes_by_name",
                  "module_calls", "by_node", "lambda_roots", "module_bound_functions", "module_assigns",
-                 "module_static", "module_strings")
+                 "module_static", "module_strings", "order", "unconditional")
 
     def __init__(self) -> None:
         self.imports = ImportTable()
@@ -133,14 +133,20 @@ class ModuleInfo:
         self.module_static: Set[str] = set()
         # module-level names bound to a string literal (``MODEL_MODE_TRAIN = "train"``)
         self.module_strings: Set[str] = set()
+        # source order of every ``def`` and call (by ``id`` of the node), and the ``def``s that are statements of
+        # their scope's own body (not under an ``if``/``try``/loop): such a ``def`` rebinds its name for good
+        self.order: Dict[int, int] = {}
+        self.unconditional: Set[int] = set()
 
     def lookup(self, name: str, scope: Optional[FuncInfo]) -> Optional[FuncInfo]:
         """The function a bare name refers to, from inside ``scope``."""
         return _innermost(name, scope, "locals", self.module_funcs)
 
-    def lookup_all(self, name: str, scope: Optional[FuncInfo]) -> List[FuncInfo]:
-        """Every ``def`` of a bare name in the innermost scope that has one: a name defined on two
-        branches may refer to either."""
+    def lookup_all(self, name: str, scope: Optional[FuncInfo], at: Optional[cst.CSTNode] = None) -> List[FuncInfo]:
+        """Every ``def`` of a bare name in the innermost scope that has one that the name may refer to at the
+        call ``at``: a name defined on two branches may refer to either. A ``def`` of the scope's own body
+        hides the ones before it (a notebook that redefines ``loss``), and a call that runs in that body
+        itself (not in a nested function, which runs later) sees only the ``def``s before it."""
         last = self.lookup(name, scope)
         if last is None:
             return []
@@ -148,7 +154,16 @@ class ModuleInfo:
         while f is not None and f.locals.get(name) is not last:
             f = f.parent
         shadowed = f.shadowed if f is not None else self.module_shadowed
-        return [*shadowed.get(name, ()), last]
+        defs = [*shadowed.get(name, ()), last]
+        if len(defs) == 1 or at is None:
+            return defs
+        pos = self.order.get(id(at))
+        if pos is not None and scope is f:
+            defs = [d for d in defs if self.order.get(id(d.node), -1) < pos] or defs
+        for i in range(len(defs) - 1, 0, -1):
+            if id(defs[i].node) in self.unconditional:
+                return defs[i:]
+        return defs
 
     def lookup_expr(self, expr: cst.BaseExpression, scope: Optional[FuncInfo]) -> Optional[FuncInfo]:
         """The function ``name`` or ``self.method`` refers to, from inside ``scope``."""

@@ -174,7 +174,7 @@ class RootFinder:
             spec = _new_spec(sig, args)
             if sig.in_specs_pos is not None and sig.in_specs_pos < len(positional):
                 spec.static_nums |= _none_positions(positional[sig.in_specs_pos])
-            self._register_target(target, spec, scope)
+            self._register_target(target, spec, scope, call)
 
     def _custom_rules(self, call: cst.Call, scope: Optional[FuncInfo]) -> None:
         """``f.defvjp(fwd, bwd)``/``f.defjvp(jvp)`` of a ``jax.custom_vjp``/``custom_jvp`` function ``f``: the
@@ -188,7 +188,7 @@ class RootFinder:
         positional = positional_args(call)
         for sig in CUSTOM_RULES[func.attr.value]:
             for target in _function_targets(sig, call, positional):
-                self._register_target(target, _rule_spec(sig, primal), scope)
+                self._register_target(target, _rule_spec(sig, primal), scope, call)
 
     def _custom_primal(self, method: cst.Attribute, scope: Optional[FuncInfo]) -> Optional[RootSpec]:
         """The root spec of ``f`` in ``f.defvjp``/``f.defjvp`` when ``f`` is a function of this file made a
@@ -207,7 +207,8 @@ class RootFinder:
                 return _new_spec(sig, wrapped.args)
         return None
 
-    def _register_target(self, target: cst.BaseExpression, spec: RootSpec, scope: Optional[FuncInfo]) -> None:
+    def _register_target(self, target: cst.BaseExpression, spec: RootSpec, scope: Optional[FuncInfo],
+                         call: cst.Call) -> None:
         if isinstance(target, cst.Name) and self.info.lookup(target.value, scope) is None:
             # ``g = partial(f, ...)`` or ``g = lambda ...``, then ``jit(g)``
             bound = self.info.lookup_bound_function(target.value, scope)
@@ -221,10 +222,10 @@ class RootFinder:
             target = target.args[0].value
         if scope is not None and not spec.sig.int8ify:
             spec.inherit_from = scope
-        for fi in self._functions(target, scope):
+        for fi in self._functions(target, scope, call):
             add_root(fi, spec)
 
-    def _functions(self, target: cst.BaseExpression, scope: Optional[FuncInfo]) -> List[FuncInfo]:
+    def _functions(self, target: cst.BaseExpression, scope: Optional[FuncInfo], call: cst.Call) -> List[FuncInfo]:
         """The functions an argument names: a lambda, ``self.method``, or every ``def`` of a bare name
         in its scope."""
         if isinstance(target, cst.Lambda):
@@ -236,7 +237,7 @@ class RootFinder:
                 self.info.by_node[id(target)] = fi
             return [fi]
         if isinstance(target, cst.Name):
-            return self.info.lookup_all(target.value, scope)
+            return self.info.lookup_all(target.value, scope, call)
         fi = self.info.lookup_expr(target, scope)
         return [fi] if fi is not None else []
 
