@@ -54,7 +54,9 @@ class TransformSig(NamedTuple):
     project's ``int8ify``; ``rule_method``: the method of the wrapped function that registers the functions
     of its derivative rules (``f.defvjp``), traced too (see :data:`CUSTOM_RULES`); ``derivative``: the function
     computes derivatives (``bwd``, a ``jvp`` rule), whose matmuls ``int8ify`` keeps float by design, so its
-    float matmuls are not reported (JX101).
+    float matmuls are not reported (JX101); ``python_values``: the transform passes Python values through as they
+    are (equinox's filter transforms keep non-array leaves static), so the bare truth value of an unannotated
+    parameter is taken to be a Python flag (``if training:``), as in a module's method.
     """
 
     fun_pos: Tuple[int, ...] = (0,)
@@ -65,9 +67,12 @@ class TransformSig(NamedTuple):
     int8ify: bool = False
     rule_method: Optional[str] = None
     derivative: bool = False
+    python_values: bool = False
 
 
 _ALL = TransformSig()
+_FILTERED = TransformSig(python_values=True)
+_FILTERED_GRAD = TransformSig(params="first", python_values=True)
 _GRAD = TransformSig(params="argnums")
 _SHARD_MAP = TransformSig(fun_kw=("f",), in_specs_pos=2)
 _SCAN = TransformSig(fun_kw=("f",))
@@ -103,12 +108,12 @@ TRANSFORMS: Dict[str, TransformSig] = {
     "jax.lax.while_loop": _WHILE,
     "jax.lax.fori_loop": _FORI,
     "jax.lax.switch": _SWITCH,
-    "equinox.filter_jit": _ALL,
-    "equinox.filter_vmap": _ALL,
-    "equinox.filter_pmap": _ALL,
-    "equinox.filter_grad": TransformSig(params="first"),
-    "equinox.filter_value_and_grad": TransformSig(params="first"),
-    "equinox.filter_checkpoint": _ALL,
+    "equinox.filter_jit": _FILTERED,
+    "equinox.filter_vmap": _FILTERED,
+    "equinox.filter_pmap": _FILTERED,
+    "equinox.filter_grad": _FILTERED_GRAD,
+    "equinox.filter_value_and_grad": _FILTERED_GRAD,
+    "equinox.filter_checkpoint": _FILTERED,
     "flax.linen.jit": _ALL,
     "flax.nnx.jit": _ALL,
     "flax.nnx.pmap": _ALL,

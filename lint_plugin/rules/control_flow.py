@@ -23,7 +23,8 @@ class TracedCondition(Rule):
     concrete truth value, which a tracer does not have (``TracerBoolConversionError`` under
     ``jit``). Conditions on static values are fine: shapes, dtypes, ``len()``, ``x is None``,
     ``static_argnums``, module config, parameters annotated with a Python type, Python containers, and
-    the bare truth value of a module method's unannotated parameter (``if train:``, a Python flag).
+    the bare truth value of a module method's unannotated parameter (``if train:``, a Python flag), or of
+    a function's under an equinox filter transform (``eqx.filter_jit`` keeps Python values static).
     The primal of a ``jax.custom_vjp``/``jax.custom_jvp`` function and the rules ``f.defvjp(fwd, bwd)``
     and ``f.defjvp(jvp)`` register are traced code too; their ``nondiff_argnums`` values are static.
     """
@@ -76,6 +77,13 @@ class TracedCondition(Rule):
             def __call__(self, x, *, train):  # a flag the caller passes as a literal (static under jit)
                 x = nn.Dropout(0.1)(x, deterministic=not train)
                 return x * 2 if train else x
+        """,
+        """
+        import equinox as eqx
+
+        @eqx.filter_jit
+        def f(x, training):
+            return x * 0.5 if training else x
         """,
         """
         from functools import partial
@@ -172,7 +180,7 @@ class TracedCondition(Rule):
         self.report(walk, node, construct=construct, fix=self._FIX[construct])
 
     def _is_traced_test(self, walk: FunctionWalk, test: cst.BaseExpression) -> bool:
-        return is_traced(walk.kind(test)) and not _is_module_flag(walk, test)
+        return is_traced(walk.kind(test)) and not _is_python_flag(walk, test)
 
     def visit_If(self, node: cst.If, walk: FunctionWalk) -> None:
         if self._is_traced_test(walk, node.test):
@@ -202,14 +210,18 @@ class TracedCondition(Rule):
             self._flag(walk, node, "not")
 
 
-def _is_module_flag(walk: FunctionWalk, test: cst.BaseExpression) -> bool:
+def _is_python_flag(walk: FunctionWalk, test: cst.BaseExpression) -> bool:
     """Whether ``test`` is the bare truth value (``if train:``, ``not train``) of an unannotated parameter of a
-    Flax or Equinox module's method: almost always a Python flag (``train``, ``decode``) that the caller passes as
-    a literal under ``jit``, where it is static; an array's bare truth value is rarely what such a method asks."""
+    Flax or Equinox module's method, or of a function under a transform that passes Python values through
+    (equinox's ``filter_jit`` and its kin): almost always a Python flag (``train``, ``decode``) that the caller
+    passes as a literal, where it is static; an array's bare truth value is rarely what such a function asks."""
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
         test = test.expression
     fi = walk.func
-    if not isinstance(test, cst.Name) or fi is None or fi.method_of is None or fi.method_of.framework is None:
+    if not isinstance(test, cst.Name) or fi is None:
+        return False
+    module_method = fi.method_of is not None and fi.method_of.framework is not None
+    if not (module_method or any(spec.sig.python_values for spec in fi.roots)):
         return False
     return any(p.name.value == test.value and p.annotation is None for p in named_params(fi.node.params))
 
