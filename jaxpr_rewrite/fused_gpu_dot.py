@@ -1,6 +1,7 @@
-"""One kernel per dot on NVIDIA GPUs: a float activation times a 2-D int8 weight as a single Pallas (Triton)
-kernel (:mod:`~jaxpr_rewrite.fused_gpu_kernel`), the ``"int8-fused"`` backend's GPU program; and one kernel for
-several such dots of one activation (attention's query, key and value projections).
+"""One kernel per dot on NVIDIA GPUs: a float activation times an int8 weight (a matrix, or one that flattens to
+it) as a single Pallas (Triton) kernel (:mod:`~jaxpr_rewrite.fused_gpu_kernel`), the ``"int8-fused"`` backend's
+GPU program; and one kernel for several such dots of one activation (attention's query, key and value
+projections).
 
 XLA's GPU compiler cannot put a quantization into its GEMM kernel's prologue: the codes of every dynamic activation
 are a kernel of their own (and the absmax a second one, unless it joins the previous epilogue), so the int8
@@ -186,12 +187,12 @@ def _batchable_kernel(form: KernelForm):
     @kernel.def_vmap
     def _batched(axis_size, in_batched, *operands):
         x, *weight_operands = operands
-        batched = (True,) * len(form.weights)
+        out_batched = (True,) * len(form.weights)
         if not any(in_batched[1:]):
             outs = kernel(x.reshape(-1, x.shape[-1]), *weight_operands)
-            return tuple(out.reshape(axis_size, x.shape[1], out.shape[-1]) for out in outs), batched
+            return tuple(out.reshape(axis_size, x.shape[1], out.shape[-1]) for out in outs), out_batched
         operands = [v if batched else jnp.broadcast_to(v, (axis_size, *v.shape))
                     for v, batched in zip(operands, in_batched)]
-        return jax.vmap(functools.partial(kernel_call, form))(*operands), batched
+        return jax.vmap(functools.partial(kernel_call, form))(*operands), out_batched
 
     return kernel

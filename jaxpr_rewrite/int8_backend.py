@@ -4,12 +4,11 @@
 
 from __future__ import annotations
 
-from .backends import register_backend
+from .backends import SiblingDots, register_backend
 from .config import RewriteConfig
 from .int8_dot import Scheme, fits_sibling_kernel, int8_dot_general_impl, int8_sibling_dots_impl
 from .operands import checks_codes
 from .ragged_dot import int8_ragged_dot_general_impl, ragged_dot_float
-from .backends import SiblingDots
 from .straight_through import straight_through, straight_through_group
 
 __all__ = ["int8_backend", "int8_dot_general", "int8_fused_backend", "int8_ragged_dot_general", "int8_sibling_dots"]

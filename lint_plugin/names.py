@@ -136,7 +136,8 @@ TRANSFORMS: Dict[str, TransformSig] = {
 # rules of a ``jax.custom_vjp``/``jax.custom_jvp`` function ``f``: they run on traced values. ``fwd`` takes the
 # primal's parameters (``params="all"``: its ``nondiff_argnums`` stay Python values); ``bwd(*nondiff, res, g)``
 # and ``jvp(*nondiff, primals, tangents)`` take the ``nondiff_argnums`` values first (``params="trailing"``) and
-# compute derivatives: int8ify rewrites the primal and ``fwd`` (the forward pass) and keeps their matmuls float.
+# compute derivatives: int8ify rewrites the primal and ``fwd`` (the forward pass) and keeps the matmuls of
+# ``bwd`` and ``jvp`` float.
 CUSTOM_RULES: Dict[str, Tuple[TransformSig, ...]] = {
     "defvjp": (TransformSig(fun_kw=("fwd",)),
                TransformSig(fun_pos=(1,), fun_kw=("bwd",), params="trailing", derivative=True)),

@@ -168,10 +168,7 @@ def rewrite_dot(config: RewriteConfig, backend: Backend, eqn, invals, where: Loc
     ragged = not is_plain_dot(eqn)
     if ragged:
         _check_ragged(backend, eqn, where)
-    contractions = matmul_dimension_numbers(eqn)[0]
-    _check_weights_fit(invals[:2], config, eqn, where)
-    lhs, rhs = resolve_dot_operands(invals[:2], contractions, config.uses_per_channel_int8, smoothed,
-                                    config.int8_block_size)
+    lhs, rhs = _resolved_operands(config, eqn, invals, where, smoothed)
     # an integer operand of a mixed dot is quantized like a float one
     lhs, rhs = (
         x if is_quantized(x) or jnp.issubdtype(v.aval.dtype, jnp.floating) else lax.convert_element_type(x, np.float32)
@@ -220,20 +217,26 @@ def rewrite_sibling_dots(config: RewriteConfig, backend: Backend, eqns, invals, 
     """
     by_activation: dict = {}
     for eqn, values in zip(eqns, invals):
-        _check_weights_fit(values[:2], config, eqn, where)
-        lhs, rhs = resolve_dot_operands(values[:2], matmul_dimension_numbers(eqn)[0], config.uses_per_channel_int8,
-                                        smoothed, config.int8_block_size)
+        lhs, rhs = _resolved_operands(config, eqn, values, where, smoothed)
         dot = (eqn, rhs, tuple(sorted(eqn.params.items())), eqn.outvars[0].aval.dtype)
         if backend.sibling_dots.fits(lhs, rhs, *dot[2:], config):  # (one program contracts lhs one way)
-            contracting = tuple(matmul_dimension_numbers(eqn)[0][0])
-            by_activation.setdefault((id(lhs), contracting), (lhs, []))[1].append(dot)
+            lhs_contracting = tuple(matmul_dimension_numbers(eqn)[0][0])
+            by_activation.setdefault((id(lhs), lhs_contracting), (lhs, []))[1].append(dot)
     results = {}
     for lhs, dots in by_activation.values():
         if len(dots) > 1:
-            eqns, rhss, params, out_dtypes = zip(*dots)
+            joined, rhss, params, out_dtypes = zip(*dots)
             outs = backend.sibling_dots.program(lhs, rhss, params, out_dtypes, config)
-            results.update((id(eqn), out) for eqn, out in zip(eqns, outs))
+            results.update((id(eqn), out) for eqn, out in zip(joined, outs))
     return results
+
+
+def _resolved_operands(config: RewriteConfig, eqn, invals, where: Location, smoothed: dict | None) -> list:
+    """The two operands the dot ``eqn``'s program gets (:func:`resolve_dot_operands`), once its pre-quantized
+    weights are checked to fit its options."""
+    _check_weights_fit(invals[:2], config, eqn, where)
+    return resolve_dot_operands(invals[:2], matmul_dimension_numbers(eqn)[0], config.uses_per_channel_int8,
+                                smoothed, config.int8_block_size)
 
 
 def _check_weights_fit(invals: Sequence, config: RewriteConfig, eqn, where: Location):
