@@ -53,7 +53,8 @@ def calibration_batches(calibration, example_args: tuple, caller: str) -> list:
         Int8ifyError: ``calibration`` is an array, or not iterable, or one of its items is not a sequence of
             arguments (an array, a number, a dict): ``tuple()`` would split an array into its rows, one argument
             each, and the call then fails with a count of arguments that names neither ``calibration`` nor the
-            cause.
+            cause. Or it holds no batch (an empty list, a generator already consumed): nothing would be
+            calibrated, and the caller would quietly fall back to dynamic scales.
     """
     if calibration is None:
         return [tuple(example_args)]
@@ -64,6 +65,10 @@ def calibration_batches(calibration, example_args: tuple, caller: str) -> list:
         if _is_array(args) or isinstance(args, Mapping) or not _is_iterable(args):
             raise _not_argument_tuples(caller, f"a {type(calibration).__name__} whose item {i} is {_described(args)}")
         batches.append(tuple(args))
+    if not batches:
+        raise Int8ifyError(f"{caller}: calibration holds no batch (an empty {type(calibration).__name__}, or a "
+                           f"generator already consumed), so nothing could be calibrated; pass at least one argument "
+                           f"tuple, or calibration=None to calibrate on the example arguments")
     return batches
 
 
@@ -152,8 +157,6 @@ def calibrate_activation_dots(fn: Callable, params, *example_args, calibration=N
     n_leaves = len(jax.tree_util.tree_leaves(params, is_leaf=is_quantized))
     traced = calibration_tracer(function, signature_of, params, n_leaves, example_kwargs, "calibrate_activation_dots")
     calibration = calibration_batches(calibration, example_args, "calibrate_activation_dots")
-    if not calibration:
-        raise Int8ifyError("calibrate_activation_dots needs at least one calibration input")
     measured: dict = {}
     measurers: dict = {}  # id(program) -> (its jitted measuring function, its calibrated dots, its dot count)
     dots = n_dots = None

@@ -241,7 +241,7 @@ def test_bad_calibration_is_an_error():
         calibrate_activation_dots(fn, {}, a, calibration=[(a,), (bad,)])
     with pytest.raises(Int8ifyError, match=r"percentile must be a number in \(0, 100\]"):
         calibrate_activation_dots(fn, {}, a, percentile=0)
-    with pytest.raises(Int8ifyError, match="at least one calibration input"):
+    with pytest.raises(Int8ifyError, match="calibration holds no batch"):
         calibrate_activation_dots(fn, {}, a, calibration=[])
     with pytest.raises(Int8ifyError, match="not the dict ActivationScales.as_dict writes"):
         ActivationScales.from_dict({"dots": [{"position": 0}]})

@@ -299,6 +299,19 @@ def test_calibration_of_arrays_instead_of_argument_tuples_is_an_error(smooth_alp
             quantize_params(dense, params, x, activations="static", calibration=bad, smooth_alpha=smooth_alpha)
 
 
+@pytest.mark.parametrize("options", [dict(activations="static"), dict(smooth_alpha=0.5),
+                                     dict(activations="static", smooth_alpha=0.5)])
+def test_calibration_without_a_batch_is_an_error(options):
+    """An empty list, or a generator already consumed, gave dynamic scales and no SmoothQuant factors, silently."""
+    params, calibration = make_dense()
+    x = calibration[0][0]
+    consumed = ((x,) for _ in range(2))
+    list(consumed)
+    for empty, kind in (([], "list"), (consumed, "generator")):
+        with pytest.raises(Int8ifyError, match=rf"quantize_params: calibration holds no batch \(an empty {kind}"):
+            quantize_params(dense, params, x, calibration=empty, **options)
+
+
 def test_nan_in_the_calibration_data_is_an_error_naming_the_leaf():
     params, calibration = make_dense()
     bad = calibration[0][0].copy()
