@@ -8,12 +8,14 @@ assignments and ``functools.partial`` bindings. Afterwards:
   ``jax.grad``, ``lax.scan`` bodies, their ``flax.nnx`` versions, ``pl.pallas_call`` kernels,
   ``@pl.when`` bodies, ``jax.custom_vjp``/``custom_jvp`` primals and the rules ``f.defvjp``/``f.defjvp``
   register, ...), ``int8ify``, ``equinox.filter_*``, the extra decorators named by
-  ``--jx-traced-decorators``, ``__call__`` of flax linen, flax nnx and equinox modules,
-  ``@nn.compact`` methods of linen modules and the linen methods given as ``method=`` to
-  ``apply``/``init`` (see :mod:`lint_plugin.roots`);
-* module-local functions called from traced code become traced too; that closure (and which
-  parameters of a helper receive traced values) is computed in :mod:`lint_plugin.fixpoint`, which
-  knows the kinds of the arguments at each call site.
+  ``--jx-traced-decorators``, the ``fn`` of ``flax.linen.apply(fn, module)``, ``__call__`` of flax
+  linen, flax nnx and equinox modules, ``@nn.compact`` methods of linen modules and the linen methods
+  given as ``method=`` to ``apply``/``init`` (``Model.encode``, ``model.encode``, ``"encode"``; see
+  :mod:`lint_plugin.roots` and :mod:`lint_plugin.instances`);
+* module-local functions called from traced code become traced too, and so do the methods called on
+  objects of a module class of this file whose class is known (``model.encode(x)``, see
+  :mod:`lint_plugin.instances`); that closure (and which parameters of a helper receive traced values)
+  is computed in :mod:`lint_plugin.fixpoint`, which knows the kinds of the arguments at each call site.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import libcst as cst
 
 from .aliases import dotted_name
+from .call_args import kwarg
 from .cstwalk import STRING_NODES, iter_children
+from .instances import InstanceClasses
 from .module_classes import resolve_classes
 from .module_info import ClassInfo, FuncInfo, ModuleInfo, RootSpec, named_params
 from .names import LINEN, LINEN_COMPACT, TRANSFORMS
@@ -162,20 +166,25 @@ def _mark_unconditional(info: ModuleInfo, module: cst.Module) -> None:
 _LINEN_APPLY_METHODS = frozenset({"apply", "init", "init_with_output"})
 
 
-def _applied_method(info: ModuleInfo, call: cst.Call) -> None:
-    """``m.apply(variables, ..., method=Model.encode)`` with ``Model`` a linen module of this file: ``encode`` runs
-    as ``__call__`` does (a root like it)."""
-    if not isinstance(call.func, cst.Attribute) or call.func.attr.value not in _LINEN_APPLY_METHODS:
+def _applied_method(info: ModuleInfo, instances: InstanceClasses, call: cst.Call, scope: Optional[FuncInfo]) -> None:
+    """``m.apply(variables, ..., method=...)`` naming a method of a linen module of this file: ``Model.encode``,
+    ``model.encode`` (``model``'s class known, see :mod:`lint_plugin.instances`) or ``"encode"`` (a method of the
+    class of ``m``) runs as ``__call__`` does (a root like it)."""
+    func = call.func
+    target = kwarg(call, "method")
+    if not isinstance(func, cst.Attribute) or func.attr.value not in _LINEN_APPLY_METHODS or target is None:
         return
-    for a in call.args:
-        if a.keyword is None or a.keyword.value != "method":
-            continue
-        target = a.value
-        if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name):
-            ci = info.classes_by_name.get(target.value.value)
-            fi = ci.methods.get(target.attr.value) if ci is not None and ci.framework == LINEN else None
-            if fi is not None and not any(r.module_method for r in fi.roots):
-                add_root(fi, _module_method_spec())
+    if isinstance(target, cst.Attribute):  # ``Model.encode`` or ``model.encode``
+        owner, name = target.value, target.attr.value
+        cls = instances.class_named(owner.value, scope) if isinstance(owner, cst.Name) else None
+        cls = cls or instances.class_of(owner, scope)
+    elif isinstance(target, cst.SimpleString) and isinstance(target.evaluated_value, str):
+        cls, name = instances.class_of(func.value, scope), target.evaluated_value
+    else:
+        return
+    fi = cls.methods.get(name) if cls is not None and cls.framework == LINEN else None
+    if fi is not None and not any(r.module_method for r in fi.roots):
+        add_root(fi, _module_method_spec())
 
 
 def discover(module: cst.Module, extra: TracedDecorators = TracedDecorators()) -> ModuleInfo:
@@ -184,6 +193,7 @@ def discover(module: cst.Module, extra: TracedDecorators = TracedDecorators()) -
     walker.walk(module)
     _mark_unconditional(info, module)
     resolve_classes(info)
+    instances = info.instances = InstanceClasses(info, module.body)
     info.module_strings = {name for name, value in info.module_assigns.items() if isinstance(value, STRING_NODES)}
     finder = RootFinder(info, extra)
     for fi, decorators in walker.decorated:
@@ -199,8 +209,11 @@ def discover(module: cst.Module, extra: TracedDecorators = TracedDecorators()) -
             call = c.methods.get("__call__")
             if call is not None and not any(r.module_method for r in call.roots):
                 add_root(call, _module_method_spec())
-    for call in [*info.module_calls, *(c for fi in info.functions for c in fi.calls)]:
-        _applied_method(info, call)
+    for call in info.module_calls:
+        _applied_method(info, instances, call, None)
+    for fi in info.functions:
+        for call in fi.calls:
+            _applied_method(info, instances, call, fi)
     for call in info.module_calls:
         finder.function_args(call, None)
     for fi in list(info.functions):

@@ -6,14 +6,14 @@ Filled by :func:`lint_plugin.discovery.discover`, read by the data flow
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set, TypeVar, Union
+from typing import Dict, List, Optional, Protocol, Set, TypeVar, Union
 
 import libcst as cst
 
 from .aliases import ImportTable
 from .names import TransformSig
 
-__all__ = ["BoundFunction", "ClassInfo", "FuncInfo", "FuncNode", "ModuleInfo", "RootSpec"]
+__all__ = ["BoundFunction", "ClassInfo", "FuncInfo", "FuncNode", "InstanceMethods", "ModuleInfo", "RootSpec"]
 
 FuncNode = Union[cst.FunctionDef, cst.Lambda]
 # what ``name = ...`` binds a function to: ``functools.partial(f, ...)`` or a lambda
@@ -109,12 +109,19 @@ def named_params(params: cst.Parameters) -> List[cst.Param]:
     return param_list(params) + list(params.kwonly_params)
 
 
+class InstanceMethods(Protocol):
+    """Resolves ``obj.method`` for an object of a module class of this file (:mod:`lint_plugin.instances`)."""
+
+    def method(self, expr: cst.Attribute, scope: Optional[FuncInfo]) -> Optional[FuncInfo]:
+        """The method ``expr`` names, seen from ``scope``, when the class of its object is known."""
+
+
 class ModuleInfo:
     """Everything the discovery found in one file."""
 
     __slots__ = ("imports", "functions", "module_funcs", "module_shadowed", "classes", "classes_by_name",
                  "module_calls", "by_node", "lambda_roots", "module_bound_functions", "module_assigns",
-                 "module_static", "module_strings", "order", "unconditional")
+                 "module_static", "module_strings", "order", "unconditional", "instances")
 
     def __init__(self) -> None:
         self.imports = ImportTable()
@@ -137,6 +144,8 @@ class ModuleInfo:
         # their scope's own body (not under an ``if``/``try``/loop): such a ``def`` rebinds its name for good
         self.order: Dict[int, int] = {}
         self.unconditional: Set[int] = set()
+        # the methods of objects of the module classes of this file, set once the classes are resolved
+        self.instances: Optional[InstanceMethods] = None
 
     def lookup(self, name: str, scope: Optional[FuncInfo]) -> Optional[FuncInfo]:
         """The function a bare name refers to, from inside ``scope``."""
@@ -173,6 +182,15 @@ class ModuleInfo:
                 and expr.value.value == "self" and scope is not None and scope.cls is not None):
             return scope.cls.methods.get(expr.attr.value)
         return None
+
+    def lookup_callee(self, expr: cst.BaseExpression, scope: Optional[FuncInfo]) -> Optional[FuncInfo]:
+        """The function a call of ``expr`` from inside ``scope`` runs: as :meth:`lookup_expr`, or ``obj.method``
+        of an instance of a module class of this file (see :mod:`lint_plugin.instances`). Not for the functions
+        given to transforms: flax nnx refuses bound methods there (``nnx.jit(model.encode)`` raises)."""
+        fi = self.lookup_expr(expr, scope)
+        if fi is None and isinstance(expr, cst.Attribute) and self.instances is not None:
+            return self.instances.method(expr, scope)
+        return fi
 
     def lookup_bound_function(self, name: str, scope: Optional[FuncInfo]) -> Optional[BoundFunction]:
         """The ``functools.partial(...)`` call or the lambda a bare name was bound to, from inside ``scope``."""

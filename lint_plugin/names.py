@@ -49,14 +49,17 @@ class TransformSig(NamedTuple):
     ``"argnums"`` (grad: only the differentiated ones, default 0), ``"first"`` (equinox's filter
     gradients), ``"trailing"`` (a custom derivative rule, ``bwd(*nondiff, res, g)`` or
     ``jvp(*nondiff, primals, tangents)``: only the last two positional parameters; the ones before are the
-    primal's ``nondiff_argnums``, Python values); ``in_specs_pos``: positional index of ``shard_map``'s
+    primal's ``nondiff_argnums``, Python values), ``"bound_module"`` (``flax.linen.apply(fn, module)`` and its
+    ``init`` kin: ``fn`` runs like a method of the module, which it receives bound as its first parameter, neither
+    traced nor static; the others are traced); ``in_specs_pos``: positional index of ``shard_map``'s
     ``in_specs``, whose ``None`` entries pass Python values through; ``int8ify``: the transform is this
     project's ``int8ify``; ``rule_method``: the method of the wrapped function that registers the functions
     of its derivative rules (``f.defvjp``), traced too (see :data:`CUSTOM_RULES`); ``derivative``: the function
     computes derivatives (``bwd``, a ``jvp`` rule), whose matmuls ``int8ify`` keeps float by design, so its
     float matmuls are not reported (JX101); ``python_values``: the transform passes Python values through as they
-    are (equinox's filter transforms keep non-array leaves static), so the bare truth value of an unannotated
-    parameter is taken to be a Python flag (``if training:``), as in a module's method.
+    are (equinox's filter transforms keep non-array leaves static; ``flax.linen.apply`` calls ``fn`` as it is), so
+    the bare truth value of an unannotated parameter is taken to be a Python flag (``if training:``), as in a
+    module's method.
     """
 
     fun_pos: Tuple[int, ...] = (0,)
@@ -74,6 +77,9 @@ _ALL = TransformSig()
 _FILTERED = TransformSig(python_values=True)
 _FILTERED_GRAD = TransformSig(params="first", python_values=True)
 _GRAD = TransformSig(params="argnums")
+# ``flax.linen.apply(fn, module)(variables, *args)`` (and ``init``/``init_with_output``) calls ``fn(bound_module,
+# *args)``: not a transform itself, but ``fn`` is traced code as a module's method is
+_LINEN_BOUND_FN = TransformSig(fun_kw=("fn",), params="bound_module", python_values=True)
 _SHARD_MAP = TransformSig(fun_kw=("f",), in_specs_pos=2)
 _SCAN = TransformSig(fun_kw=("f",))
 _COND = TransformSig(fun_pos=(1, 2), fun_kw=("true_fun", "false_fun"))
@@ -115,6 +121,9 @@ TRANSFORMS: Dict[str, TransformSig] = {
     "equinox.filter_value_and_grad": _FILTERED_GRAD,
     "equinox.filter_checkpoint": _FILTERED,
     "flax.linen.jit": _ALL,
+    "flax.linen.apply": _LINEN_BOUND_FN,
+    "flax.linen.init": _LINEN_BOUND_FN,
+    "flax.linen.init_with_output": _LINEN_BOUND_FN,
     "flax.nnx.jit": _ALL,
     "flax.nnx.pmap": _ALL,
     "flax.nnx.vmap": _ALL,

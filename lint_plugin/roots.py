@@ -101,6 +101,8 @@ def _read_transform_args(spec: RootSpec, args: Sequence[cst.Arg]) -> None:
         spec.traced_nums = {0}
     elif spec.sig.params == "first":
         spec.traced_nums = {0}
+    elif spec.sig.params == "bound_module":
+        spec.unknown_nums.add(0)
 
 
 def _new_spec(sig: TransformSig, args: Sequence[cst.Arg]) -> RootSpec:

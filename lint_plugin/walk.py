@@ -594,7 +594,7 @@ class FunctionWalk:
                 return STATIC
             if name in COMBINE_BUILTINS:
                 return combine(*arg_kinds) if arg_kinds else STATIC
-        local = self.info.lookup_expr(func, self.func)
+        local = self.info.lookup_callee(func, self.func)
         if local is not None:
             if self.graph is not None and self.traced:
                 self.graph.call_edge(local, node, arg_kinds, self)

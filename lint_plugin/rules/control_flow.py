@@ -23,8 +23,8 @@ class TracedCondition(Rule):
     concrete truth value, which a tracer does not have (``TracerBoolConversionError`` under
     ``jit``). Conditions on static values are fine: shapes, dtypes, ``len()``, ``x is None``,
     ``static_argnums``, module config, parameters annotated with a Python type, Python containers, and
-    the bare truth value of a module method's unannotated parameter (``if train:``, a Python flag), or of
-    a function's under an equinox filter transform (``eqx.filter_jit`` keeps Python values static).
+    the bare truth value of a module method's unannotated parameter (``if train:``, a Python flag), or of a
+    function's under ``eqx.filter_jit`` & co. (they keep Python values static) or given to ``nn.apply(fn, module)``.
     The primal of a ``jax.custom_vjp``/``jax.custom_jvp`` function and the rules ``f.defvjp(fwd, bwd)``
     and ``f.defjvp(jvp)`` register are traced code too; their ``nondiff_argnums`` values are static.
     """
@@ -213,8 +213,8 @@ class TracedCondition(Rule):
 def _is_python_flag(walk: FunctionWalk, test: cst.BaseExpression) -> bool:
     """Whether ``test`` is the bare truth value (``if train:``, ``not train``) of an unannotated parameter of a
     Flax or Equinox module's method, or of a function under a transform that passes Python values through
-    (equinox's ``filter_jit`` and its kin): almost always a Python flag (``train``, ``decode``) that the caller
-    passes as a literal, where it is static; an array's bare truth value is rarely what such a function asks."""
+    (``eqx.filter_jit`` and its kin, ``nn.apply``): almost always a Python flag (``train``, ``decode``) that the
+    caller passes as a literal, where it is static; an array's bare truth value is rarely what such a function asks."""
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
         test = test.expression
     fi = walk.func
