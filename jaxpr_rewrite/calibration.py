@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import numbers
 import uuid
+import warnings
 from collections.abc import Mapping
 from typing import Callable
 
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Var
 
-from .errors import Int8ifyError
+from .errors import Int8ifyError, QuantizationWarning
 from .evaluate import bind, evaluate
 from .operands import smoothed_activation
 from .quantize import nan_safe_magnitude, smoothing_inverse
@@ -175,13 +176,20 @@ def calibrate_activation_dots(fn: Callable, params, *example_args, calibration=N
                                "matmuls; calibrate each program on inputs of its own")
         for position, value in measure(closed.consts, dynamic).items():
             measured[position] = value if position not in measured else jnp.maximum(measured[position], value)
-    calibrated = []
+    calibrated, zero_calibrated = [], []
     for position, eqn in dots.items():
         absmax = tuple(float(a) for a in np.asarray(measured[position]))
         if not all(np.isfinite(absmax)):
             raise Int8ifyError(f"calibrate_activation_dots: the operands of the dot_general at {describe_source(eqn)} "
                                f"hold NaN or Inf on the calibration inputs, so no static scale can be calibrated")
+        if 0 in absmax:
+            zero_calibrated.append(describe_source(eqn))
         calibrated.append(CalibratedDot(position, *describe_dot(eqn), absmax))
+    if zero_calibrated:
+        warnings.warn(f"calibrate_activation_dots: the dot_general(s) at {', '.join(zero_calibrated)} met an operand "
+                      f"that was all zero on the calibration inputs, so its static scale is 1 (codes step by 1.0: "
+                      f"values below 0.5 in magnitude quantize to 0); calibrate on representative inputs",
+                      QuantizationWarning, stacklevel=2)
     return ActivationScales(tuple(calibrated), n_dots)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["Int8ifyError", "TracedValueError"]
+__all__ = ["Int8ifyError", "QuantizationWarning", "TracedValueError"]
 
 
 class Int8ifyError(Exception):
@@ -10,6 +10,11 @@ class Int8ifyError(Exception):
 
     Raised instead of leaving a float matmul behind or computing a wrong number.
     """
+
+
+class QuantizationWarning(UserWarning):
+    """A parameter that feeds a matmul was left float by :func:`~jaxpr_rewrite.quantize_params`, or a static
+    activation scale was calibrated on activations that were all zero (it is then 1)."""
 
 
 class TracedValueError(Int8ifyError):

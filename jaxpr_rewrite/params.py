@@ -31,10 +31,10 @@ import numpy as np
 from jax import lax
 
 from .config import RewriteConfig
-from .errors import Int8ifyError
+from .errors import Int8ifyError, QuantizationWarning
 from .calibration import (calibration_batches, calibration_tracer, check_percentile, measure_activations,
                           static_scales)
-from .quantize import epilogue_factors, smoothing_inverse
+from .quantize import epilogue_factors, nan_safe_magnitude, smoothing_inverse
 from .static_scales import StaticScale
 from .operands import quantize
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
@@ -46,11 +46,6 @@ from .weight_uses import Use, plan_uses
 __all__ = ["ACTIVATION_MODES", "QuantizationWarning", "quantize_params", "smoothing_factors", "weight_absmax"]
 
 ACTIVATION_MODES = ("dynamic", "static")
-
-
-class QuantizationWarning(UserWarning):
-    """A parameter that feeds a matmul was left float by :func:`quantize_params`, or got a static activation
-    scale calibrated on activations that were all zero."""
 
 
 def quantizable_uses(jaxpr, var, config: RewriteConfig) -> list[Use]:
@@ -84,8 +79,8 @@ def _quantize_weight(value, axes: tuple, bits: int, block_size: int | None) -> Q
 
 # -- SmoothQuant -------------------------------------------------------------------------------------------------
 def weight_absmax(weight, contracting: int):
-    """``max|w_k|`` per index ``k`` of the contracting axis, in float32."""
-    w = jnp.abs(jnp.asarray(weight, jnp.float32))
+    """``max|w_k|`` per index ``k`` of the contracting axis, in float32; Inf where ``w_k`` holds NaN or Inf."""
+    w = nan_safe_magnitude(jnp.asarray(weight, jnp.float32))  # XLA's CPU max drops NaN
     return jnp.max(w, axis=tuple(a for a in range(w.ndim) if a != contracting))
 
 
@@ -120,7 +115,7 @@ def _activation_absmax(closed, targets: dict) -> Callable:
     contracting index (what SmoothQuant's factors are made from)."""
 
     def statistic(eqn, operands, index, side):
-        magnitude = jnp.abs(operands[1 - side].astype(jnp.float32))
+        magnitude = nan_safe_magnitude(operands[1 - side].astype(jnp.float32))  # XLA's CPU max drops NaN
         (contract,) = eqn.params["dimension_numbers"][0][1 - side]
         return jnp.max(magnitude, axis=tuple(a for a in range(magnitude.ndim) if a != contract))
 
@@ -215,7 +210,7 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
 
     smooth = {}
     if smooth_alpha is not None:
-        smooth = _smoothing(plans, leaves, smooth_alpha, smooth_skip, calibration, traced)
+        smooth = _smoothing(plans, leaves, smooth_alpha, smooth_skip, calibration, traced, paths)
     static: dict = {}
     if activations == "static":
         static = static_scales(plans, smooth, calibration, traced, config, activation_percentile, paths, explanation)
@@ -272,9 +267,14 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
     return (qparams, {p: explanation[p] for p in paths}) if explain else qparams
 
 
-def _smoothing(plans, leaves, alpha, smooth_skip, calibration, traced) -> dict:
+def _smoothing(plans, leaves, alpha, smooth_skip, calibration, traced, paths) -> dict:
     """SmoothQuant factors for the planned leaves with one contracting axis and only top-level dot uses:
-    ``leaf index -> (factors, group token)``; weights reading one activation share one factor vector."""
+    ``leaf index -> (factors, group token)``; weights reading one activation share one factor vector.
+
+    Raises:
+        Int8ifyError: the activations a leaf's matmuls meet hold NaN or Inf on the calibration inputs: the
+            factors of those channels could not be measured (they would quietly be 1, no smoothing).
+    """
     patterns = (smooth_skip,) if isinstance(smooth_skip, str) else tuple(smooth_skip)
     single = {}
     for i, uses in plans.items():
@@ -299,6 +299,10 @@ def _smoothing(plans, leaves, alpha, smooth_skip, calibration, traced) -> dict:
         measured = measurers[id(closed)](closed.consts, jax.tree_util.tree_leaves(dynamic))
         for i, value in measured.items():
             absmax[i] = value if i not in absmax else jnp.maximum(absmax[i], value)
+    for i, value in absmax.items():
+        if not np.isfinite(np.asarray(value)).all():
+            raise Int8ifyError(f"quantize_params(smooth_alpha=...): the activations met by {paths[i]}'s matmuls hold "
+                               f"NaN or Inf on the calibration inputs, so no SmoothQuant factors can be calibrated")
     # weights reading the same activation (same variable, same axis) share one factor vector, taken from the
     # largest of their weights, so the program divides and quantizes that activation once for all of them
     groups: dict = {}

@@ -3,6 +3,7 @@
 
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import hypothesis.strategies as st
@@ -13,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 
 from helpers import assert_same_bits_but_nan, evaluate_as
-from jaxpr_rewrite import (ActivationScales, Int8ifyError, calibrate_activation_dots, int8ify, iter_eqns,
-                           quantize_params, report)
+from jaxpr_rewrite import (ActivationScales, Int8ifyError, QuantizationWarning, calibrate_activation_dots, int8ify,
+                           iter_eqns, quantize_params, report)
 from jaxpr_rewrite.static_scales import StaticScale
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -254,6 +255,19 @@ def test_bad_calibration_is_an_error():
         ActivationScales.from_dict({"n_dots": 1, "dots": [{**dot, "absmax": [-1, 1]}]})
     with pytest.raises(Int8ifyError, match=r"is 1e-38, below 3.76e-37 \(2\*\*-121\)"):
         ActivationScales.from_dict({"n_dots": 1, "dots": [{**dot, "absmax": [1e-38, 1]}]})
+
+
+def test_an_all_zero_operand_in_calibration_warns_naming_the_dot():
+    """Its static scale is the contract's 1 for an all-zero slice, which rounds every later value below 0.5 to 0;
+    quantize_params warned about it, calibrate_activation_dots did not."""
+    a = RNG.standard_normal((8, 64)).astype(np.float32)
+    fn = lambda p, a: a @ a.T  # noqa: E731
+    with pytest.warns(QuantizationWarning, match=r"dot_general\(s\) at .*test_activation_dots.py:\d+ .*all zero"):
+        scales = calibrate_activation_dots(fn, {}, a, calibration=[(np.zeros_like(a),)])
+    assert [dot.absmax for dot in scales.dots] == [(0.0, 0.0)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        calibrate_activation_dots(fn, {}, a, calibration=[(np.zeros_like(a),), (a,)])
 
 
 def test_half_precision_operands_and_calibration_batches_of_other_shapes():

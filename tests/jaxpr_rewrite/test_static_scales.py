@@ -312,12 +312,17 @@ def test_calibration_without_a_batch_is_an_error(options):
             quantize_params(dense, params, x, calibration=empty, **options)
 
 
-def test_nan_in_the_calibration_data_is_an_error_naming_the_leaf():
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("options, what", [(dict(activations="static"), "no static scale"),
+                                           (dict(smooth_alpha=0.5), "no SmoothQuant factors")])
+def test_nonfinite_calibration_data_is_an_error_naming_the_leaf(value, options, what):
+    """SmoothQuant measured such a channel's absmax as NaN or Inf and gave it the factor 1, silently."""
     params, calibration = make_dense()
-    bad = calibration[0][0].copy()
-    bad[0, 0] = np.nan
-    with pytest.raises(Int8ifyError, match=r"\['w'\].*NaN or Inf"):
-        quantize_params(dense, params, bad, activations="static")
+    good = calibration[0][0]
+    bad = good.copy()
+    bad[3, 5] = value
+    with pytest.raises(Int8ifyError, match=rf"\['w'\]'s matmuls hold NaN or Inf on the calibration inputs, so {what}"):
+        quantize_params(dense, params, good, calibration=[(good,), (bad,)], **options)
 
 
 def test_calibration_too_small_for_a_static_scale_is_an_error_naming_the_leaf():
