@@ -8,7 +8,7 @@ The contract, for one slice ``v`` (the elements one scale covers) with ``a = max
 
 * ``s = a / 127`` in float32, correctly rounded; ``s = 1`` for an all-zero slice;
 * codes ``q = clip(rint(v / s), -127, 127)`` with ``v / s`` correctly rounded in float32 and ties to even;
-* the dot's output ``y = acc * s_lhs * s_rhs`` in float32 (``acc`` the exact integer sum).
+* the dot's output ``y = (acc * s_rhs) * s_lhs`` in float32 (``acc`` the exact integer sum).
 
 Scales and the epilogue are float32, or float64 for float64 operands (with ``jax_enable_x64``), so a float64
 program keeps its range; the codes are int8 and the sums int32 either way.
@@ -34,7 +34,7 @@ this representation plus two small devices handle all four:
 * **Tiny slices.** XLA flushes subnormal floats to zero, so ``a / 127`` for ``a < 127 * 2**-126`` cannot be
   represented as one float. Held as ``scales * 2**exponents`` it needs no special case: the codes of such a slice
   use the full +-127 range like any other.
-* **Epilogue range.** ``(acc * s_lhs) * s_rhs`` overflows (or underflows) in its intermediate product when one
+* **Epilogue range.** ``(acc * s_rhs) * s_lhs`` overflows (or underflows) in its intermediate product when one
   scale is huge and the other tiny, although the result is an ordinary float. :func:`scale_product` multiplies
   the sums by each scale with its exponent clipped to a safe window (the scale itself for every ordinary slice),
   then by the power of two the clip took off; wherever the plain product's intermediates are normal floats this

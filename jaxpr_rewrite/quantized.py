@@ -35,6 +35,7 @@ import numpy as np
 from jax import lax
 
 from .errors import Int8ifyError
+from .exact_division import true_divide
 from .blocks import from_blocks, n_blocks, to_blocks
 from .int4 import packed_length, unpack_int4
 from .quantize import dequantize_codes, epilogue_factors, scale_values, smoothing_inverse, to_compute
@@ -231,12 +232,11 @@ class QuantizedArray:
         value = self.dot_value()
         if self.smooth is not None:
             smooth = lax.broadcast_in_dim(to_compute(self.smooth, value.dtype), self.shape, self.contracting)
-            value = lax.div(value, smooth)
+            value = true_divide(value, smooth)  # XLA would multiply by 1/smooth under jit: values 1 ulp off
         return value if value.dtype == self.dtype else lax.convert_element_type(value, self.dtype)
 
     def scale_values(self):
-        """The scales as plain float values, ``scales * 2**exponents`` (see
-        :func:`jaxpr_rewrite.quantize.scale_values`)."""
+        """The scales as plain float values, ``scales * 2**exponents`` (:func:`jaxpr_rewrite.quantize.scale_values`)."""
         return scale_values(self.scales, self.exponents)
 
     def dot_value(self):

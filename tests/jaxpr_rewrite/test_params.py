@@ -208,7 +208,13 @@ def test_smoothed_weights_keep_float_semantics():
     # a use with another contraction sees the dequantized (unsmoothed) weight
     got = int8ify(lambda w, y: w @ y)(q["w"], jnp.ones((16, 3)))
     want = int8ify(lambda w, y: w @ y)(q["w"].materialise(), jnp.ones((16, 3)))
-    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_array_equal(got, want)
+    # its float value is the IEEE quotient codes * scale / smooth, eager and under jit (XLA would multiply by
+    # 1 / smooth there, 1 ulp off)
+    codes = np.asarray(q["w"].codes, np.float32) * np.asarray(q["w"].scale_values(), np.float32)
+    want = codes / np.asarray(q["w"].smooth, np.float32)[:, None]
+    np.testing.assert_array_equal(q["w"].materialise(), want)
+    np.testing.assert_array_equal(jax.jit(lambda w: w.materialise())(q["w"]), want)
     # straight-through gradient wrt the activations: through x / s, at s * w: the float weight
     g = jax.grad(lambda x: int8ify(dense)(q, x).sum())(x)
     np.testing.assert_allclose(g, np.ones((64, 16)) @ np.asarray(q["w"].materialise()).T, rtol=1e-4, atol=1e-5)
