@@ -84,6 +84,10 @@ def int8_ragged_dot_general_impl(lhs, rhs, group_sizes, float_params, out_dtype,
         return lax.broadcast_in_dim(picked, out_shape, tuple(sorted(targets)))
 
     out = _scaled(acc, (lhs_q, rhs_q), (place_lhs, place_rhs))
+    # rows past the last group belong to none, and the float ragged dot gives 0 there: their scales (the row's own,
+    # NaN for a row holding NaN; the last group's columns, clamped) must not make them NaN
+    in_a_group = lax.broadcast_in_dim(groups < rhs_q.shape[group_axis], out.shape, (ragged_out,))
+    out = lax.select(in_a_group, out, lax.full_like(out, 0))
     return out if out.dtype == out_dtype else lax.convert_element_type(out, out_dtype)
 
 

@@ -45,6 +45,26 @@ def test_moe_grouped_matmul_matches_the_reference(sizes):
     np.testing.assert_allclose(got, reference_ragged(x, w, sizes), rtol=1e-6, atol=1e-30)
 
 
+@pytest.mark.parametrize("where", ["last group's weight", "row past the groups"])
+def test_rows_past_the_groups_stay_zero_and_nan_reaches_its_own_group_only(where):
+    """Rows past ``sum(group_sizes)`` belong to no group: 0, as the float ragged dot gives. They took the last
+    group's column scales (NaN there made them NaN) and their own row scale (NaN for a row holding NaN)."""
+    x = away_from_ties(rng.normal(size=(16, 512)), (1,))
+    w = np.stack([away_from_ties(rng.normal(size=(512, 384)), (0,)) for _ in range(3)])
+    group_sizes = np.array([4, 4, 4], np.int32)
+    if where == "last group's weight":
+        w[2, 3, 5] = np.nan
+    else:
+        x[13, 7] = np.nan
+    got = np.asarray(jax.jit(int8ify(lambda x, w, g: lax.ragged_dot(x, w, g)))(x, w, group_sizes))
+    with np.errstate(invalid="ignore"):  # the reference's codes of NaN
+        want = reference_ragged(x, w, group_sizes)
+    np.testing.assert_array_equal(got[12:], 0)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5 * np.abs(want[finite]).max())
+
+
 def test_ragged_gradients_are_straight_through_and_weights_quantize_once():
     x, w, g = MOE_X, MOE_W, MOE_GROUPS
 
