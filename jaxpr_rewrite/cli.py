@@ -268,6 +268,8 @@ def _cmd_report(ns, fn, specs) -> int:
     wrapped = _wrapped(fn, _options(ns))
     if ns.plot and ns.no_measure:
         raise UsageError("--plot draws the measured errors; it cannot be combined with --no-measure")
+    if ns.seed < 0:  # numpy's error would be reported as one of --args
+        raise UsageError(f"--seed must be a non-negative integer, got {ns.seed}")
     inputs = specs if ns.no_measure else random_inputs(specs, ns.seed)
     rows = report(wrapped, *inputs)
     print(rows)

@@ -18,6 +18,7 @@ carry); one in a branch that was not taken, a loop that ran zero times, or insid
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
@@ -132,9 +133,10 @@ class Report:
         return [r for r in self.rows if not r.rewritten]
 
     def worst(self) -> DotRow | None:
-        """The rewritten matmul with the largest measured error."""
+        """The rewritten matmul with the largest measured error; a NaN error (outputs holding NaN) counts as the
+        largest, as Python's ``max`` would skip it."""
         measured = [r for r in self.rewritten if r.error is not None]
-        return max(measured, key=lambda r: r.error) if measured else None
+        return max(measured, key=lambda r: (math.isnan(r.error), r.error)) if measured else None
 
     def _cells(self, row: DotRow) -> tuple[str, ...]:
         if row.error is not None:

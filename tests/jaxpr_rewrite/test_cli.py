@@ -152,6 +152,7 @@ def test_python_dash_m(module):
      r"bad shape in 'f32\[8,-1\]': dims must be non-negative"),
     (["verify", "broken.py:f", "--args", "f32[2]"], r"cannot load broken.py: SyntaxError at line 2"),
     (["report", "tinymodel:mlp", "--args", ARGS, "--no-measure", "--plot", "x.png"], "cannot be combined"),
+    (["report", "tinymodel:mlp", "--args", ARGS, "--seed", "-1"], r"--seed must be a non-negative integer, got -1"),
 ])
 def test_bad_command_lines_get_one_sentence_and_exit_2(module, capsys, argv, message):
     (module.parent / "broken.py").write_text("def f(x):\n    return x @ (\n")

@@ -186,3 +186,16 @@ def test_report_with_prequantized_weights():
     q = quantize_params(f, params, x)
     rows = list(int8ify(f).report(q, x))
     assert len(rows) == 1 and rows[0].rewritten and rows[0].error is not None and rows[0].error < 0.05
+
+
+def test_a_nan_error_is_the_worst_and_the_summary_names_it():
+    """Python's ``max`` skips a NaN key that does not come first: the summary named a finite error as the largest
+    while another dot's outputs held NaN (Inf in its weight, Inf - Inf in the error)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 512)).astype(np.float32)
+    w1, w2 = (rng.standard_normal((512, 256)).astype(np.float32) for _ in range(2))
+    w2[3, 4] = np.inf
+    r = report(int8ify(lambda p, x: (x @ p["w1"], x @ p["w2"])), {"w1": w1, "w2": w2}, x)
+    assert np.isfinite(r.rows[0].error) and np.isnan(r.rows[1].error)
+    assert r.worst().index == 1
+    assert re.search(r"largest int8 error nan at #1 ", r.summary())
