@@ -14,7 +14,8 @@ block), quantized per block, multiplied by ``jax.nn.scaled_matmul`` into float32
 the dot's layout ``(batch..., lhs free..., rhs free...)`` and dtype.
 
 Scales are the smallest representable scale that makes the block fit the value format, so no value is
-clipped by more than rounding:
+clipped by more than rounding (for mxfp8 blocks whose absmax lies above ``1.75 * 2**127``, one step of the format:
+their codes stop at 240, as the next, 256, times their scale ``2**120`` would be beyond float32):
 
 * mxfp8: ``scale = 2**ceil(log2(amax / 448))`` (what ``jax.nn.scaled_dot_general`` does), computed exactly
   from the float32 bits of ``amax`` and kept within float32's normal range (``2**-126 .. 2**127``).
@@ -161,13 +162,22 @@ def round_up_e4m3(s):
     return lax.select(below, up, q)
 
 
+# the largest mxfp8 scale float32 needs (``2**ceil(log2(max float32 / 448))``) and the largest float8_e4m3fn code
+# whose value stays finite at it (``240 * 2**120``; the next code, 256, is ``2**128``)
+_TOP_MX_SCALE, _TOP_MX_CODE = 2.0**120, 240.0
+
+
 def quantize_mxfp8(x3) -> BlockQuantized:
     """mxfp8 quantization of a float32 ``(B, M, K)`` operand (K a multiple of 32)."""
     blocks = _split_blocks(x3, MXFP8.block_size)
     amax = absmax(blocks, (3,))
     scale = mx_scale(amax)
     scaled = lax.div(blocks, _per_block(scale, blocks.shape))
-    clipped = lax.clamp(np.float32(-MXFP8.value_max), scaled, np.float32(MXFP8.value_max))
+    # at the top scale a value rounded up to the code 256 would stand for 2**128, beyond float32: codes stop at 240
+    top = lax.eq(scale, np.float32(_TOP_MX_SCALE))
+    limit = _per_block(lax.select(top, lax.full_like(scale, _TOP_MX_CODE), lax.full_like(scale, MXFP8.value_max)),
+                       blocks.shape)
+    clipped = lax.clamp(lax.neg(limit), scaled, limit)
     codes = lax.reshape(lax.convert_element_type(clipped, MXFP8.value_dtype), x3.shape)
     return BlockQuantized(codes, lax.convert_element_type(scale, MXFP8.scale_dtype), None)
 

@@ -243,6 +243,26 @@ def test_mxfp8_scale_rule_and_round_trip():
     assert np.all(codes[0, 0, :32] == 0.0)
 
 
+def test_mxfp8_codes_of_float32s_top_binade_stay_finite():
+    """A block whose absmax lies above 1.75 * 2**127 gets the scale 2**120, and a value near its top rounds to the
+    code 256: 2**128, Inf in float32, which made a finite row's outputs all Inf. Codes stop at 240 there, the values
+    within one step of the format, and the dot is finite and close to float64's."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 512)).astype(np.float32)
+    w = (rng.standard_normal((512, 256)) * 1e-30).astype(np.float32)
+    for big in (3.3e38, 3.4e38, np.finfo(np.float32).max):
+        x[1, 5] = np.float32(big)
+        q = sm.quantize_mxfp8(jnp.asarray(x)[None])
+        values = np.asarray(q.codes.astype(np.float32), np.float64) * np.repeat(
+            np.asarray(q.scales.astype(np.float32), np.float64), 32, axis=-1)
+        assert np.isfinite(values.astype(np.float32)).all()
+        assert abs(values[0, 1, 5] - np.float64(np.float32(big))) <= 16 * 2.0**120  # one e4m3 step at 2**120
+        got = np.asarray(jax.jit(int8ify(lambda x, w: x @ w, backend="mxfp8"))(x, w))
+        want = x.astype(np.float64) @ w.astype(np.float64)
+        assert np.isfinite(got).all()
+        assert np.linalg.norm(got - want) <= 0.1 * np.linalg.norm(want)
+
+
 def _e4m3_values():
     v = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
     return np.unique(v[np.isfinite(v) & (v >= 0)])
