@@ -34,7 +34,7 @@ from .config import RewriteConfig
 from .errors import Int8ifyError, QuantizationWarning
 from .calibration import (calibration_batches, calibration_tracer, check_percentile, measure_activations,
                           static_scales)
-from .quantize import epilogue_factors, nan_safe_magnitude, smoothing_inverse
+from .quantize import absmax as nan_safe_absmax, epilogue_factors, smoothing_inverse
 from .static_scales import StaticScale
 from .operands import quantize
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
@@ -80,8 +80,8 @@ def _quantize_weight(value, axes: tuple, bits: int, block_size: int | None) -> Q
 # -- SmoothQuant -------------------------------------------------------------------------------------------------
 def weight_absmax(weight, contracting: int):
     """``max|w_k|`` per index ``k`` of the contracting axis, in float32; Inf where ``w_k`` holds NaN or Inf."""
-    w = nan_safe_magnitude(jnp.asarray(weight, jnp.float32))  # XLA's CPU max drops NaN
-    return jnp.max(w, axis=tuple(a for a in range(w.ndim) if a != contracting))
+    w = jnp.asarray(weight, jnp.float32)
+    return nan_safe_absmax(w, tuple(a for a in range(w.ndim) if a != contracting))
 
 
 def smoothing_factors(activation_absmax, weight_absmax, alpha: float):
@@ -115,9 +115,9 @@ def _activation_absmax(closed, targets: dict) -> Callable:
     contracting index (what SmoothQuant's factors are made from)."""
 
     def statistic(eqn, operands, index, side):
-        magnitude = nan_safe_magnitude(operands[1 - side].astype(jnp.float32))  # XLA's CPU max drops NaN
+        activation = operands[1 - side].astype(jnp.float32)
         (contract,) = eqn.params["dimension_numbers"][0][1 - side]
-        return jnp.max(magnitude, axis=tuple(a for a in range(magnitude.ndim) if a != contract))
+        return nan_safe_absmax(activation, tuple(a for a in range(activation.ndim) if a != contract))
 
     return measure_activations(closed, targets, statistic)
 
