@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import re
@@ -112,19 +113,30 @@ def environment() -> str:
 
 
 # -- 2. tests on the device -----------------------------------------------------------------------------------------
-def run_tests(timeout: float, dry_run: bool) -> str:
-    tests = ["tests/jaxpr_rewrite/test_matmul_seed.py::test_published_examples"] if dry_run else GPU_TESTS
+def run_tests(timeout: float, dry_run: bool, tests: list[str] | None, traceback_style: str,
+              log: Path | None) -> str:
+    """The tests named (the GPU-relevant ones by default) in a fresh process; ``log`` receives pytest's whole
+    output (with ``traceback_style="short"``, each failure's assertion and values)."""
+    tests = tests or (["tests/jaxpr_rewrite/test_matmul_seed.py::test_published_examples"] if dry_run else GPU_TESTS)
     # -v prints each test's name and outcome as it finishes, so a time-out still says which ones failed
     # --tb=line: one "file:line: message" per failure, so the results say where and why each one failed
-    command = [sys.executable, "-m", "pytest", "-v", "--tb=line", "-p", "no:cacheprovider", "-o", "addopts=", *tests]
+    command = [sys.executable, "-m", "pytest", "-v", f"--tb={traceback_style}", "-p", "no:cacheprovider",
+               "-o", "addopts=", *tests]
     env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", ""))  # the suite's 8 host devices are not needed
+    if not dry_run and importlib.util.find_spec("xdist") is not None:
+        # compiling is most of the tests' time and the GPU machine has many cores: one worker per few cores, each
+        # taking GPU memory as it needs it (this process already holds most of it)
+        command[3:3] = ["-n", str(max(1, min(8, (os.cpu_count() or 2) // 2)))]
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     try:
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
         output = result.stdout + result.stderr
     except subprocess.TimeoutExpired as e:
         output = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         output += f"\n(stopped after {timeout:.0f} s)"
-    outcomes = re.findall(r"^(tests/\S+) (PASSED|FAILED|ERROR|SKIPPED)", output, flags=re.MULTILINE)
+    if log is not None:
+        log.write_text(output)
+    outcomes = _outcomes(output)
     failed = [name for name, outcome in outcomes if outcome in ("FAILED", "ERROR")]
     summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed)", line)]
     counts = f"{sum(o == 'PASSED' for _, o in outcomes)} passed, {len(failed)} failed of {len(outcomes)} run"
@@ -139,6 +151,15 @@ def run_tests(timeout: float, dry_run: bool) -> str:
     return body
 
 
+def _outcomes(output: str) -> list[tuple[str, str]]:
+    """``(test, outcome)`` for each test ``pytest -v`` reported: ``test PASSED`` alone, ``[gw0] [ 5%] PASSED test``
+    under pytest-xdist."""
+    serial = re.findall(r"^(tests/\S+) (PASSED|FAILED|ERROR|SKIPPED)", output, flags=re.MULTILINE)
+    parallel = re.findall(r"^\[gw\d+\] \[\s*\d+%\] (PASSED|FAILED|ERROR|SKIPPED) (tests/\S+)", output,
+                          flags=re.MULTILINE)
+    return serial + [(name, outcome) for outcome, name in parallel]
+
+
 def _failure_lines(output: str, limit: int = 60, width: int = 400) -> list[str]:
     """The ``file:line: message`` lines that ``pytest --tb=line`` prints, one per failure."""
     found = re.findall(r"^(\S+\.py:\d+: .*)$", output, flags=re.MULTILINE)
@@ -150,31 +171,51 @@ def _cast(tree, dtype):
     return jax.tree_util.tree_map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
 
 
-def speed(dry_run: bool) -> tuple[str, list]:
+SPEED_CASES = "mlp4096:1024,mlp4096:4096,minilm:128,mlp1024:16,mlp1024:1024,mlp1024:128"
+
+
+def speed(dry_run: bool, deadline: float, cases: str) -> str:
+    """The models by what they tell, most first, each started only while ``deadline`` (``time.perf_counter()``)
+    has not passed: the MLP at d 4096 and batch >= 1024 (where int8 GEMMs can beat bf16 on an H200), MiniLM at
+    batch 128, then d 1024 (batch 16, where launches dominate, is where one kernel per dot should show most)."""
     import model as minilm
     from mlp import init_mlp, mlp
     from speed import hand_mlp, hand_weights
 
     rounds, reps = (2, 1) if dry_run else (9, 10)
-    # (width, batches): d 4096 at batch >= 1024 is where int8 GEMMs can beat bf16 on an H200; batch 16, where
-    # launches dominate, is where one kernel per dot (int8-fused) should show most
-    shapes = [(64, (8,))] if dry_run else [(1024, (16, 128, 1024)), (4096, (1024, 4096))]
-    rows, measured = [], []
-    for width, batches in shapes:
-        mlp_params = init_mlp(jax.random.PRNGKey(0), width, 4)
-        hand = [{"w": hand_weights(layer, ["w"])["w"], "b": layer["b"]} for layer in mlp_params]
-        for batch in batches:
+    rows, skipped = [], []
+    length = 16 if dry_run else 128
+    for width, batch in _speed_cases("mlp64:8,minilm:2" if dry_run else cases):  # width None: MiniLM
+        name = f"MiniLM {batch}x{length}" if width is None else f"MLP 4x{width}"
+        if time.perf_counter() > deadline:
+            skipped.append(f"{name} at batch {batch}")
+            continue
+        if width is None:
+            ids = jax.random.randint(jax.random.PRNGKey(1), (batch, length), 1000, 20000, jnp.int32)
+            rest = (ids, jnp.ones((batch, length), jnp.int32))
+            rows += _bench(name, minilm.encode, _minilm_params(minilm, dry_run), rest, None, rounds,
+                           max(1, reps // 5))
+        else:
+            mlp_params = init_mlp(jax.random.PRNGKey(0), width, 4)
+            hand = [{"w": hand_weights(layer, ["w"])["w"], "b": layer["b"]} for layer in mlp_params]
             x = jax.random.normal(jax.random.PRNGKey(batch), (batch, width))
-            rows += _bench(f"MLP 4x{width}", mlp, mlp_params, (x,), (hand_mlp, hand), rounds, reps, measured)
-    params = _minilm_params(minilm, dry_run)
-    batch, length = (2, 16) if dry_run else (128, 128)
-    ids = jax.random.randint(jax.random.PRNGKey(1), (batch, length), 1000, 20000, jnp.int32)
-    mask = jnp.ones((batch, length), jnp.int32)
-    rows += _bench(f"MiniLM {batch}x{length}", minilm.encode, params, (ids, mask), None, rounds, max(1, reps // 5),
-                   measured)
+            rows += _bench(name, mlp, mlp_params, (x,), (hand_mlp, hand), rounds, reps)
     header = ["| model | batch | variant | ms | vs float32 | vs bf16 | vs bare int8 dots | rel. error vs float32 |",
               "|---|---|---|---|---|---|---|---|"]
-    return "\n".join(header + rows), measured
+    notes = [f"\n(not run, the step's time was up: {', '.join(skipped)})"] if skipped else []
+    return "\n".join(header + rows + notes)
+
+
+def _speed_cases(text: str) -> list[tuple[int | None, int]]:
+    """``"mlp4096:1024,minilm:128"`` as ``[(4096, 1024), (None, 128)]``: the MLP's width (None for MiniLM) and the
+    batch."""
+    cases = []
+    for case in text.split(","):
+        match = re.fullmatch(r"(mlp(\d+)|minilm):(\d+)", case.strip())
+        if match is None:
+            raise ValueError(f"--models: {case!r} is neither mlpWIDTH:BATCH nor minilm:BATCH")
+        cases.append((int(match.group(2)) if match.group(2) else None, int(match.group(3))))
+    return cases
 
 
 def _minilm_params(minilm, dry_run: bool) -> dict:
@@ -184,7 +225,7 @@ def _minilm_params(minilm, dry_run: bool) -> dict:
     return {**params, "layers": params["layers"][:1]} if dry_run else params
 
 
-def _bench(name, model, params, rest, hand, rounds, reps, measured) -> list[str]:
+def _bench(name, model, params, rest, hand, rounds, reps) -> list[str]:
     from speed import bare_dots, rel_error, time_interleaved
 
     qparams = quantize_params(model, params, *rest)
@@ -210,6 +251,7 @@ def _bench(name, model, params, rest, hand, rounds, reps, measured) -> list[str]
         variants["int8ify static+attn"] = (jax.jit(int8ify(model, activation_scales=attention)), (static, *rest))
     if hasattr(jax, "Inline"):  # whether late inlining, int8ify's choice on CPU, pays on this device too
         variants["int8ify+qparams, late inlining"] = (jax.jit(int8ify(model, late_inlining=True)), (qparams, *rest))
+    failed = _drop_failing(variants)
     times = time_interleaved(variants, rounds, reps)
     reference = f32(params, *rest)
     batch = rest[0].shape[0]
@@ -219,8 +261,20 @@ def _bench(name, model, params, rest, hand, rounds, reps, measured) -> list[str]
         error = float("nan") if variant == "bare int8 dots" else rel_error(fn(*args).astype(jnp.float32), reference)
         rows.append(f"| {name} | {batch} | {variant} | {ms:.3f} | {times['float32'] / ms:.2f}x | "
                     f"{times['bf16'] / ms:.2f}x | {times['bare int8 dots'] / ms:.2f}x | {error:.2e} |")
-        measured.append((name, variant, ms))
-    return rows
+    return rows + [f"| {name} | {batch} | {variant} | failed: {error} | | | | |" for variant, error in failed.items()]
+
+
+def _drop_failing(variants: dict) -> dict:
+    """Remove each variant whose first call raises (one failing variant must not cost the others' timings), and
+    return ``variant -> the error's last line``."""
+    failed = {}
+    for variant, (fn, args) in list(variants.items()):
+        try:
+            jax.block_until_ready(fn(*args))
+        except Exception as e:  # a variant that does not run on this device is a finding, reported in the table
+            failed[variant] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200] if str(e).strip() else ''}"
+            del variants[variant]
+    return failed
 
 
 # -- 4. what the dots compile to ----------------------------------------------------------------------------------
@@ -276,7 +330,7 @@ def hlo_check(dry_run: bool) -> str:
 
 
 # -- 5. the fused kernel against XLA's program, on the device ----------------------------------------------------
-def fused_kernel(dry_run: bool) -> str:
+def fused_kernel(dry_run: bool, deadline: float) -> str:
     """``backend="int8-fused"`` (the Pallas kernel) against ``"int8"`` (XLA's kernels), both on this device, bit
     for bit: realistic shapes, both weight layouts, dynamic and static scales, rows of ties, zeros, NaN/Inf, tiny
     and huge values (no subnormal inputs: XLA reads them as zero, the kernel as they are)."""
@@ -284,6 +338,9 @@ def fused_kernel(dry_run: bool) -> str:
     shapes = [(8, 64, 128)] if dry_run else [(1, 1024, 1024), (100, 384, 1152), (1024, 4096, 4096), (4096, 1536, 384)]
     lines = []
     for rows, k, n in shapes:
+        if time.perf_counter() > deadline:
+            lines.append(f"- {rows}x{k} @ ({k}, {n}): not run, the step's time was up")
+            continue
         x = rng.normal(size=(rows, k)).astype(np.float32)
         x[: rows // 4] = rng.integers(-300, 300, size=(rows // 4, k)) / 4  # ties
         x[rows // 2:] *= np.exp2(rng.integers(-100, 100, size=(rows - rows // 2, 1))).astype(np.float32)
@@ -337,24 +394,48 @@ def block_scaled() -> str:
     return "\n".join(lines)
 
 
+STEPS = ("tests", "speed", "fused", "hlo", "blocks")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="toy sizes and one test: checks the script itself")
     parser.add_argument("--out", help="results file (default: benchmarks/results/<device>.md)")
-    parser.add_argument("--test-timeout", type=float, default=200.0, help="seconds for the test step")
+    parser.add_argument("--steps", default=",".join(STEPS),
+                        help=f"which steps to run after the environment, comma-separated (default: all of {STEPS})")
+    parser.add_argument("--tests", nargs="*", help="pytest node ids for the test step (default: the GPU-relevant ones)")
+    parser.add_argument("--tb", default="line", choices=["line", "short", "long"],
+                        help="pytest's traceback style for the test step")
+    parser.add_argument("--test-log", help="file for pytest's whole output")
+    parser.add_argument("--test-timeout", type=float, default=150.0, help="seconds for the test step")
+    parser.add_argument("--models", default=SPEED_CASES, help="the speed step's models, as mlpWIDTH:BATCH and "
+                        "minilm:BATCH, comma-separated, most telling first")
+    parser.add_argument("--speed-time", type=float, default=200.0,
+                        help="seconds after which the speed step starts no further model")
+    parser.add_argument("--fused-time", type=float, default=90.0,
+                        help="seconds after which the fused-kernel step starts no further shape")
     ns = parser.parse_args(argv)
+    steps = set(ns.steps.split(","))
+    if not steps <= set(STEPS):
+        parser.error(f"--steps: unknown {sorted(steps - set(STEPS))}; the steps are {STEPS}")
     device = jax.devices()[0].device_kind
     slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "device"
     out = Path(ns.out) if ns.out else ROOT / "benchmarks" / "results" / f"{slug}.md"
     report = Report(out)
     step(report, "Environment", environment)
-    step(report, "Tests on the device", run_tests, ns.test_timeout, ns.dry_run)
-    speed_body = []
-    step(report, "Speed (ms, medians of interleaved runs)", lambda: speed_body.append(speed(ns.dry_run)) or
-         speed_body[-1][0])
-    step(report, "What the dots compile to (optimized HLO)", hlo_check, ns.dry_run)
-    step(report, "The fused kernel against XLA's program", fused_kernel, ns.dry_run)
-    step(report, "Block-scaled backends", block_scaled)
+    if "tests" in steps:
+        step(report, "Tests on the device", run_tests, ns.test_timeout, ns.dry_run, ns.tests, ns.tb,
+             Path(ns.test_log) if ns.test_log else None)
+    if "speed" in steps:
+        step(report, "Speed (ms, medians of interleaved runs)", speed, ns.dry_run,
+             time.perf_counter() + ns.speed_time, ns.models)
+    if "fused" in steps:
+        step(report, "The fused kernel against XLA's program", fused_kernel, ns.dry_run,
+             time.perf_counter() + ns.fused_time)
+    if "hlo" in steps:
+        step(report, "What the dots compile to (optimized HLO)", hlo_check, ns.dry_run)
+    if "blocks" in steps:
+        step(report, "Block-scaled backends", block_scaled)
     print(f"\nwrote {out}")
     return 0
 

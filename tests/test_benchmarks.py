@@ -149,3 +149,21 @@ def test_accelerator_targets_read_off_kernel_counts_and_cycles(monkeypatch):
     assert tpu[2:] == ["| MLP | v5e | int8ify+qparams | 1.12 | 1.80 | 1.73 | no |",
                        "| MLP | v5e | int8ify static | 0.63 | 1.01 | 0.97 | no |",
                        "| MLP | v6e | int8ify static | 0.70 | 1.40 | - | yes |"]
+
+
+def test_test_outcomes_are_read_with_and_without_xdist():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import device_check
+
+    output = """
+tests/jaxpr_rewrite/test_ragged.py::test_a PASSED                        [ 50%]
+tests/jaxpr_rewrite/test_ragged.py::test_b FAILED                        [100%]
+[gw0] [ 33%] PASSED tests/jaxpr_rewrite/test_api.py::test_c
+[gw3] [100%] ERROR tests/jaxpr_rewrite/test_api.py::test_d
+"""
+    assert device_check._outcomes(output) == [
+        ("tests/jaxpr_rewrite/test_ragged.py::test_a", "PASSED"),
+        ("tests/jaxpr_rewrite/test_ragged.py::test_b", "FAILED"),
+        ("tests/jaxpr_rewrite/test_api.py::test_c", "PASSED"),
+        ("tests/jaxpr_rewrite/test_api.py::test_d", "ERROR"),
+    ]
