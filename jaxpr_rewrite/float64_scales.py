@@ -108,11 +108,15 @@ def _factors(scale, own):
 
 def scale_candidates(magnitudes):
     """Each magnitude's candidate scale, ``|x| / 127`` rounded to a float32 significand in float64 (its exponent
-    unbounded): a slice's scale is the maximum of its candidates, which is its absmax's candidate (the rounding is
-    monotone), the contract's ``absmax / 127``."""
+    unbounded), and at least :data:`FLOOR_SCALE`: a slice's scale is the maximum of its candidates, which is its
+    absmax's candidate (the rounding is monotone), the contract's ``absmax / 127``, and ``FLOOR_SCALE`` for a slice of
+    zeros. The floor is taken per element, not left to the reduction's initial value: XLA drops that value where it
+    reduces over a dimension of size 1 (for a max it is meant to be an identity), which gave a one-element slice of
+    zeros the scale 0."""
     with jax.enable_x64(True):
-        return rounded_significands(lax.mul(lax.convert_element_type(magnitudes, np.float64),
-                                            np.float64(1) / np.float64(INT8_MAX)))
+        candidates = rounded_significands(lax.mul(lax.convert_element_type(magnitudes, np.float64),
+                                                  np.float64(1) / np.float64(INT8_MAX)))
+        return lax.max(candidates, FLOOR_SCALE)
 
 
 def quantize_by_float64(x, reduce_axes: Sequence[int]):
@@ -146,7 +150,7 @@ def quantize_with_float64_scales(x, reduce_axes: Sequence[int]):
     values = to_compute(x)
     magnitudes = nan_safe_magnitude(values)
     with jax.enable_x64(True):  # float64 inside the program, whatever the program's own setting
-        # the reduction starts from FLOOR_SCALE, far below any slice's scale: a slice of zeros (or none) keeps it
+        # FLOOR_SCALE is far below any slice's scale: a slice of zeros (or none) keeps it
         scale = lax.reduce(scale_candidates(magnitudes), FLOOR_SCALE, lax.max, reduce_axes)
         zero = lax.eq(scale, FLOOR_SCALE)
         divided = lax.div(lax.convert_element_type(values, np.float64),

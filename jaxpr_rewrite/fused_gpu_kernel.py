@@ -37,7 +37,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pallas_triton
 
 from ._compat import result_struct
-from .float64_scales import FLOOR_SCALE, scale_candidates, scale_product_in_float64
+from .float64_scales import scale_candidates, scale_product_in_float64
 from .quantize import INT8_MAX, nan_safe_magnitude, scale_product
 from .static_scales import StaticScale
 
@@ -110,8 +110,7 @@ def _dynamic_kernel(x_ref, w_ref, *column_refs, steps: int, **blocking):
 
     first, last = np.int32(0), np.int32(steps)
     amax = lax.fori_loop(first, last, take_absmax, jnp.zeros((x_ref.shape[0],), jnp.float32))
-    # the row's scale; a row of zeros takes the smallest normal float64
-    scale = jnp.maximum(scale_candidates(amax), FLOOR_SCALE)
+    scale = scale_candidates(amax)  # the row's scale; a row of zeros takes FLOOR_SCALE, the smallest normal float64
     reciprocal = np.float64(1) / scale  # correctly rounded: rounded_quotients_by_float64's multiplier
     acc = lax.fori_loop(first, last, add_products, jnp.zeros(out_ref.shape, jnp.int32)).astype(jnp.float32)
     placed = functools.partial(_placed, shape=acc.shape)
