@@ -40,8 +40,10 @@ def test_division_by_odd_passes_nan_and_inf_and_keeps_float64():
 
 
 def _ieee_reciprocal(values):
-    """``1 / values`` by XLA:CPU's IEEE division (subnormal inputs and results flushed to zero)."""
-    return np.asarray(jax.jit(lambda v: true_divide(lax.full_like(v, 1), v))(values))
+    """``1 / values`` by XLA:CPU's IEEE division (subnormal inputs and results flushed to zero), on the CPU also where
+    the default device is a GPU, whose float division is approximate."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        return np.asarray(jax.jit(lambda v: true_divide(lax.full_like(v, 1), v))(values))
 
 
 def _same_bits(got, want):
