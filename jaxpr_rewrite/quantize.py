@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -92,9 +93,19 @@ def compute_dtype(dtype) -> np.dtype:
 
 
 def to_compute(x, dtype=None):
-    """``x`` in its compute dtype (or ``dtype``)."""
+    """``x`` in its compute dtype (or ``dtype``).
+
+    A bfloat16 ``x`` is widened through ``reduce_precision`` to bfloat16 (a no-op on its values): where ``x`` is a
+    wider value cast to bfloat16 (``Dense(dtype=bfloat16)`` with float32 params), XLA's GPU compiler drops the
+    ``float32 -> bfloat16 -> float32`` pair under its default ``xla_allow_excess_precision``, and the codes would
+    be taken from the unrounded weight."""
     dtype = compute_dtype(x.dtype) if dtype is None else np.dtype(dtype)
-    return x if x.dtype == dtype else lax.convert_element_type(x, dtype)
+    if x.dtype == dtype:
+        return x
+    wide = lax.convert_element_type(x, dtype)
+    if np.dtype(x.dtype) == np.dtype(jnp.bfloat16):
+        wide = lax.reduce_precision(wide, exponent_bits=8, mantissa_bits=7)
+    return wide
 
 
 def absmax(x, reduce_axes: Sequence[int]):

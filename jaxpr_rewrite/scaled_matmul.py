@@ -154,7 +154,9 @@ def mx_scale(amax):
 
 def round_up_e4m3(s):
     """The smallest float8_e4m3fn value ``>= s``, for ``0 <= s <= 448`` (NaN stays NaN)."""
-    q = lax.convert_element_type(s, jnp.float8_e4m3fn)
+    # a barrier between the two conversions: XLA's GPU compiler removes a float32 -> float8 -> float32 round trip
+    # (xla_allow_excess_precision), which made ``below`` always false
+    q = lax.optimization_barrier(lax.convert_element_type(s, jnp.float8_e4m3fn))
     below = lax.lt(lax.convert_element_type(q, np.float32), s)
     up = lax.bitcast_convert_type(
         lax.add(lax.bitcast_convert_type(q, np.uint8), np.uint8(1)), jnp.float8_e4m3fn
@@ -284,6 +286,10 @@ def emulated_scaled_matmul(a, b, a_scales, b_scales, *, preferred_element_type):
     """The documented math of ``jax.nn.scaled_matmul`` in float32: ``a * repeat(a_scales, block)``,
     ``b * repeat(b_scales, block)``, ``einsum('BMK,BNK->BMN')``. Returns a one-element list (the
     primitive has multiple results)."""
+
+    # the operands cross a barrier in their own dtypes: XLA's GPU compiler removes a float32 -> float8/float4 ->
+    # float32 round trip (xla_allow_excess_precision), which left the inline emulation's codes and scales unrounded
+    a, b, a_scales, b_scales = lax.optimization_barrier((a, b, a_scales, b_scales))
 
     def dequantize(x, scales):
         k = x.shape[-1]

@@ -354,37 +354,67 @@ def deploy_fn(params, x):
     return h @ params["head"]
 
 
-def evaluate_as(platform: str, fn, *args):
+def evaluate_as(platform: str, fn, *args, excess_precision: bool = False):
     """``fn(*args)`` computed on this machine with every ``lax.platform_dependent`` choice made as ``platform``
-    (``"cpu"``, ``"cuda"``, ``"tpu"``) makes it: a GPU's or TPU's program run on the CPU (its own arithmetic, not
-    the device's)."""
+    makes it (``"cpu"``, ``"cuda"``, ``"tpu"``): a GPU's or TPU's program run on the CPU (its own arithmetic, not
+    the device's).
+
+    ``excess_precision``: also do what XLA's GPU compiler does under its default ``xla_allow_excess_precision``
+    (its SimplifyFPConversions pass): a chain of float conversions ``A -> B -> C`` becomes ``A -> C``, looking
+    through the reshapes, transposes and broadcasts that become bitcasts, so a narrowing that is widened again
+    (``float32 -> bfloat16/float8 -> float32``) does not round. ``optimization_barrier`` and ``reduce_precision``
+    keep the rounding, as they do on the GPU."""
     closed = jax.make_jaxpr(fn)(*args)
-    return _evaluate_as(platform, closed.jaxpr, closed.consts, jax.tree_util.tree_leaves(args))
+    return _evaluate_as(platform, closed.jaxpr, closed.consts, jax.tree_util.tree_leaves(args),
+                        excess_precision, {})
 
 
-def _evaluate_as(platform, jaxpr, consts, args):
+# ops that XLA turns into bitcasts or that keep each element's value: a conversion chain is seen through them
+_VALUE_PRESERVING = {"reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims", "copy", "copy_p"}
+
+
+def _is_float(dtype) -> bool:
+    return np.issubdtype(np.dtype(dtype), np.floating) or "float" in str(dtype)
+
+
+def _evaluate_as(platform, jaxpr, consts, args, excess_precision=False, unrounded=None):
     env = {}
+    # var -> the value before a float conversion chain (what XLA:GPU computes it from under excess precision)
+    wide = {}
 
     def read(v):
         return v.val if hasattr(v, "val") else env[v]
 
     env.update(zip(jaxpr.constvars, consts))
     env.update(zip(jaxpr.invars, args))
+    if unrounded:
+        wide.update({v: unrounded[i] for i, v in enumerate(jaxpr.invars) if i in unrounded})
     for eqn in jaxpr.eqns:
         values = [read(v) for v in eqn.invars]
         name = eqn.primitive.name
+        passed = {i: wide[v] for i, v in enumerate(eqn.invars) if not hasattr(v, "val") and v in wide}
         if name == "platform_index":
             choices = eqn.params["platforms"]
             outs = [np.int32(next((i for i, names in enumerate(choices) if names is not None and platform in names),
                                   choices.index(None)))]
         elif name == "cond":
             branch = eqn.params["branches"][int(values[0])]
-            outs = _evaluate_as(platform, branch.jaxpr, branch.consts, values[1:])
+            inner = {i - 1: w for i, w in passed.items() if i > 0}
+            outs = _evaluate_as(platform, branch.jaxpr, branch.consts, values[1:], excess_precision, inner)
         elif name in ("pjit", "jit", "closed_call", "custom_jvp_call", "custom_vjp_call"):
             inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr", eqn.params.get("fun_jaxpr")))
-            outs = _evaluate_as(platform, inner.jaxpr, inner.consts, values)
+            outs = _evaluate_as(platform, inner.jaxpr, inner.consts, values, excess_precision, passed)
+        elif (excess_precision and name == "convert_element_type" and 0 in passed
+              and _is_float(eqn.params["new_dtype"])):
+            # the chain source -> ... -> this dtype, without the roundings in between
+            outs = [eqn.primitive.bind(passed[0], **eqn.params)]
         else:
             outs = eqn.primitive.bind(*values, **eqn.params)
             outs = outs if eqn.primitive.multiple_results else [outs]
+        if excess_precision:
+            if name == "convert_element_type" and _is_float(eqn.params["new_dtype"]):
+                wide[eqn.outvars[0]] = passed.get(0, values[0])
+            elif name in _VALUE_PRESERVING and 0 in passed:
+                wide[eqn.outvars[0]] = eqn.primitive.bind(passed[0], *values[1:], **eqn.params)
         env.update(zip(eqn.outvars, outs))
     return [read(v) for v in jaxpr.outvars]

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import assert_all_dots_int8, is_max_reduction, platform_eqns
+from helpers import assert_all_dots_int8, evaluate_as, is_max_reduction, platform_eqns
 from jaxpr_rewrite import Int8ifyError, QuantizationWarning, QuantizedArray, int8ify, quantize_params
 
 
@@ -324,6 +324,22 @@ def test_weights_cast_before_their_dot():
     f = jax.jit(int8ify(dense))
     np.testing.assert_array_equal(np.asarray(f(q, x), np.float32), np.asarray(f(params, x), np.float32))
     _assert_codes_consumed(dense, q, x, n_dots=1)
+
+
+def test_weights_cast_before_their_dot_under_gpu_excess_precision():
+    """XLA's GPU compiler drops the ``float32 -> bfloat16 -> float32`` pair between the cast and the quantizer
+    (``xla_allow_excess_precision``): the codes must still be the bfloat16 weight's, as ``quantize_params`` takes
+    them (an H200 gave outputs 2 bfloat16 steps off before)."""
+    params = {"w": jnp.asarray(rng.normal(size=(64, 32)), jnp.float32)}
+    x = jnp.asarray(rng.normal(size=(8, 64)), jnp.bfloat16)
+
+    def dense(params, x):
+        return x @ params["w"].astype(jnp.bfloat16)
+
+    q = quantize_params(dense, params, x)
+    (want,) = evaluate_as("cuda", int8ify(dense), q, x)
+    (got,) = evaluate_as("cuda", int8ify(dense), params, x, excess_precision=True)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
 
 
 def test_flax_dense_with_bfloat16_compute():

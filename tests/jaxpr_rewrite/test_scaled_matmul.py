@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
 
+from helpers import evaluate_as
 from jaxpr_rewrite import Int8ifyError, int8ify
 from jaxpr_rewrite.jaxprs import sub_jaxprs
 from jaxpr_rewrite import scaled_matmul as sm
@@ -180,6 +181,38 @@ def test_error_against_float_is_format_sized(backend, bound):
     out = np.asarray(_rewritten("batched", backend)(lhs, rhs), np.float64)
     exact = np.asarray(_dot(dn)(lhs.astype(np.float64), rhs.astype(np.float64)))
     assert np.linalg.norm(out - exact) / np.linalg.norm(exact) < bound
+
+
+@pytest.fixture
+def inline_emulation(monkeypatch):
+    """The program a GPU older than Blackwell runs (the block-scaled math inline), traced afresh."""
+    monkeypatch.setattr(sm, "_needs_inline_emulation", lambda: True)
+    jax.clear_caches()
+    yield
+    monkeypatch.undo()
+    jax.clear_caches()
+
+
+@pytest.mark.parametrize("backend", sorted(FORMATS))
+def test_inline_emulation_keeps_its_roundings_under_gpu_excess_precision(backend, inline_emulation):
+    """XLA's GPU compiler drops ``float32 -> float8/float4 -> float32`` round trips (``xla_allow_excess_precision``):
+    the codes and scales of the inline emulation must stay rounded to their formats (an H200 gave errors of 3%
+    for mxfp8, and a zero nvfp4 block scale, before)."""
+    lhs_shape, rhs_shape, dn = CASES["batched"]
+    lhs, rhs = _data(lhs_shape, 0), _data(rhs_shape, 1)
+    f = int8ify(_dot(dn), backend=backend)
+    upcasts = [e for e in _walk(jax.make_jaxpr(f)(lhs, rhs).jaxpr) if e.primitive.name == "convert_element_type"
+               and e.invars[0].aval.dtype == np.dtype(FORMATS[backend].value_dtype)]
+    assert len(upcasts) == 2  # the inline emulation, not a scaled_matmul equation
+    (out,) = evaluate_as("cuda", f, lhs, rhs, excess_precision=True)
+    ref = reference_dot(lhs, rhs, dn, FORMATS[backend])
+    np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=2e-5, atol=2e-6 * np.abs(ref).max())
+    tiny, huge = np.float32(9 * 2.0**-126), np.float32(1e37)
+    a = np.full((2, 16), tiny, np.float32)
+    b = np.full((16, 2), huge, np.float32)
+    b[:, 0] = huge / np.float32(6 * 448) * np.float32(2.0**-10)
+    (out,) = evaluate_as("cuda", int8ify(lambda x, w: x @ w, backend="nvfp4"), a, b, excess_precision=True)
+    np.testing.assert_allclose(np.asarray(out, np.float64), a.astype(np.float64) @ b.astype(np.float64), rtol=1e-6)
 
 
 def test_nvfp4_epilogue_neither_overflows_nor_underflows_between_a_huge_and_a_tiny_operand():
