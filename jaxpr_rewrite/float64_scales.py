@@ -1,18 +1,19 @@
 """A GPU's dynamic quantization and epilogue: each slice's scale taken inside its absmax reduction, in float64, and
 read by the epilogue as it is.
 
-XLA's GPU compiler makes the per-row work between a row's absmax and its uses (the scale ``absmax / 127``, its
-split into mantissa and power of two, the epilogue factors) a kernel of its own per dot: it does not repeat it inside
-the kernels that read it (the 4 x 1024 MLP of ``benchmarks/accelerators.py``: 17 kernels on an H200, a transformer
-block 34). Here every element contributes its own candidate scale, ``|x| / 127`` rounded to a float32 significand
-(24 bits, its exponent unbounded) in float64, and a slice's scale is their maximum: the rounding is monotone, so that
+XLA's GPU compiler makes the per-row work between a row's absmax and its uses (the scale ``absmax / 127``, its split
+into mantissa and power of two, the epilogue factors) a kernel of its own per dot: it does not repeat it inside the
+kernels that read it (the 4 x 1024 MLP of ``benchmarks/accelerators.py``: 17 kernels on an H200, a transformer block
+34). Here every element contributes its own candidate scale, ``|x| / 127`` rounded to a float32 significand (24
+bits, its exponent unbounded) in float64, and a slice's scale is their maximum: the rounding is monotone, so that
 maximum is the absmax's rounded quotient, the contract's scale, bit for bit. The codes divide by it per element
 (:func:`quantize_with_float64_scales`), and the epilogue multiplies by it in float64 and rounds once
-(:func:`scale_product_in_float64`), so no kernel works per row: the MLP launches 13 kernels and the block 26, at
-most the hand-written program's (13 and 28). The divide stays per element because a per-row reciprocal made XLA
-compute it in a kernel of its own again; it is about ten float64 operations, cheap where FP64 runs at half the FP32
-rate, as on A100/H100/H200, and not on GPUs with 1/64-rate FP64. :func:`quantize_by_float64` gives the same
-quantization with float32 epilogue factors, for the ragged dot's epilogue.
+(:func:`scale_product_in_float64`), so no kernel works per row: the MLP launches 13 kernels and the block 26 (28
+since the GEMMs take int8 buffers, :mod:`~jaxpr_rewrite.int8_dot`), at most the hand-written program's (13 and 28).
+The divide stays per element because a per-row reciprocal made XLA compute it in a kernel of its own again; it is
+about ten float64 operations, cheap where FP64 runs at half the FP32 rate, as on A100/H100/H200, and not on GPUs
+with 1/64-rate FP64. :func:`quantize_by_float64` gives the same quantization with float32 epilogue factors, for the
+ragged dot's epilogue.
 
 Why each rounding is exact (``n``, ``d`` float32 values, ``N``, ``D`` their integer significands, below ``2**24``):
 

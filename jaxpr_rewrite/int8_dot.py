@@ -125,14 +125,15 @@ def _scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dt
     def portable():
         lhs_q = quantize_operand(lhs, lhs_reduce, rhs)
         rhs_q = quantize_operand(rhs, rhs_reduce, lhs)
-        acc = int32_dot(lhs_q.codes, rhs_q.codes, dimension_numbers, _common_dtype(lhs_q, rhs_q, out_dtype))
+        acc = int32_dot(*_int8_buffers_on_gpu(lhs_q.codes, rhs_q.codes), dimension_numbers,
+                        _common_dtype(lhs_q, rhs_q, out_dtype))
         return result(_scaled(acc, (lhs_q, rhs_q), _placements(lhs_q, rhs_q, dimension_numbers, acc.shape)),
                       lhs_q, rhs_q)
 
     def on_gpu():
         (lhs_q, lhs_scale), (rhs_q, rhs_scale) = (quantize_operand_in_float64(lhs, lhs_reduce, rhs),
                                                   quantize_operand_in_float64(rhs, rhs_reduce, lhs))
-        acc = int32_dot(lhs_q.codes, rhs_q.codes, dimension_numbers, np.float32)
+        acc = int32_dot(*_int8_buffers(lhs_q.codes, rhs_q.codes), dimension_numbers, np.float32)
         placements = _placements(lhs_q, rhs_q, dimension_numbers, acc.shape)
         with jax.enable_x64(True):  # the float64 scales keep their dtype through the broadcasts
             sides = [place(scale) if scale is not None else tuple(place(f) for f in q.epilogue_factors(np.float32))
@@ -148,6 +149,22 @@ def _scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dt
     if not float64_epilogue:
         return portable()
     return lax.platform_dependent(cpu=portable, tpu=portable, default=on_gpu)
+
+
+def _int8_buffers(lhs_codes, rhs_codes):
+    """The codes as int8 buffers for a GPU's GEMM (an optimization barrier), not float32 quotients XLA converts
+    inside the GEMM fusion. XLA's autotuner tries each GEMM tiling on random data in its operands' dtypes and
+    rejects one whose result differs; float32 data in [0, 1) converted to int8 is all zero codes, so it could not
+    reject the Triton tilings with a K block of 16, whose ``mma.m16n8k32`` takes the same half of K twice and
+    doubles every sum (an H200 kept one for small dots)."""
+    return lax.optimization_barrier((lhs_codes, rhs_codes))
+
+
+def _int8_buffers_on_gpu(lhs_codes, rhs_codes):
+    """:func:`_int8_buffers` on GPUs; elsewhere the codes as they are (XLA:CPU and XLA:TPU fuse the quantization
+    into their dot)."""
+    return lax.platform_dependent(lhs_codes, rhs_codes, cpu=lambda a, b: (a, b), tpu=lambda a, b: (a, b),
+                                  default=_int8_buffers)
 
 
 def _fits_fused_kernel(lhs, rhs, dimension_numbers, out_dtype) -> bool:

@@ -52,11 +52,11 @@ def test_cpu_absmax_of_a_matrix_reads_the_operand_directly():
     """On CPU a matrix operand's absmax is ``reduce_max(abs(x))`` (fused into XLA's reduction), not of a NaN-to-Inf
     select that XLA:CPU writes out as a temporary as large as the operand; TPU keeps that select, and so do
     operands of higher rank on CPU (whose codes XLA's dot reads through a reshape); CUDA reduces the elements'
-    scales, rounded on their bits (``float64_scales``)."""
+    scales, rounded on their bits and floored per element (``float64_scales``)."""
     matrices = jax.make_jaxpr(int8ify(lambda a, b: a @ b))(jnp.ones((64, 256)), jnp.ones((256, 128)))
     assert _absmax_producers(matrices, "cpu") == ["abs", "abs"]  # both operands are float: one absmax each
     assert _absmax_producers(matrices, "tpu") == ["select_n", "select_n"]
-    assert _absmax_producers(matrices, "cuda") == ["bitcast_convert_type", "bitcast_convert_type"]
+    assert _absmax_producers(matrices, "cuda") == ["max", "max"]
     batched = jax.make_jaxpr(int8ify(lambda a, b: a @ b))(jnp.ones((4, 16, 256)), jnp.ones((256, 128)))
     assert _absmax_producers(batched, "cpu") == ["select_n", "abs"]  # the (4, 16, 256) activation, the weight
 
@@ -78,14 +78,18 @@ def _barriers(jaxpr, platform):
 def test_tpu_quantizes_the_values_its_absmax_was_taken_from(shape):
     """On TPU each dynamic activation reaches its quantization pass together with its absmax through one
     optimization barrier (XLA:TPU would otherwise compute the previous dot's epilogue and gelu again inside that
-    pass); no other platform's program has one."""
+    pass); CPU's program has none, and CUDA's only those that hand its GEMMs int8 codes (``int8_dot``)."""
     params = {"w1": np.ones((256, 256), np.float32), "b": np.ones(256, np.float32),
               "w2": np.ones((256, 128), np.float32)}
     x = jnp.ones(shape)
     jaxpr = jax.make_jaxpr(int8ify(_two_layers))(quantize_params(_two_layers, params, x), x)
     # the input and the hidden activation, each with its absmax; the weights were quantized once
     assert _barriers(jaxpr, "tpu") == [[(shape, False), (shape[:-1], True)]] * 2
-    assert _barriers(jaxpr, "cpu") == _barriers(jaxpr, "cuda") == []
+    assert _barriers(jaxpr, "cpu") == []
+    hidden = shape[:-1] + (256,)
+    assert _barriers(jaxpr, "cuda") == [[(shape, False), ((256, 256), False)], [(hidden, False), ((256, 128), False)]]
+    cuda_barriers = [e for e in platform_eqns(jaxpr, "cuda") if e.primitive.name == "optimization_barrier"]
+    assert all(v.aval.dtype == np.int8 for e in cuda_barriers for v in e.invars)
 
 
 @pytest.mark.parametrize("shape", [(64, 384), (4, 16, 384)])

@@ -284,3 +284,28 @@ def test_a_slice_of_zeros_has_scale_one_whatever_its_length(shape):
     w = np.ones((shape[1], 4), np.float32)
     (y,) = evaluate_as("cuda", int8ify(lambda a, b: a @ b), x, w)
     np.testing.assert_array_equal(np.asarray(y), x @ w)
+
+
+@pytest.mark.parametrize("weights", ["float", "quantized", "static", "bfloat16"])
+def test_a_gpu_gemm_reads_int8_buffers(weights):
+    """On a GPU the int8 dot's operands are int8 buffers (an optimization barrier on the codes), not float32
+    quotients converted inside XLA's GEMM fusion: the autotuner tests each GEMM tiling on its operands' dtypes, and
+    float32 test data in [0, 1) converted to int8 is all zero codes, which hid the Triton tilings that double every
+    sum (on an H200, x = 1e36 times w = 1e-30 gave 1.28e8 for 6.4e7). The CPU's program has no barrier."""
+    rng = np.random.default_rng(0)
+    x, w = rng.normal(size=(8, 128)).astype(np.float32), rng.normal(size=(128, 16)).astype(np.float32)
+    fn = lambda p, v: v @ p["w"]  # noqa: E731
+    if weights == "bfloat16":  # a bfloat16 epilogue: the dot the other platforms run too
+        x, w = jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16)
+    params = {"w": w} if weights in ("float", "bfloat16") else quantize_params(
+        fn, {"w": w}, x, activations="static" if weights == "static" else "dynamic")
+    jaxpr = jax.make_jaxpr(int8ify(fn))(params, x).jaxpr
+    for platform, barriers_per_dot in (("cuda", 1), ("cpu", 0)):
+        eqns = list(platform_eqns(jaxpr, platform))
+        int8_dots = [e for e in eqns if e.primitive.name == "dot_general" and e.invars[0].aval.dtype == np.int8]
+        # (a barrier's outputs may reach the dot through the platform choice's cond: counted, not traced)
+        int8_barriers = [e for e in eqns if e.primitive.name == "optimization_barrier"
+                         and [v.aval.dtype for v in e.invars] == [np.int8, np.int8]]
+        assert len(int8_dots) == 1 and len(int8_barriers) == barriers_per_dot, platform
+        if int8_barriers:
+            assert [v.aval.shape for v in int8_barriers[0].invars] == [v.aval.shape for v in int8_dots[0].invars]
