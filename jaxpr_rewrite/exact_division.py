@@ -33,9 +33,9 @@ from jax import lax
 
 from .float_formats import float_format, pow2
 
-__all__ = ["divided_by_code_limit", "divided_by_odd", "divisor_prescale", "reciprocal", "reciprocal_by_integers",
-           "reciprocals_in_float64", "rounded_quotients", "rounded_quotients_by_float64", "rounded_quotients_exactly",
-           "signed_divisors", "true_divide"]
+__all__ = ["correctly_rounded_divide", "divided_by_code_limit", "divided_by_odd", "divisor_prescale", "reciprocal",
+           "reciprocal_by_integers", "reciprocals_in_float64", "rounded_quotients", "rounded_quotients_by_float64",
+           "rounded_quotients_exactly", "signed_divisors", "true_divide"]
 
 # Quotient bits per step of the long division: the remainder (below the significand's 2**p) shifted by this many
 # bits stays below 2**31 for float32's int32 bits (2**60 for float64's int64).
@@ -202,6 +202,22 @@ def true_divide(numerator, denominator):
     is a ``select`` that passes NaN numerators through, which XLA cannot see through, so the division stays.
     """
     return lax.div(numerator, lax.select(lax.ne(numerator, numerator), numerator, denominator))
+
+
+def correctly_rounded_divide(numerator, denominator):
+    """``numerator / denominator`` correctly rounded: :func:`true_divide` on CPU (and for float64 everywhere); on
+    GPUs, whose float32 division is approximate, the float64 quotient of float32 operands rounded once to float32,
+    which is the correctly rounded float32 quotient (53 bits hold twice float32's 24 and two more, so the second
+    rounding cannot move it). For arrays a program divides once (a smoothed weight's value), not per code."""
+    if float_format(numerator).dtype != np.float32:
+        return true_divide(numerator, denominator)
+
+    def by_float64(n, d):
+        with jax.enable_x64(True):
+            wide = lax.div(lax.convert_element_type(n, np.float64), lax.convert_element_type(d, np.float64))
+            return lax.convert_element_type(wide, np.float32)
+
+    return lax.platform_dependent(numerator, denominator, cuda=by_float64, rocm=by_float64, default=true_divide)
 
 
 def rounded_quotients(values, scales, prescale, kept_axes: tuple):

@@ -35,7 +35,7 @@ import numpy as np
 from jax import lax
 
 from .errors import Int8ifyError
-from .exact_division import true_divide
+from .exact_division import correctly_rounded_divide
 from .blocks import from_blocks, n_blocks, to_blocks
 from .int4 import packed_length, unpack_int4
 from .quantize import dequantize_codes, epilogue_factors, scale_values, smoothing_inverse, to_compute
@@ -232,7 +232,7 @@ class QuantizedArray:
         value = self.dot_value()
         if self.smooth is not None:
             smooth = lax.broadcast_in_dim(to_compute(self.smooth, value.dtype), self.shape, self.contracting)
-            value = true_divide(value, smooth)  # XLA would multiply by 1/smooth under jit: values 1 ulp off
+            value = correctly_rounded_divide(value, smooth)  # not XLA's 1/smooth multiply, nor a GPU's division
         return value if value.dtype == self.dtype else lax.convert_element_type(value, self.dtype)
 
     def scale_values(self):

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from jax import lax
 
 from helpers import evaluate_as, platform_eqns, reference_codes, reference_scale_parts
-from jaxpr_rewrite.exact_division import (divided_by_odd, divisor_prescale, reciprocal, reciprocal_by_integers,
-                                          reciprocals_in_float64, rounded_quotients_by_float64,
+from jaxpr_rewrite.exact_division import (correctly_rounded_divide, divided_by_odd, divisor_prescale, reciprocal,
+                                          reciprocal_by_integers, reciprocals_in_float64, rounded_quotients_by_float64,
                                           rounded_quotients_exactly, signed_divisors, true_divide)
 from jaxpr_rewrite.operands import smoothed_activation
 from jaxpr_rewrite.quantize import quantize_parts, smoothing_inverse
@@ -284,3 +284,16 @@ def test_only_cpu_trusts_the_division():
         products = [e.outvars[0].aval.shape for e in found if e.primitive.name == "mul"
                     and e.outvars[0].aval.dtype == np.float64]
         assert products == ([(8, 64)] if platform == "cuda" else [])
+
+
+def test_a_smoothed_weights_value_is_the_ieee_quotient_on_a_gpu():
+    """``codes * scale / smooth`` of a smoothed weight, as the CUDA program computes it (its float64 quotient, here on
+    the CPU's IEEE float64): the CPU's IEEE float32 quotient, bit for bit (on an H200 the float32 division was within
+    an ulp of it)."""
+    rng = np.random.default_rng(5)
+    values = (rng.normal(size=20_000) * 2.0 ** rng.integers(-60, 60, 20_000)).astype(np.float32)
+    divisors = (rng.uniform(1, 2, 20_000) * 2.0 ** rng.integers(-60, 60, 20_000)).astype(np.float32)
+    want = values / divisors
+    (got,) = evaluate_as("cuda", correctly_rounded_divide, values, divisors)
+    _same_bits(got, want)
+    _same_bits(jax.jit(correctly_rounded_divide)(values, divisors), want)
