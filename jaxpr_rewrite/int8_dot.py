@@ -122,13 +122,16 @@ def _scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dt
             return out
         return out, *((q.codes, q.scales, q.exponents) for q in (lhs_q, rhs_q))
 
-    def portable():
+    def portable(gemm_codes=_int8_buffers_on_gpu):
         lhs_q = quantize_operand(lhs, lhs_reduce, rhs)
         rhs_q = quantize_operand(rhs, rhs_reduce, lhs)
-        acc = int32_dot(*_int8_buffers_on_gpu(lhs_q.codes, rhs_q.codes), dimension_numbers,
+        acc = int32_dot(*gemm_codes(lhs_q.codes, rhs_q.codes), dimension_numbers,
                         _common_dtype(lhs_q, rhs_q, out_dtype))
         return result(_scaled(acc, (lhs_q, rhs_q), _placements(lhs_q, rhs_q, dimension_numbers, acc.shape)),
                       lhs_q, rhs_q)
+
+    # the branch CPU and TPU take where the platform is chosen here: no second choice for the GEMM's codes
+    on_cpu_or_tpu = functools.partial(portable, gemm_codes=_as_they_are)
 
     def on_gpu():
         (lhs_q, lhs_scale), (rhs_q, rhs_scale) = (quantize_operand_in_float64(lhs, lhs_reduce, rhs),
@@ -144,11 +147,11 @@ def _scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dt
     if fused_gpu_kernel and not keep_operands and _fits_fused_kernel(lhs, rhs, dimension_numbers, out_dtype):
         (_, weight_contracting), _ = dimension_numbers
         on_cuda = functools.partial(fused_dot, lhs, rhs, tuple(weight_contracting))
-        return lax.platform_dependent(cpu=portable, tpu=portable, cuda=on_cuda,
+        return lax.platform_dependent(cpu=on_cpu_or_tpu, tpu=on_cpu_or_tpu, cuda=on_cuda,
                                       default=on_gpu if float64_epilogue else portable)
     if not float64_epilogue:
         return portable()
-    return lax.platform_dependent(cpu=portable, tpu=portable, default=on_gpu)
+    return lax.platform_dependent(cpu=on_cpu_or_tpu, tpu=on_cpu_or_tpu, default=on_gpu)
 
 
 def _int8_buffers(lhs_codes, rhs_codes):
@@ -160,11 +163,15 @@ def _int8_buffers(lhs_codes, rhs_codes):
     return lax.optimization_barrier((lhs_codes, rhs_codes))
 
 
+def _as_they_are(lhs_codes, rhs_codes):
+    """The codes for XLA:CPU's and XLA:TPU's dot, which fuse the quantization into it."""
+    return lhs_codes, rhs_codes
+
+
 def _int8_buffers_on_gpu(lhs_codes, rhs_codes):
-    """:func:`_int8_buffers` on GPUs; elsewhere the codes as they are (XLA:CPU and XLA:TPU fuse the quantization
-    into their dot)."""
-    return lax.platform_dependent(lhs_codes, rhs_codes, cpu=lambda a, b: (a, b), tpu=lambda a, b: (a, b),
-                                  default=_int8_buffers)
+    """:func:`_int8_buffers` on GPUs, the codes as they are elsewhere: for a dot whose program is not chosen per
+    platform already."""
+    return lax.platform_dependent(lhs_codes, rhs_codes, cpu=_as_they_are, tpu=_as_they_are, default=_int8_buffers)
 
 
 def _fits_fused_kernel(lhs, rhs, dimension_numbers, out_dtype) -> bool:
