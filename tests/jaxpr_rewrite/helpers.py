@@ -370,7 +370,7 @@ def evaluate_as(platform: str, fn, *args, excess_precision: bool = False):
 
 
 # ops that XLA turns into bitcasts or that keep each element's value: a conversion chain is seen through them
-_VALUE_PRESERVING = {"reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims", "copy", "copy_p"}
+_VALUE_PRESERVING = {"reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims", "copy"}
 
 
 def _is_float(dtype) -> bool:
