@@ -10,7 +10,7 @@ import numpy as np
 from jax import lax
 
 from .exact_division import reciprocal
-from .quantize import epilogue_factors, holds_nonfinite, marked_codes, poison, scale_parts, to_compute
+from .quantize import INT8_MAX, epilogue_factors, holds_nonfinite, marked_codes, poison, scale_parts, to_compute
 
 __all__ = ["SMALLEST_STATIC_ABSMAX", "StaticScale", "quantize_static_parts"]
 
@@ -76,9 +76,10 @@ def quantize_static_parts(x, static: StaticScale, reduce_axes: Sequence[int], tp
     multiply by the precomputed reciprocal of the scale, a round to nearest even and a clip, so values beyond the
     calibrated range saturate at +-127. NaN and Inf still make every output they feed non-finite: they get the code
     -128, which no finite value gets, and the minimum code of each slice over ``reduce_axes`` (a reduction over the
-    int8 codes, which XLA's GPU compiler fuses into the quantization kernel together with whatever produced ``x``)
-    makes that slice's scale NaN. With ``tpu_sums_values``, a TPU takes each slice's factor from a sum over its
-    values instead (:func:`_sum_with_nonfinite`): the same factors, bit for bit.
+    int8 codes, fused into the quantization's pass) makes that slice's scale NaN. A GPU takes each slice's factor
+    straight from a reduction over the codes instead (:func:`_factor_or_inf`), Inf for a slice holding NaN or Inf,
+    so its outputs are Inf or NaN, as with dynamic scales. With ``tpu_sums_values``, a TPU takes each slice's factor
+    from a sum over its values (:func:`_sum_with_nonfinite`): the same factors as the CPU's, bit for bit.
 
     Arguments:
         x: a floating array.
@@ -110,15 +111,36 @@ def quantize_static_parts(x, static: StaticScale, reduce_axes: Sequence[int], tp
     def poisoned_by_values(values, codes, factor):
         return _sum_with_nonfinite(values, factor, reduce_axes)
 
-    # the factor per slice, NaN for a slice holding NaN or Inf
+    def infinite_by_codes(values, codes, factor):
+        return _factor_or_inf(codes, factor, reduce_axes)
+
+    # the factor per slice, NaN (Inf on a GPU) for a slice holding NaN or Inf
     factor = to_compute(static.factor, values.dtype)
-    factor = (lax.platform_dependent(values, codes, factor, tpu=poisoned_by_values, default=poisoned_by_codes)
-              if tpu_sums_values else poisoned_by_codes(values, codes, factor))
+    on_tpu = poisoned_by_values if tpu_sums_values else poisoned_by_codes
+    # an empty slice's maximum would be -Inf: its factor is the codes' minimum's
+    on_gpu = poisoned_by_codes if any(x.shape[a] == 0 for a in reduce_axes) else infinite_by_codes
+    factor = lax.platform_dependent(values, codes, factor, cpu=poisoned_by_codes, tpu=on_tpu, default=on_gpu)
     nonfinite = lax.sub(factor, factor)  # 0, NaN for a slice holding NaN or Inf
     # the scale as quantize_parts holds it, for the operand's other uses (the dot itself reads the factors)
     scale, exponent, _ = scale_parts(to_compute(static.absmax, values.dtype))
     return (codes, lax.add(per_slice(scale), nonfinite), lax.broadcast(exponent, kept_shape),
             (factor, per_slice(static.power)))
+
+
+def _factor_or_inf(codes, factor, reduce_axes: tuple):
+    """``factor`` per slice of ``codes`` over ``reduce_axes`` (a non-empty one), Inf for a slice holding the code -128
+    (NaN or Inf, :func:`~jaxpr_rewrite.quantize.marked_codes`), as one reduction's output: the maximum of ``factor``
+    or Inf per element, exact whatever its order (no NaN enters it).
+
+    XLA's GPU compiler makes a kernel of its own of per-slice arithmetic after a reduction that it cannot fuse into
+    the kernels that read it (NaN marked from the minimum code, then added to the factor): the transformer block of
+    ``benchmarks/accelerators.py`` with static scales launched 28 kernels (23 with its attention static too), 24
+    (21) with the factor taken from this reduction, which joins the quantization's pass.
+    """
+    marked = lax.eq(codes, lax.full_like(codes, -INT8_MAX - 1))
+    placed = lax.select(marked, lax.full(codes.shape, np.inf, factor.dtype),
+                        lax.full(codes.shape, factor, factor.dtype))
+    return lax.reduce_max(placed, reduce_axes)
 
 
 def _sum_with_nonfinite(values, value, reduce_axes: tuple):

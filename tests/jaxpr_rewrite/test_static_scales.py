@@ -118,13 +118,15 @@ def test_the_hot_path_has_no_absmax_reduction():
     dynamic = quantize_params(dense, params, *calibration[0])
     static = quantize_params(dense, params, *calibration[0], activations="static", calibration=calibration)
 
-    def primitives(qparams):
+    def primitives(qparams, platform):
         jaxpr = int8ify(dense).rewritten_jaxpr(qparams, calibration[0][0])
-        return [e.primitive.name for e in iter_eqns(jaxpr)]
+        return [e.primitive.name for e in platform_eqns(jaxpr, platform)]
 
-    assert "reduce_max" in primitives(dynamic)
-    assert "reduce_max" not in primitives(static)
-    assert primitives(static).count("dot_general") == 1
+    for platform in ("cpu", "cuda", "tpu"):
+        assert "abs" in primitives(dynamic, platform) and "abs" not in primitives(static, platform)
+        assert primitives(static, platform).count("dot_general") == 1
+    # a GPU's one maximum is over the codes (each slice's factor, Inf where a code marks NaN or Inf)
+    assert [primitives(static, platform).count("reduce_max") for platform in ("cpu", "cuda", "tpu")] == [0, 1, 0]
 
 
 @pytest.mark.parametrize("amax", [0.0, 2.0**-121, 1e-30, 0.7, 3.0, 127.0, 1e30, float(np.finfo(np.float32).max)])
@@ -151,20 +153,63 @@ def test_tpu_reads_the_stored_scale_without_slices():
     assert slices("tpu") == 0 and slices("cpu") == slices("cuda") > 0
 
 
-def test_tpu_marks_nan_and_inf_rows_in_the_quantizations_own_reduction():
-    """On TPU a row's factor, NaN for a row holding NaN or Inf, is the output of one sum over the activation (XLA:TPU
-    makes a kernel of its own of the per-row work after a minimum over the codes); CPU and GPU keep that minimum."""
+def test_tpu_and_gpu_mark_nan_and_inf_rows_in_the_quantizations_own_reduction():
+    """On TPU a row's factor, NaN for a row holding NaN or Inf, is the output of one sum over the activation, and on a
+    GPU (Inf there) of one maximum over its codes: XLA:TPU and XLA:GPU make a kernel of their own of the per-row work
+    after a minimum over the codes, which the CPU keeps."""
     params, calibration = make_dense()
     static = quantize_params(dense, params, *calibration[0], activations="static", calibration=calibration)
     jaxpr = jax.make_jaxpr(int8ify(dense))(static, calibration[0][0])
 
     def reductions(platform):
         names = [e.primitive.name for e in platform_eqns(jaxpr, platform)]
-        return names.count("reduce_min"), names.count("reduce_sum")
+        return names.count("reduce_min"), names.count("reduce_sum"), names.count("reduce_max")
 
-    assert reductions("cpu") == reductions("cuda") == (1, 0)
+    assert reductions("cpu") == (1, 0, 0)
+    assert reductions("cuda") == (0, 0, 1)
     # the masked sums that read the stored scale's fields, and the row marks
-    assert reductions("tpu") == (0, len(ss.StaticScale._fields) + 1)
+    assert reductions("tpu") == (0, len(ss.StaticScale._fields) + 1, 0)
+
+
+@pytest.mark.parametrize("layout", ["matrix", "sequence", "heads", "contraction first"])
+def test_gpu_program_with_static_scales_is_the_cpus_but_inf_for_nan_rows(layout):
+    """A GPU's static quantization (each slice's factor the maximum of ``factor`` or Inf over its codes) gives the
+    CPU's outputs bit for bit wherever they are finite, and non-finite outputs (Inf or NaN) exactly where a slice
+    holds NaN or Inf."""
+    d_in, d_out = 384, 256
+    fn, shape = {
+        "matrix": (dense, (64, d_in)),
+        "sequence": (dense, (4, 16, d_in)),
+        "heads": (dense, (2, 3, 8, d_in)),
+        "contraction first": (lambda p, x: jnp.einsum("dbs,df->bsf", x, p["w"]), (d_in, 4, 16)),
+    }[layout]
+    params = {"w": (RNG.standard_normal((d_in, d_out)) / np.sqrt(d_in)).astype(np.float32)}
+    calibration = [(RNG.standard_normal(shape).astype(np.float32),)]
+    qparams = quantize_params(fn, params, *calibration[0], activations="static", calibration=calibration)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    x.flat[[5, 700, 2000, 2001]] = np.nan, np.inf, -np.inf, np.inf
+    x.flat[3000:3100] = -0.0
+    x.flat[4000] = 50.0  # beyond the calibrated range: saturates
+    want = np.asarray(jax.jit(int8ify(fn))(qparams, x))
+    (got,) = evaluate_as("cuda", int8ify(fn), qparams, x)
+    got = np.asarray(got)
+    finite = np.isfinite(want)
+    assert np.array_equal(np.isfinite(got), finite)
+    assert got[finite].tobytes() == want[finite].tobytes()
+    assert 0 < (~finite).any(axis=-1).sum() < want.size // d_out
+    assert np.isinf(got[~finite]).any()  # the GPU's factor is Inf, not NaN: rows of nonzero sums are Inf
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda", "tpu"])
+def test_a_slice_of_nothing_has_a_finite_factor(platform):
+    """An empty contraction's slices hold no NaN: their factor is finite on every platform (a maximum over nothing
+    would be -Inf, and their zero sums would scale to NaN): the static one on CPU and GPU, the TPU's sum of nothing
+    on TPU."""
+    static = ss.StaticScale.of(np.float32(3.0))
+    x = np.zeros((8, 0), np.float32)
+    (got,) = evaluate_as(platform, lambda v: ss.quantize_static_parts(v, static, (1,), True)[3][0], x)
+    want = np.float32(0) if platform == "tpu" else np.asarray(static.factor)
+    np.testing.assert_array_equal(np.asarray(got), np.full(8, want, np.float32))
 
 
 @pytest.mark.parametrize("layout", ["matrix", "sequence", "contraction first"])
