@@ -41,19 +41,19 @@ this representation plus two small devices handle all four:
   is the same number, bit for bit, it is finite and correct whenever the result is, and it is four multiplies by
   per-row and per-column values, which XLA fuses into its GPU GEMM kernel.
 
-Inputs below float32's normal range (subnormals) are read as zero by XLA on CPU and GPU.
+Inputs below float32's normal range (subnormals) are read as zero by XLA on CPU and GPU (float16's subnormals
+are normal float32 values: :func:`to_compute` keeps them).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from .exact_division import divided_by_code_limit, reciprocal, rounded_quotients
-from .float_formats import FORMATS, FloatFormat, float_format, pow2  # noqa: F401  (part of this module's API)
+from .float_formats import FORMATS, FloatFormat, float_format, pow2, widened  # noqa: F401  (part of this module's API)
 
 __all__ = [
     "FORMATS",
@@ -95,17 +95,12 @@ def compute_dtype(dtype) -> np.dtype:
 def to_compute(x, dtype=None):
     """``x`` in its compute dtype (or ``dtype``).
 
-    A bfloat16 ``x`` is widened through ``reduce_precision`` to bfloat16 (a no-op on its values): where ``x`` is a
-    wider value cast to bfloat16 (``Dense(dtype=bfloat16)`` with float32 params), XLA's GPU compiler drops the
+    A bfloat16 or float16 ``x`` is widened from its bits (:func:`~jaxpr_rewrite.float_formats.widened`): where
+    ``x`` is a wider value cast down (``Dense(dtype=bfloat16)`` with float32 params), XLA's GPU compiler drops the
     ``float32 -> bfloat16 -> float32`` pair under its default ``xla_allow_excess_precision``, and the codes would
     be taken from the unrounded weight."""
     dtype = compute_dtype(x.dtype) if dtype is None else np.dtype(dtype)
-    if x.dtype == dtype:
-        return x
-    wide = lax.convert_element_type(x, dtype)
-    if np.dtype(x.dtype) == np.dtype(jnp.bfloat16):
-        wide = lax.reduce_precision(wide, exponent_bits=8, mantissa_bits=7)
-    return wide
+    return x if x.dtype == dtype else widened(x, dtype)
 
 
 def absmax(x, reduce_axes: Sequence[int]):

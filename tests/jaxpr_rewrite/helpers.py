@@ -362,8 +362,9 @@ def evaluate_as(platform: str, fn, *args, excess_precision: bool = False):
     ``excess_precision``: also do what XLA's GPU compiler does under its default ``xla_allow_excess_precision``
     (its SimplifyFPConversions pass): a chain of float conversions ``A -> B -> C`` becomes ``A -> C``, looking
     through the reshapes, transposes and broadcasts that become bitcasts, so a narrowing that is widened again
-    (``float32 -> bfloat16/float8 -> float32``) does not round. ``optimization_barrier`` and ``reduce_precision``
-    keep the rounding, as they do on the GPU."""
+    (``float32 -> bfloat16/float16/float8 -> float32``) does not round. ``optimization_barrier``,
+    ``reduce_precision`` and a ``bitcast_convert_type`` of the narrow value keep the rounding, as they do on the
+    GPU."""
     closed = jax.make_jaxpr(fn)(*args)
     return _evaluate_as(platform, closed.jaxpr, closed.consts, jax.tree_util.tree_leaves(args),
                         excess_precision, {})

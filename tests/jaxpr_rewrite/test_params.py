@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import assert_all_dots_int8, evaluate_as, is_max_reduction, platform_eqns
+from helpers import (assert_all_dots_int8, assert_close_to_reference, evaluate_as, is_max_reduction,
+                     platform_eqns, reference_dot)
 from jaxpr_rewrite import Int8ifyError, QuantizationWarning, QuantizedArray, int8ify, quantize_params
 
 
@@ -340,6 +341,36 @@ def test_weights_cast_before_their_dot_under_gpu_excess_precision():
     (want,) = evaluate_as("cuda", int8ify(dense), q, x)
     (got,) = evaluate_as("cuda", int8ify(dense), params, x, excess_precision=True)
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+def test_float16_casts_before_their_dot_under_gpu_excess_precision():
+    """The float16 twin, where ``reduce_precision`` cannot keep the rounding (XLA flushes float16's subnormals
+    there): a float32 weight and activation cast to float16 right before their dot are quantized from their float16
+    values, subnormals (2**-24 to 2**-14) and ties included, as the numpy reference takes them."""
+    w = rng.normal(size=(64, 32)).astype(np.float32)
+    w[:, 3] *= np.float32(2.0**-17)  # a column of float16 subnormals: its scale and codes come from them
+    x = rng.normal(size=(8, 64)).astype(np.float32)
+    x[2] *= np.float32(2.0**-18)  # a row of float16 subnormals
+    x[5, :8] = np.float32(1 + 2.0**-11)  # halfway between two float16 values: 1 (ties to even)
+    w16, x16 = w.astype(np.float16).astype(np.float32), x.astype(np.float16).astype(np.float32)
+    assert np.mean(w16 != w) > 0.99 and np.mean(x16 != x) > 0.99
+    params = {"w": jnp.asarray(w)}
+
+    def dense(params, x):
+        return jnp.matmul(x.astype(jnp.float16), params["w"].astype(jnp.float16), preferred_element_type=jnp.float32)
+
+    want = reference_dot(x16, w16, (((1,), (0,)), ((), ())))
+    (got,) = evaluate_as("cuda", int8ify(dense), params, jnp.asarray(x), excess_precision=True)
+    assert_close_to_reference(got, want)
+    assert_close_to_reference(jax.jit(int8ify(dense))(params, x), want)
+
+    def dense16(params, x):  # float16 out, the weight quantized once
+        return x.astype(jnp.float16) @ params["w"].astype(jnp.float16)
+
+    q = quantize_params(dense16, params, x)
+    (want16,) = evaluate_as("cuda", int8ify(dense16), q, x)
+    (got16,) = evaluate_as("cuda", int8ify(dense16), params, x, excess_precision=True)
+    np.testing.assert_array_equal(np.asarray(got16, np.float32), np.asarray(want16, np.float32))
 
 
 def test_flax_dense_with_bfloat16_compute():
