@@ -171,11 +171,9 @@ def test_tpu_and_gpu_mark_nan_and_inf_rows_in_the_quantizations_own_reduction():
     assert reductions("tpu") == (0, len(ss.StaticScale._fields) + 1, 0)
 
 
-@pytest.mark.parametrize("layout", ["matrix", "sequence", "heads", "contraction first"])
-def test_gpu_program_with_static_scales_is_the_cpus_but_inf_for_nan_rows(layout):
-    """A GPU's static quantization (each slice's factor the maximum of ``factor`` or Inf over its codes) gives the
-    CPU's outputs bit for bit wherever they are finite, and non-finite outputs (Inf or NaN) exactly where a slice
-    holds NaN or Inf."""
+def _static_case(layout):
+    """A dense (or contraction-first einsum) of a weight with a static activation scale, and an input of ``layout``
+    holding NaN, Inf, -0 and a value beyond the calibrated range."""
     d_in, d_out = 384, 256
     fn, shape = {
         "matrix": (dense, (64, d_in)),
@@ -190,6 +188,15 @@ def test_gpu_program_with_static_scales_is_the_cpus_but_inf_for_nan_rows(layout)
     x.flat[[5, 700, 2000, 2001]] = np.nan, np.inf, -np.inf, np.inf
     x.flat[3000:3100] = -0.0
     x.flat[4000] = 50.0  # beyond the calibrated range: saturates
+    return fn, qparams, x, d_out
+
+
+@pytest.mark.parametrize("layout", ["matrix", "sequence", "heads", "contraction first"])
+def test_gpu_program_with_static_scales_is_the_cpus_but_inf_for_nan_rows(layout):
+    """A GPU's static quantization (each slice's factor the maximum of ``factor`` or Inf over its codes) gives the
+    CPU's outputs bit for bit wherever they are finite, and non-finite outputs (Inf or NaN) exactly where a slice
+    holds NaN or Inf."""
+    fn, qparams, x, d_out = _static_case(layout)
     want = np.asarray(jax.jit(int8ify(fn))(qparams, x))
     (got,) = evaluate_as("cuda", int8ify(fn), qparams, x)
     got = np.asarray(got)
@@ -214,19 +221,7 @@ def test_a_slice_of_nothing_has_a_finite_factor(platform):
 
 @pytest.mark.parametrize("layout", ["matrix", "sequence", "contraction first"])
 def test_tpu_program_with_static_scales_is_the_cpus_bit_for_bit(layout):
-    d_in, d_out = 384, 256
-    fn, shape = {
-        "matrix": (dense, (64, d_in)),
-        "sequence": (dense, (4, 16, d_in)),
-        "contraction first": (lambda p, x: jnp.einsum("dbs,df->bsf", x, p["w"]), (d_in, 4, 16)),
-    }[layout]
-    params = {"w": (RNG.standard_normal((d_in, d_out)) / np.sqrt(d_in)).astype(np.float32)}
-    calibration = [(RNG.standard_normal(shape).astype(np.float32),)]
-    qparams = quantize_params(fn, params, *calibration[0], activations="static", calibration=calibration)
-    x = RNG.standard_normal(shape).astype(np.float32)
-    x.flat[[5, 700, 2000, 2001]] = np.nan, np.inf, -np.inf, np.inf
-    x.flat[3000:3100] = -0.0
-    x.flat[4000] = 50.0  # beyond the calibrated range: saturates
+    fn, qparams, x, d_out = _static_case(layout)
     want = np.asarray(jax.jit(int8ify(fn))(qparams, x))
     (got,) = evaluate_as("tpu", int8ify(fn), qparams, x)
     assert_same_bits_but_nan(got, want)
