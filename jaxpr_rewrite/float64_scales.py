@@ -40,11 +40,11 @@ import jax
 import numpy as np
 from jax import lax
 
-from .quantize import (FORMATS, INT8_MAX, clipped_codes, epilogue_window, nan_safe_magnitude, pow2,
+from .quantize import (FORMATS, INT8_MAX, clipped_codes, epilogue_window, float_format, nan_safe_magnitude, pow2,
                        to_compute)
 
-__all__ = ["FLOOR_SCALE", "quantize_by_float64", "quantize_with_float64_scales", "rounded_significands",
-           "scale_candidates", "scale_product_in_float64"]
+__all__ = ["FLOOR_SCALE", "nan_safe_magnitude_of_bits", "quantize_by_float64", "quantize_with_float64_scales",
+           "rounded_significands", "scale_candidates", "scale_product_in_float64"]
 
 _FLOAT32, _FLOAT64 = FORMATS[np.dtype(np.float32)], FORMATS[np.dtype(np.float64)]
 # float64 significand bits below a float32 significand's 24
@@ -107,6 +107,22 @@ def _factors(scale, own):
     return factor, pow2(lax.sub(own, clipped))
 
 
+def nan_safe_magnitude_of_bits(values):
+    """``|x|`` with NaN as Inf (:func:`~jaxpr_rewrite.quantize.nan_safe_magnitude`, bit for bit) from the bits: the
+    sign bit cleared and every NaN (the patterns above Inf's) lowered to Inf, integer operations and no comparison.
+
+    A matrix scaled per column (the weight of ``x @ w``) is quantized in the transposed layout XLA's int8 GEMM reads
+    it in, and XLA's GPU compiler made the comparison of the select form a transposing kernel of its own per such
+    matrix: the 4 x 1024 MLP of ``benchmarks/accelerators.py`` handed float weights launched 34 kernels on an H200,
+    30 with this form. Every other operand keeps the select, which fuses as well or better there (this form in
+    every operand: the transformer block with static weight scales 27 kernels instead of 24; in attention's ``v``,
+    scaled over the sequence, the ``int8-fused`` block 22 instead of 21)."""
+    fmt = float_format(values)
+    magnitude_bits = lax.bitwise_and(lax.bitcast_convert_type(values, fmt.bits), fmt.bits(np.iinfo(fmt.bits).max))
+    infinity_bits = np.asarray(np.inf, fmt.dtype).view(fmt.bits)
+    return lax.bitcast_convert_type(lax.min(magnitude_bits, infinity_bits), fmt.dtype)
+
+
 def scale_candidates(magnitudes):
     """Each magnitude's candidate scale, ``|x| / 127`` rounded to a float32 significand in float64 (its exponent
     unbounded), and at least :data:`FLOOR_SCALE`: a slice's scale is the maximum of its candidates, which is its
@@ -149,7 +165,8 @@ def quantize_with_float64_scales(x, reduce_axes: Sequence[int]):
     reduce_axes = tuple(reduce_axes)
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
     values = to_compute(x)
-    magnitudes = nan_safe_magnitude(values)
+    scaled_per_column = x.ndim == 2 and reduce_axes == (0,)
+    magnitudes = (nan_safe_magnitude_of_bits if scaled_per_column else nan_safe_magnitude)(values)
     with jax.enable_x64(True):  # float64 inside the program, whatever the program's own setting
         # FLOOR_SCALE is far below any slice's scale: a slice of zeros (or none) keeps it
         scale = lax.reduce(scale_candidates(magnitudes), FLOOR_SCALE, lax.max, reduce_axes)
