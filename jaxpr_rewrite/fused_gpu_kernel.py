@@ -74,21 +74,68 @@ def _rounded_codes(quotients):
     return (whole + up.astype(jnp.int32) - down.astype(jnp.int32)).astype(jnp.int8)
 
 
-class _Blocks:
-    """The ``K`` blocks of one kernel instance's activation rows and weight columns (loop indices are int32)."""
+class _Bounds(NamedTuple):
+    """Which rows and columns of one output block lie inside the arrays: ``None`` along an axis its blocks tile
+    exactly, else a boolean vector. Pallas' Triton lowering neither masks nor clips a block that overhangs its
+    array: the rows of a 1-row activation's block of 16, or the columns past a width that is not a multiple of
+    ``BLOCK_N``, are read from and written to whatever memory follows (another result of the same kernel, a
+    neighbouring buffer), so every load and store of such a block carries these masks."""
 
-    def __init__(self, x_ref, w_ref, block_k: int, weight_rows_contract: bool):
+    rows: jax.Array | None
+    columns: jax.Array | None
+
+    def block(self):
+        """The output block's mask (``None``: all of it lies inside)."""
+        if self.rows is None and self.columns is None:
+            return None
+        rows = True if self.rows is None else self.rows[:, None]
+        return rows & (True if self.columns is None else self.columns[None, :])
+
+
+def _inside(size: int, index, extent: int):
+    """Which of the ``size`` positions of block ``index`` lie below ``extent`` (``None``: the blocks tile it)."""
+    if extent % size == 0:
+        return None
+    return index * np.int32(size) + lax.broadcasted_iota(jnp.int32, (size,), 0) < np.int32(extent)
+
+
+def _load(ref, mask, other):
+    """``ref[...]``, or where ``mask`` is given its positions inside the array and ``other`` elsewhere."""
+    if mask is None:
+        return ref[...]
+    return pallas_triton.load(ref, mask=jnp.broadcast_to(mask, ref.shape), other=other)
+
+
+def _store(ref, value, mask):
+    """``ref[...] = value``, or where ``mask`` is given only its positions inside the array."""
+    if mask is None:
+        ref[...] = value
+    else:
+        pallas_triton.store(ref, value, mask=jnp.broadcast_to(mask, ref.shape))
+
+
+class _Blocks:
+    """The ``K`` blocks of one kernel instance's activation rows and weight columns (loop indices are int32), each
+    read within the arrays' bounds (:class:`_Bounds`; what lies beyond reads as 0)."""
+
+    def __init__(self, x_ref, w_ref, block_k: int, weight_rows_contract: bool, bounds: _Bounds):
         self.x_ref, self.w_ref, self.block_k, self.rows_contract = x_ref, w_ref, block_k, weight_rows_contract
+        self.bounds = bounds
 
     def _along_k(self, k):
         return pl.ds(k * np.int32(self.block_k), self.block_k)
 
     def activation(self, k):
-        return self.x_ref[:, self._along_k(k)].astype(jnp.float32)
+        rows = None if self.bounds.rows is None else self.bounds.rows[:, None]
+        return _load(self.x_ref.at[:, self._along_k(k)], rows, 0).astype(jnp.float32)
 
     def products(self, codes, k):
         """The int32 products of the k-th block of codes with the weight's."""
-        weight = self.w_ref[self._along_k(k), :] if self.rows_contract else self.w_ref[:, self._along_k(k)].T
+        columns = self.bounds.columns
+        if self.rows_contract:
+            weight = _load(self.w_ref.at[self._along_k(k), :], None if columns is None else columns[None, :], 0)
+        else:
+            weight = _load(self.w_ref.at[:, self._along_k(k)], None if columns is None else columns[:, None], 0).T
         # int8 codes times int8 codes, which the linter cannot see through _rounded_codes
         return jnp.dot(codes, weight, preferred_element_type=jnp.int32)  # noqa: JX101
 
@@ -115,7 +162,8 @@ def _dynamic_kernel(x_ref, w_ref, *column_refs, steps: int, **blocking):
     acc = lax.fori_loop(first, last, add_products, jnp.zeros(out_ref.shape, jnp.int32)).astype(jnp.float32)
     placed = functools.partial(_placed, shape=acc.shape)
     weight = tuple(placed(ref[...], rows=False) for ref in column_refs)
-    out_ref[...] = scale_product_in_float64(acc, placed(scale, rows=True), weight if len(weight) == 2 else weight[0])
+    _store(out_ref, scale_product_in_float64(acc, placed(scale, rows=True), weight if len(weight) == 2 else weight[0]),
+           blocks.bounds.block())
 
 
 def _static_kernel(x_ref, w_ref, factor_ref, power_ref, static_ref, out_ref, *, steps: int, **blocking):
@@ -138,8 +186,15 @@ def _static_kernel(x_ref, w_ref, factor_ref, power_ref, static_ref, out_ref, *, 
                                    (jnp.zeros(out_ref.shape, jnp.int32), jnp.zeros((x_ref.shape[0],), jnp.int32)))
     row_factor = jnp.where(nonfinite == 1, np.float32(np.nan), factor)
     placed = functools.partial(_placed, shape=out_ref.shape)
-    out_ref[...] = scale_product(acc.astype(jnp.float32), (placed(row_factor, rows=True), placed(power, rows=True)),
-                                 (placed(factor_ref[...], rows=False), placed(power_ref[...], rows=False)))
+    columns = (placed(factor_ref[...], rows=False), placed(power_ref[...], rows=False))
+    _store(out_ref, scale_product(acc.astype(jnp.float32), (placed(row_factor, rows=True), placed(power, rows=True)),
+                                  columns), blocks.bounds.block())
+
+
+def _padded(vector, size: int):
+    """A per-column ``vector`` with 1 appended up to ``size``."""
+    pad = size - vector.shape[0]
+    return lax.pad(vector, np.ones((), vector.dtype), [(0, pad, 0)]) if pad else vector
 
 
 def _placed(values, shape, rows: bool):
@@ -207,6 +262,11 @@ def kernel_call(form: KernelForm, x, *operands):
     widths = [codes.shape[1 if w.rows_contract else 0] for w, (codes, *_) in zip(form.weights, per_weight)]
     counts = [pl.cdiv(n, BLOCK_N) for n in widths]
     starts = tuple(int(s) for s in np.cumsum([0, *counts]))
+    # the per-column vectors padded to whole blocks (with 1), so that their loads stay inside them
+    with jax.enable_x64(True):  # a float64 weight scale keeps its dtype
+        operands = [operand for w, (codes, *rest), n, count in zip(form.weights, per_weight, widths, counts)
+                    for operand in (codes, *(_padded(c, count * BLOCK_N) for c in rest[:w.columns]),
+                                    *rest[w.columns:])]
     in_specs, out_specs = [pl.BlockSpec((block_m, k), lambda i, j: (i, 0))], []
     for weight, start, count in zip(form.weights, starts, counts):
         def block(j, start=start, count=count):
@@ -219,7 +279,8 @@ def kernel_call(form: KernelForm, x, *operands):
             *([pl.BlockSpec((len(StaticScale._fields),), lambda i, j: (0,))] if weight.static else []),
         ]
         out_specs.append(pl.BlockSpec((block_m, BLOCK_N), lambda i, j, b=block: (i, b(j))))
-    kernel = functools.partial(_kernel, weights=form.weights, starts=starts, steps=k // block_k, block_k=block_k)
+    kernel = functools.partial(_kernel, weights=form.weights, starts=starts, steps=k // block_k, block_k=block_k,
+                               rows=rows, widths=tuple(int(n) for n in widths))
     with jax.enable_x64(True):  # the dynamic kernel's scales are float64, whatever the program's own setting
         return pl.pallas_call(
             kernel,
@@ -233,15 +294,19 @@ def kernel_call(form: KernelForm, x, *operands):
         )(x, *operands)
 
 
-def _kernel(x_ref, *refs, weights, starts, steps: int, block_k: int):
+def _kernel(x_ref, *refs, weights, starts, steps: int, block_k: int, rows: int, widths: tuple):
     """One ``(rows, columns)`` block: the column block's weight's :func:`_dynamic_kernel` or
-    :func:`_static_kernel` (with several weights, the one whose range of column blocks holds it)."""
+    :func:`_static_kernel` (with several weights, the one whose range of column blocks holds it), its loads and
+    stores masked to the arrays' bounds where the block overhangs them (:class:`_Bounds`)."""
     inputs, out_refs = refs[:-len(weights)], refs[-len(weights):]
     column = pl.program_id(1)
-    for weight, refs_of_weight, out_ref, start, end in zip(
-            weights, operands_per_weight(weights, inputs), out_refs, starts, starts[1:]):
+    inside_rows = _inside(x_ref.shape[0], pl.program_id(0), rows)
+    for weight, refs_of_weight, out_ref, start, end, width in zip(
+            weights, operands_per_weight(weights, inputs), out_refs, starts, starts[1:], widths):
+        bounds = _Bounds(inside_rows, _inside(BLOCK_N, column - np.int32(start), width))
         block = functools.partial(_static_kernel if weight.static else _dynamic_kernel, x_ref, *refs_of_weight,
-                                  out_ref, steps=steps, block_k=block_k, weight_rows_contract=weight.rows_contract)
+                                  out_ref, steps=steps, block_k=block_k, weight_rows_contract=weight.rows_contract,
+                                  bounds=bounds)
         if len(weights) == 1:
             block()
         else:
