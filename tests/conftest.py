@@ -5,6 +5,8 @@
   many tests compile the same program (the MiniLM encoder at one shape, a CLI command's model in a fresh
   process), and XLA:CPU's compile is most of the suite's time. A cached executable is the one XLA compiled for the
   same program, flags and device, so no test sees a different program; a run never reads another run's cache.
+  Under pytest-xdist (``-n 2``, README's test command) pytest's main process sets the folder before it starts its
+  workers, so they share it, and it is removed when that process ends.
 * Hypothesis profiles: ``ci`` (default) is bounded so the suite fits in a few minutes on 2 cores, since every new
   shape costs an XLA compile; ``thorough`` runs many more examples (``HYPOTHESIS_PROFILE=thorough pytest tests``).
 * :func:`load_example`: the one way tests import the example programs under ``examples/`` (by path, as the
