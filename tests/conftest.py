@@ -8,7 +8,8 @@
   Under pytest-xdist (``-n 2``, README's test command) pytest's main process sets the folder before it starts its
   workers, so they share it, and it is removed when that process ends.
 * Hypothesis profiles: ``ci`` (default) is bounded so the suite fits in a few minutes on 2 cores, since every new
-  shape costs an XLA compile; ``thorough`` runs many more examples (``HYPOTHESIS_PROFILE=thorough pytest tests``).
+  shape costs an XLA compile; ``thorough`` runs many more examples (``HYPOTHESIS_PROFILE=thorough pytest tests``),
+  the properties that set their own count too (``helpers.examples``: 16 times theirs).
 * :func:`load_example`: the one way tests import the example programs under ``examples/`` (by path, as the
   scripts themselves are run), and run them as ``__main__``.
 """

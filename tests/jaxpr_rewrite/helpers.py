@@ -16,12 +16,23 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from jaxpr_rewrite import dot_eqns, iter_eqns  # noqa: F401  (re-exported for the tests)
 
 # the lowering platforms whose programs the rewrite may choose apart (``lax.platform_dependent``)
 PLATFORMS = ("cpu", "cuda", "tpu")
+
+# the ``ci`` profile's examples per property (tests/conftest.py), the unit :func:`examples` scales
+_CI_EXAMPLES = 25
+
+
+def examples(count: int):
+    """Hypothesis settings for a property that runs ``count`` examples under the ``ci`` profile (each new shape is an
+    XLA compile, so expensive properties set their own count), scaled with the loaded profile: ``thorough`` runs 16
+    times as many (400 / 25), where a fixed ``max_examples`` would pin the count under every profile."""
+    return settings(max_examples=max(1, round(count * settings.default.max_examples / _CI_EXAMPLES)), deadline=None)
 
 
 def reference_scale_parts(x, reduce_axes, limit=127) -> tuple[np.ndarray, np.ndarray]:

@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 
-from helpers import assert_same_bits_but_nan, evaluate_as, platform_eqns
+from helpers import assert_same_bits_but_nan, evaluate_as, examples, platform_eqns
 from jaxpr_rewrite import (ActivationScales, Int8ifyError, QuantizationWarning, calibrate_activation_dots, int8ify,
                            iter_eqns, quantize_params, report)
 from jaxpr_rewrite.static_scales import StaticScale
@@ -64,7 +64,7 @@ def calibrated(spec, n, batches=2):
     return scales, calibration, shapes
 
 
-@settings(max_examples=12, deadline=None)
+@examples(12)
 @given(spec=st.sampled_from(sorted(SPECS)), n=st.integers(1, 24), spread=st.floats(0.5, 4.0))
 def test_a_dot_of_two_activations_matches_the_static_reference(spec, n, spread):
     scales, calibration, shapes = calibrated(spec, n)

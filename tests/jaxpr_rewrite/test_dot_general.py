@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import (assert_all_dots_int8, assert_same_bits_but_nan, away_from_ties, dot_eqns, evaluate_as,
+from helpers import (assert_all_dots_int8, assert_same_bits_but_nan, away_from_ties, dot_eqns, evaluate_as, examples,
                      program_dots, reference_dot)
 from jaxpr_rewrite import int8ify
 
@@ -119,7 +119,7 @@ def boundary_problems(draw):
     return lhs, rhs, dims
 
 
-@settings(max_examples=60, deadline=None)
+@examples(60)
 @given(boundary_problems())
 def test_gpu_and_tpu_programs_give_the_cpus_bits_for_any_dimension_numbers(problem):
     """The program each platform compiles (its own exact divisions: the TPU's settled approximate quotients, the

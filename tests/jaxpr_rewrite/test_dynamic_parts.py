@@ -8,10 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import (assert_finite_slices_quantized_as_the_contract, assert_same_bits_but_nan, evaluate_as,
+from helpers import (assert_finite_slices_quantized_as_the_contract, assert_same_bits_but_nan, evaluate_as, examples,
                      is_max_reduction, platform_eqns, with_zero_and_non_finite_rows)
 from jaxpr_rewrite import int8ify, quantize_params
 
@@ -32,7 +32,7 @@ def operands(draw):
     return with_zero_and_non_finite_rows(draw, x, max_bad=rows)
 
 
-@settings(max_examples=100, deadline=None)
+@examples(100)
 @given(operands(), st.booleans())
 def test_codes_and_scales_match_the_contract_on_finite_slices(case, transposed):
     x, bad_rows = case

@@ -7,11 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from jax import lax
 
-from helpers import evaluate_as, platform_eqns, reference_codes, reference_scale_parts
+from helpers import evaluate_as, examples, platform_eqns, reference_codes, reference_scale_parts
 from jaxpr_rewrite.exact_division import (correctly_rounded_divide, divided_by_odd, divisor_prescale, reciprocal,
                                           reciprocal_by_integers, reciprocals_in_float64, rounded_quotients_by_float64,
                                           rounded_quotients_exactly, signed_divisors, true_divide)
@@ -82,7 +82,7 @@ def test_reciprocal_of_any_bits_signs_zeros_nan_inf_and_float64():
     _same_bits(got, 1 / np.concatenate([doubles, -doubles]))
 
 
-@settings(max_examples=20, deadline=None)
+@examples(20)
 @given(st.floats(2.0**-121, 2.0**127, width=32), st.integers(0, 2**31 - 1))
 def test_static_scales_and_smoothing_are_the_same_on_every_platform(amax, seed):
     """What a static scale stores (its reciprocal among it) and the reciprocal of SmoothQuant factors a smoothed
@@ -183,7 +183,7 @@ def test_float64_codes_of_non_finite_values_and_zeros():
     assert np.isnan(got[0, 0])
 
 
-@settings(max_examples=25, deadline=None)
+@examples(25)
 @given(st.sampled_from([(64, 256), (8, 1024), (3, 5, 96)]), st.integers(0, 2**31 - 1),
        st.sampled_from(["normal", "integers", "bfloat16", "tiny"]))
 def test_gpu_and_tpu_programs_quantize_like_the_contract(shape, seed, data):

@@ -8,12 +8,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from jax import lax
 
-from helpers import (assert_finite_slices_quantized_as_the_contract, evaluate_as, is_max_reduction, platform_eqns,
-                     reference_codes, reference_scale_parts, with_zero_and_non_finite_rows)
+from helpers import (assert_finite_slices_quantized_as_the_contract, evaluate_as, examples, is_max_reduction,
+                     platform_eqns, reference_codes, reference_scale_parts, with_zero_and_non_finite_rows)
 from jaxpr_rewrite import int8ify, quantize_params
 from jaxpr_rewrite.float64_scales import (nan_safe_magnitude_of_bits, quantize_by_float64, rounded_significands,
                                           scale_product_in_float64)
@@ -49,7 +49,7 @@ def matrices(draw):
     return with_zero_and_non_finite_rows(draw, x, max_bad=2)
 
 
-@settings(max_examples=60, deadline=None)
+@examples(60)
 @given(matrices(), st.booleans())
 def test_codes_scales_and_exponents_are_the_contracts(case, transposed):
     x, bad_rows = case
@@ -59,7 +59,7 @@ def test_codes_scales_and_exponents_are_the_contracts(case, transposed):
     assert np.isinf(scales[~finite]).all() and np.isinf(factor[~finite]).all()
 
 
-@settings(max_examples=40, deadline=None)
+@examples(40)
 @given(st.sampled_from([(np.float32, np.uint32), (np.float64, np.uint64)]), st.integers(0, 2**32 - 1))
 def test_the_magnitude_of_the_bits_is_the_selects(dtypes, seed):
     """The NaN-safe magnitude from the bits (integer operations, for operands scaled over leading axes on GPUs) is
@@ -231,7 +231,7 @@ def test_float64_epilogue_in_every_pair_of_binades(lhs_form, rhs_form):
     np.testing.assert_array_equal(got[comparable], split[comparable])
 
 
-@settings(max_examples=8, deadline=None)
+@examples(8)
 @given(st.integers(0, 2**31 - 1), st.sampled_from([
     ("ij,jk->ik", (32, 256), (256, 64)), ("ij,jk->ik", (128, 1024), (1024, 256)),
     ("btd,de->bte", (4, 32, 256), (256, 128)), ("bqhd,bkhd->bhqk", (2, 32, 4, 64), (2, 32, 4, 64)),

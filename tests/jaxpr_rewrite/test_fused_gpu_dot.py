@@ -11,10 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import iter_eqns, reference_dot, with_zero_and_non_finite_rows
+from helpers import examples, iter_eqns, reference_dot, with_zero_and_non_finite_rows
 from jaxpr_rewrite import Int8ifyError, int8ify, quantize_params
 from jaxpr_rewrite.fused_gpu_dot import fused_dot, fused_dots
 
@@ -56,7 +56,7 @@ def cases(draw):
 
 # Pallas' interpreter fills the out-of-bounds part of a float64 block with NaN after the kernel's x64 context
 @pytest.mark.filterwarnings("ignore:Explicitly requested dtype float64 requested in full:UserWarning")
-@settings(max_examples=20, deadline=None)
+@examples(20)
 @given(cases(), st.booleans())
 def test_the_kernel_is_the_int8_backends_program_bit_for_bit(case, per_call):
     """With the weight from quantize_params, or float and quantized in the program (``per_call``)."""
@@ -73,7 +73,7 @@ def test_the_kernel_is_the_int8_backends_program_bit_for_bit(case, per_call):
     np.testing.assert_allclose(got[finite], reference, rtol=2e-7, atol=TINY)
 
 
-@settings(max_examples=10, deadline=None)
+@examples(10)
 @given(cases(), st.sampled_from([0.5, 1.0, 3.0]))
 def test_with_a_static_scale_the_kernel_is_the_int8_backends_program_bit_for_bit(case, beyond):
     """Calibrated on the finite rows, then run on them times ``beyond``: at 3 most values saturate at +-127."""
@@ -90,7 +90,7 @@ def test_with_a_static_scale_the_kernel_is_the_int8_backends_program_bit_for_bit
 
 
 @pytest.mark.filterwarnings("ignore:Explicitly requested dtype float64 requested in full:UserWarning")
-@settings(max_examples=6, deadline=None)
+@examples(6)
 @given(st.lists(st.tuples(st.sampled_from(["dynamic", "static", "float"]), st.booleans(),
                           st.sampled_from([64, 130, 200])), min_size=2, max_size=3),
        st.sampled_from([1, 70]), st.integers(0, 2**32 - 1))

@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import away_from_ties, reference_codes, reference_dot, reference_scale_parts
+from helpers import away_from_ties, examples, reference_codes, reference_dot, reference_scale_parts
 from jaxpr_rewrite import int8_matmul, int8ify, quantize, quantize_params
 
 MATMUL = (((1,), (0,)), ((), ()))
@@ -187,7 +187,7 @@ SPECIALS = {
 }
 
 
-@settings(max_examples=20)
+@examples(20)
 @given(
     b=st.sampled_from([1, 3, 64]),
     k=st.sampled_from([64, 256]),

@@ -20,11 +20,11 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from jax import lax
 
-from helpers import evaluate_as
+from helpers import evaluate_as, examples
 from jaxpr_rewrite import Int8ifyError, int8ify
 from jaxpr_rewrite.jaxprs import sub_jaxprs
 from jaxpr_rewrite import scaled_matmul as sm
@@ -155,7 +155,7 @@ def test_output_dtype_and_jit_on_this_platform():
 
 
 # -- numerics against the numpy reference ---------------------------------------------------------------
-@settings(max_examples=12)
+@examples(12)
 @given(
     case=st.sampled_from(sorted(CASES)),
     backend=st.sampled_from(sorted(FORMATS)),

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from helpers import assert_same_bits_but_nan, evaluate_as, platform_eqns
-from hypothesis import given, settings
+from helpers import assert_same_bits_but_nan, evaluate_as, examples, platform_eqns
+from hypothesis import given
 from hypothesis import strategies as st
 from jaxpr_rewrite import Int8ifyError, QuantizationWarning, int8ify, iter_eqns, quantize_params
 
@@ -228,7 +228,7 @@ def test_tpu_program_with_static_scales_is_the_cpus_bit_for_bit(layout):
     assert 0 < (~np.isfinite(want)).any(axis=-1).sum() < want.size // d_out
 
 
-@settings(max_examples=60, deadline=None)
+@examples(60)
 @given(st.data())
 def test_sum_with_nonfinite_is_the_value_or_nan_per_slice(data):
     shape = tuple(data.draw(st.lists(st.integers(0, 9), min_size=1, max_size=4), label="shape"))
