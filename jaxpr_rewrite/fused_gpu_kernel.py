@@ -264,7 +264,7 @@ def kernel_call(form: KernelForm, x, *operands):
     starts = tuple(int(s) for s in np.cumsum([0, *counts]))
     # the per-column vectors padded to whole blocks (with 1), so that their loads stay inside them
     with jax.enable_x64(True):  # a float64 weight scale keeps its dtype
-        operands = [operand for w, (codes, *rest), n, count in zip(form.weights, per_weight, widths, counts)
+        operands = [operand for w, (codes, *rest), count in zip(form.weights, per_weight, counts)
                     for operand in (codes, *(_padded(c, count * BLOCK_N) for c in rest[:w.columns]),
                                     *rest[w.columns:])]
     in_specs, out_specs = [pl.BlockSpec((block_m, k), lambda i, j: (i, 0))], []

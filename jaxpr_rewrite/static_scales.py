@@ -117,9 +117,8 @@ def quantize_static_parts(x, static: StaticScale, reduce_axes: Sequence[int], tp
     # the factor per slice, NaN (Inf on a GPU) for a slice holding NaN or Inf
     factor = to_compute(static.factor, values.dtype)
     on_tpu = poisoned_by_values if tpu_sums_values else poisoned_by_codes
-    # an empty slice's maximum would be -Inf: its factor is the codes' minimum's
-    on_gpu = poisoned_by_codes if any(x.shape[a] == 0 for a in reduce_axes) else infinite_by_codes
-    factor = lax.platform_dependent(values, codes, factor, cpu=poisoned_by_codes, tpu=on_tpu, default=on_gpu)
+    factor = lax.platform_dependent(values, codes, factor, cpu=poisoned_by_codes, tpu=on_tpu,
+                                    default=infinite_by_codes)
     nonfinite = lax.sub(factor, factor)  # 0, NaN for a slice holding NaN or Inf
     # the scale as quantize_parts holds it, for the operand's other uses (the dot itself reads the factors)
     scale, exponent, _ = scale_parts(to_compute(static.absmax, values.dtype))
@@ -128,9 +127,9 @@ def quantize_static_parts(x, static: StaticScale, reduce_axes: Sequence[int], tp
 
 
 def _factor_or_inf(codes, factor, reduce_axes: tuple):
-    """``factor`` per slice of ``codes`` over ``reduce_axes`` (a non-empty one), Inf for a slice holding the code -128
-    (NaN or Inf, :func:`~jaxpr_rewrite.quantize.marked_codes`), as one reduction's output: the maximum of ``factor``
-    or Inf per element, exact whatever its order (no NaN enters it).
+    """``factor`` per slice of ``codes`` over ``reduce_axes``, Inf for a slice holding the code -128 (NaN or Inf,
+    :func:`~jaxpr_rewrite.quantize.marked_codes`), as one reduction's output: the maximum of ``factor`` or Inf per
+    element, exact whatever its order (no NaN enters it).
 
     XLA's GPU compiler makes a kernel of its own of per-slice arithmetic after a reduction that it cannot fuse into
     the kernels that read it (NaN marked from the minimum code, then added to the factor): the transformer block of
@@ -140,7 +139,10 @@ def _factor_or_inf(codes, factor, reduce_axes: tuple):
     marked = lax.eq(codes, lax.full_like(codes, -INT8_MAX - 1))
     placed = lax.select(marked, lax.full(codes.shape, np.inf, factor.dtype),
                         lax.full(codes.shape, factor, factor.dtype))
-    return lax.reduce_max(placed, reduce_axes)
+    most = lax.reduce_max(placed, reduce_axes)
+    if any(codes.shape[a] == 0 for a in reduce_axes):
+        most = lax.max(most, factor)  # the maximum of an empty slice is -Inf: it holds no NaN, its factor is factor
+    return most
 
 
 def _sum_with_nonfinite(values, value, reduce_axes: tuple):
