@@ -9,7 +9,8 @@ Steps, each bounded in time and each recorded even when an earlier one failed:
 
 1. the device, JAX/jaxlib versions and the CUDA libraries found;
 2. the GPU-relevant tests (dot_general dimension numbers, NaN/Inf/overflow/tiny/tie edge cases, the chunked
-   contraction, straight-through gradients, ragged dots, scaled_matmul) run on the device;
+   contraction, straight-through gradients, ragged dots, scaled_matmul, static activation scales, bfloat16 and
+   float16 widened from their bits) run on the device;
 3. speed, in one process and interleaved (medians): the MLP of ``benchmarks/speed.py`` and the all-MiniLM-L6-v2
    encoder (random weights: speed does not depend on them) at batch 128, as bf16 and float32 (the baselines)
    against ``int8ify``, ``int8ify`` + ``quantize_params`` (also with late inlining, on JAX 0.11+), with static
@@ -62,6 +63,9 @@ GPU_TESTS = [
     "tests/jaxpr_rewrite/test_exact_division.py",  # the divisions a GPU does not round correctly
     "tests/jaxpr_rewrite/test_float64_scales.py",  # the scale inside the reduction: float64 on the device
     "tests/jaxpr_rewrite/test_fused_gpu_dot.py",
+    "tests/jaxpr_rewrite/test_static_scales.py",  # a GPU's static factors: Inf for a row holding NaN or Inf
+    "tests/jaxpr_rewrite/test_activation_dots.py",  # attention's static scales
+    "tests/jaxpr_rewrite/test_float_formats.py",  # bfloat16/float16 widened from their bits under excess precision
 ]
 
 

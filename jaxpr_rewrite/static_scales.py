@@ -10,7 +10,8 @@ import numpy as np
 from jax import lax
 
 from .exact_division import reciprocal
-from .quantize import INT8_MAX, epilogue_factors, holds_nonfinite, marked_codes, poison, scale_parts, to_compute
+from .quantize import (NONFINITE_CODE, epilogue_factors, holds_nonfinite, marked_codes, poison, scale_parts,
+                       to_compute)
 
 __all__ = ["SMALLEST_STATIC_ABSMAX", "StaticScale", "quantize_static_parts"]
 
@@ -136,7 +137,7 @@ def _factor_or_inf(codes, factor, reduce_axes: tuple):
     ``benchmarks/accelerators.py`` with static scales launched 28 kernels (23 with its attention static too), 24
     (21) with the factor taken from this reduction, which joins the quantization's pass.
     """
-    marked = lax.eq(codes, lax.full_like(codes, -INT8_MAX - 1))
+    marked = lax.eq(codes, lax.full_like(codes, NONFINITE_CODE))
     placed = lax.select(marked, lax.full(codes.shape, np.inf, factor.dtype),
                         lax.full(codes.shape, factor, factor.dtype))
     most = lax.reduce_max(placed, reduce_axes)

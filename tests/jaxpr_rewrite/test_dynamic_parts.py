@@ -22,11 +22,13 @@ qz = importlib.import_module("jaxpr_rewrite.quantize")
 def operands(draw):
     rows, cols = draw(st.integers(1, 6)), draw(st.integers(1, 300))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    kind = draw(st.sampled_from(["normal", "quarters", "tiny", "huge", "zeros"]))
+    kind = draw(st.sampled_from(["normal", "quarters", "tiny", "huge", "top", "zeros"]))
     x = {"normal": lambda: rng.normal(size=(rows, cols)),
          "quarters": lambda: rng.integers(-300, 300, size=(rows, cols)) / 4.0,  # rich in rounding ties
          "tiny": lambda: rng.normal(size=(rows, cols)) * 2.0**-120,
          "huge": lambda: rng.normal(size=(rows, cols)) * 2.0**120,
+         # up to float32's largest: an absmax in the top binade, whose scale keeps its exponent one lower
+         "top": lambda: rng.uniform(-1.99, 1.99, size=(rows, cols)) * 2.0**127,
          "zeros": lambda: np.zeros((rows, cols))}[kind]().astype(np.float32)
     x[np.abs(x) < np.finfo(np.float32).tiny] = 0.0  # XLA reads subnormal inputs as zero (README)
     return with_zero_and_non_finite_rows(draw, x, max_bad=rows)
