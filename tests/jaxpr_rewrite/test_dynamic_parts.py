@@ -44,6 +44,25 @@ def test_codes_and_scales_match_the_contract_on_finite_slices(case, transposed):
     assert np.isnan(scales[~finite]).all() and np.isnan(factor[~finite]).all()
 
 
+def test_float64_codes_are_the_contracts_up_to_the_largest_float():
+    """float64 operands (``jax_enable_x64``) take the same unclipped codes: numpy's float64 ``rint(x / (amax /
+    127))`` bit for bit, in float64's top binade, for a tiny row and for ties; NaN and Inf rows get NaN scales."""
+    rng = np.random.default_rng(11)
+    x = rng.uniform(-1.99, 1.99, size=(6, 300)) * 2.0**1023  # up to float64's largest
+    x[1] = np.ldexp(x[1], -2000)  # a tiny row (2**-2000 itself underflows to 0 as a Python float)
+    x[2] = rng.integers(-300, 300, size=300) / 4.0  # rich in rounding ties
+    x[3, 7], x[4, 0] = np.nan, -np.inf
+    x[5] = 0.0
+    with jax.enable_x64(True):
+        codes, scales, _, _ = jax.jit(lambda v: qz.quantize_dynamic_parts(v, (1,)))(jnp.asarray(x))
+    codes, scales = np.asarray(codes), np.asarray(scales)
+    assert scales.dtype == np.float64
+    amax = np.abs(x[:3]).max(axis=1, keepdims=True)
+    np.testing.assert_array_equal(codes[:3], np.rint(x[:3] / (amax / 127)))
+    np.testing.assert_array_equal(codes[5], 0)
+    assert (scales[5] == 1) and np.isnan(scales[3:5]).all()
+
+
 def _absmax_producers(jaxpr, platform):
     eqns = list(platform_eqns(jaxpr, platform))
     made_by = {id(v): e.primitive.name for e in eqns for v in e.outvars}
