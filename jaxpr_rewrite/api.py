@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import struct
 import threading
 import weakref
 from typing import Any, Callable, Iterable, NamedTuple
@@ -139,8 +138,7 @@ class Int8ified(Int8ifiedBase):
     def signature(self, args: tuple, kwargs: dict) -> tuple[Signature, list]:
         """The call's :class:`~jaxpr_rewrite.tracing.Signature` and its traced leaves; static floats are told
         apart by their bits, as ``jax.jit`` does (``0.0`` and ``-0.0`` are different programs, NaN is one)."""
-        signature, dynamic = split_call(args, kwargs, self._static, self._name)
-        return signature._replace(key=_bitwise(signature.key)), dynamic
+        return split_call(args, kwargs, self._static, self._name)
 
     def _program(self, signature: Signature, dynamic: list) -> _Program:
         with self._lock:
@@ -313,18 +311,6 @@ class _QuantizedWeights:
     def _drop(self, key):
         with self._lock:
             self._entries.pop(key, None)
-
-
-def _bitwise(key):
-    """A cache key with every Python float (and complex) replaced by its bits: ``0.0 == -0.0`` and
-    ``nan != nan`` would otherwise share, or never find, a program."""
-    if type(key) is tuple:
-        return tuple(_bitwise(k) for k in key)
-    if type(key) is float:
-        return (float, struct.pack("<d", key))
-    if type(key) is complex:
-        return (complex, struct.pack("<dd", key.real, key.imag))
-    return key
 
 
 def _check_devices(fn, args, kwargs) -> None:

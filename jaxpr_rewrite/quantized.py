@@ -37,10 +37,10 @@ from jax import lax
 from .errors import Int8ifyError
 from .exact_division import correctly_rounded_divide
 from .blocks import from_blocks, n_blocks, to_blocks
-from .int4 import packed_length, unpack_int4
+from .int4 import unpack_int4
 from .quantize import dequantize_codes, epilogue_factors, scale_values, smoothing_inverse, to_compute
 from .quantized_layout import (ARRAY_FIELDS, CODE_LIMITS, FIELD_AXES, LAYOUT_VERSION, METADATA_FIELDS,
-                               OPTIONAL_ARRAY_FIELDS, read_metadata, register_export)
+                               OPTIONAL_ARRAY_FIELDS, layout_problems, read_metadata, register_export)
 from .static_scales import StaticScale
 
 __all__ = [
@@ -158,45 +158,9 @@ class QuantizedArray:
         return sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in leaves)
 
     def check(self, where: str = "a QuantizedArray") -> None:
-        """Raise :class:`~jaxpr_rewrite.errors.Int8ifyError` unless codes, scales and exponents fit together."""
-        kept_shape = self.scales_shape
-        problems = []
-        codes_dtype = np.dtype(np.int8 if self.bits == 8 else np.uint8)
-        if self.bits not in CODE_LIMITS:
-            problems.append(f"bits is {self.bits!r}, not one of {sorted(CODE_LIMITS)}")
-        elif np.dtype(self.codes.dtype) != codes_dtype:
-            problems.append(f"codes are {np.dtype(self.codes.dtype).name}, not {codes_dtype.name} for "
-                            f"{self.bits}-bit codes")
-        elif self.bits == 4 and (self.length is None or self.codes.shape[-1] != packed_length(self.length)):
-            problems.append(f"packed codes have shape {tuple(self.codes.shape)}, which cannot hold a last axis of "
-                            f"length {self.length}")
-        if tuple(self.scales.shape) != kept_shape:
-            blocks = f", in blocks of {self.block_size}" if self.block_size is not None else ""
-            problems.append(f"scales have shape {tuple(self.scales.shape)}, expected {kept_shape} (the codes "
-                            f"{self.shape} without contracting axes {self.contracting}{blocks})")
-        if tuple(getattr(self.exponents, "shape", ())) != tuple(self.scales.shape):
-            problems.append(f"exponents have shape {tuple(getattr(self.exponents, 'shape', ()))}, expected "
-                            f"{tuple(self.scales.shape)}")
-        for name in ("epilogue_factor", "epilogue_power"):
-            factor = getattr(self, name)
-            if factor is not None and tuple(getattr(factor, "shape", ())) != tuple(self.scales.shape):
-                problems.append(f"{name} has shape {tuple(getattr(factor, 'shape', ()))}, expected "
-                                f"{tuple(self.scales.shape)}")
-        inverse_shape, smooth_shape = (tuple(getattr(v, "shape", ())) for v in (self.smooth_inverse, self.smooth))
-        if self.smooth_inverse is not None and (self.smooth is None or inverse_shape != smooth_shape):
-            problems.append("smooth_inverse is set without smooth factors" if self.smooth is None else
-                            f"smooth_inverse has shape {inverse_shape}, expected the smooth factors' {smooth_shape}")
-        floats = (("scales", self.scales), ("smooth factors", self.smooth), ("smooth_inverse", self.smooth_inverse),
-                  ("epilogue_factor", self.epilogue_factor), ("epilogue_power", self.epilogue_power),
-                  ("activation_scale", self.activation_scale))
-        cast = [f"{name} are {np.dtype(value.dtype).name}, not float32/float64" for name, value in floats
-                if value is not None and np.dtype(value.dtype).name not in ("float32", "float64")]
-        if cast:
-            # the usual mixed-precision tree_map(lambda a: a.astype(bfloat16), params) reaches into the scales
-            problems.append(
-                f"{'; '.join(cast)} (a tree_map cast reached into it: cast whole QuantizedArrays instead, with "
-                "jax.tree_util.tree_map(fn, params, is_leaf=jaxpr_rewrite.quantized.is_quantized) and "
-                "QuantizedArray.astype, which keeps codes and scales)")
+        """Raise :class:`~jaxpr_rewrite.errors.Int8ifyError` unless codes, scales and exponents fit together
+        (:func:`~jaxpr_rewrite.quantized_layout.layout_problems` names what does not)."""
+        problems = layout_problems(self)
         if problems:
             raise Int8ifyError(f"{where} is malformed: {'; '.join(problems)}")
 

@@ -1,6 +1,7 @@
 """How a :class:`~jaxpr_rewrite.quantized.QuantizedArray` is laid out when taken apart: its named children
-(:data:`ARRAY_FIELDS`) and metadata (:data:`METADATA_FIELDS`), at :data:`LAYOUT_VERSION`. The pytree flattening,
-``jax.export``'s serialization and :mod:`jaxpr_rewrite.stored` (checkpoints, SafeTensors) all read these tables."""
+(:data:`ARRAY_FIELDS`) and metadata (:data:`METADATA_FIELDS`), at :data:`LAYOUT_VERSION`, and what must hold
+between its children (:func:`layout_problems`). The pytree flattening, ``jax.export``'s serialization and
+:mod:`jaxpr_rewrite.stored` (checkpoints, SafeTensors) all read these tables."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ from typing import Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .errors import Int8ifyError
-from .int4 import INT4_MAX
+from .int4 import INT4_MAX, packed_length
 from .quantize import INT8_MAX
 
 __all__ = ["ARRAY_FIELDS", "CODE_LIMITS", "FIELD_AXES", "LAYOUT_VERSION", "METADATA_FIELDS", "OPTIONAL_ARRAY_FIELDS",
-           "READABLE_LAYOUT_VERSIONS", "read_metadata", "readable_versions", "register_export"]
+           "READABLE_LAYOUT_VERSIONS", "layout_problems", "read_metadata", "readable_versions", "register_export"]
 
 # The version of the layout below (children and metadata), stored with every serialized QuantizedArray: a reader
 # refuses a version it does not know instead of misreading it.
@@ -85,3 +87,48 @@ def register_export(cls) -> None:
 
     jax.export.register_pytree_node_serialization(cls, serialized_name="int8ify.QuantizedArray",
                                                   serialize_auxdata=serialize, deserialize_auxdata=deserialize)
+
+
+def layout_problems(array) -> list[str]:
+    """What does not fit together among a :class:`~jaxpr_rewrite.quantized.QuantizedArray`'s codes, scales,
+    exponents and optional arrays, one sentence each (none for a well-formed array). It reads only the arrays'
+    shapes and dtypes and the static fields: arrays of one pytree structure and leaf types have the same problems."""
+    kept_shape = array.scales_shape
+    problems = []
+    codes_dtype = np.dtype(np.int8 if array.bits == 8 else np.uint8)
+    if array.bits not in CODE_LIMITS:
+        problems.append(f"bits is {array.bits!r}, not one of {sorted(CODE_LIMITS)}")
+    elif np.dtype(array.codes.dtype) != codes_dtype:
+        problems.append(f"codes are {np.dtype(array.codes.dtype).name}, not {codes_dtype.name} for "
+                        f"{array.bits}-bit codes")
+    elif array.bits == 4 and (array.length is None or array.codes.shape[-1] != packed_length(array.length)):
+        problems.append(f"packed codes have shape {tuple(array.codes.shape)}, which cannot hold a last axis of "
+                        f"length {array.length}")
+    if tuple(array.scales.shape) != kept_shape:
+        blocks = f", in blocks of {array.block_size}" if array.block_size is not None else ""
+        problems.append(f"scales have shape {tuple(array.scales.shape)}, expected {kept_shape} (the codes "
+                        f"{array.shape} without contracting axes {array.contracting}{blocks})")
+    if tuple(getattr(array.exponents, "shape", ())) != tuple(array.scales.shape):
+        problems.append(f"exponents have shape {tuple(getattr(array.exponents, 'shape', ()))}, expected "
+                        f"{tuple(array.scales.shape)}")
+    for name in ("epilogue_factor", "epilogue_power"):
+        factor = getattr(array, name)
+        if factor is not None and tuple(getattr(factor, "shape", ())) != tuple(array.scales.shape):
+            problems.append(f"{name} has shape {tuple(getattr(factor, 'shape', ()))}, expected "
+                            f"{tuple(array.scales.shape)}")
+    inverse_shape, smooth_shape = (tuple(getattr(v, "shape", ())) for v in (array.smooth_inverse, array.smooth))
+    if array.smooth_inverse is not None and (array.smooth is None or inverse_shape != smooth_shape):
+        problems.append("smooth_inverse is set without smooth factors" if array.smooth is None else
+                        f"smooth_inverse has shape {inverse_shape}, expected the smooth factors' {smooth_shape}")
+    floats = (("scales", array.scales), ("smooth factors", array.smooth), ("smooth_inverse", array.smooth_inverse),
+              ("epilogue_factor", array.epilogue_factor), ("epilogue_power", array.epilogue_power),
+              ("activation_scale", array.activation_scale))
+    cast = [f"{name} are {np.dtype(value.dtype).name}, not float32/float64" for name, value in floats
+            if value is not None and np.dtype(value.dtype).name not in ("float32", "float64")]
+    if cast:
+        # the usual mixed-precision tree_map(lambda a: a.astype(bfloat16), params) reaches into the scales
+        problems.append(
+            f"{'; '.join(cast)} (a tree_map cast reached into it: cast whole QuantizedArrays instead, with "
+            "jax.tree_util.tree_map(fn, params, is_leaf=jaxpr_rewrite.quantized.is_quantized) and "
+            "QuantizedArray.astype, which keeps codes and scales)")
+    return problems

@@ -17,6 +17,7 @@ import inspect
 import linecache
 import os
 import re
+import struct
 import traceback
 from typing import Any, Callable, Iterable, NamedTuple
 
@@ -53,10 +54,34 @@ def is_array(leaf) -> bool:
 
 
 def _static_key(value):
-    """A hashable key for a static value that tells ``True``, ``1`` and ``1.0`` apart (they hash equal)."""
+    """A hashable key for a static value that tells ``True``, ``1`` and ``1.0`` apart (they hash equal), and floats
+    by their bits, as ``jax.jit`` does: ``0.0`` and ``-0.0`` are different programs, NaN is one (``nan != nan``
+    would otherwise never find its program)."""
     if type(value) is tuple:
         return (tuple, tuple(_static_key(v) for v in value))
+    if type(value) is float:
+        return (float, struct.pack("<d", value))
+    if type(value) is complex:
+        return (complex, struct.pack("<dd", value.real, value.imag))
     return (type(value), value)
+
+
+# The leaf types (pytree structure, leaves' shapes and dtypes) of QuantizedArrays found well-formed: a call passing
+# the same weights again checks none of them (bounded: cleared when full)
+_WELL_FORMED: set = set()
+_WELL_FORMED_LIMIT = 1024
+
+
+def _check_quantized(leaf: QuantizedArray, leaf_type, fn_name: str) -> None:
+    """Raise :class:`~jaxpr_rewrite.errors.Int8ifyError` for a malformed QuantizedArray passed to ``fn_name``; its
+    :meth:`~jaxpr_rewrite.quantized.QuantizedArray.problems` depend on its ``leaf_type`` alone, so each type is
+    checked once (an eager call's overhead, which competes with the program for the CPU)."""
+    if leaf_type in _WELL_FORMED:
+        return
+    leaf.check(f"a QuantizedArray passed to {fn_name} ({leaf!r})")
+    if len(_WELL_FORMED) >= _WELL_FORMED_LIMIT:
+        _WELL_FORMED.clear()
+    _WELL_FORMED.add(leaf_type)
 
 
 class StaticArgs(NamedTuple):
@@ -183,13 +208,13 @@ def split_call(args: tuple, kwargs: dict, static: StaticArgs = StaticArgs(frozen
     static_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in static.argnames))
     dyn_args, dyn_kwargs = _dynamic_parts(args, kwargs, static.argnums, static.argnames)
     leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs), is_leaf=is_quantized)
-    for leaf in leaves:
-        if is_quantized(leaf):
-            leaf.check(f"a QuantizedArray passed to {fn_name} ({leaf!r})")
     is_dynamic = tuple(is_array(x) for x in leaves)
     dynamic = [x for x, d in zip(leaves, is_dynamic) if d]
     static_leaves = tuple(x for x, d in zip(leaves, is_dynamic) if not d)
     avals = tuple(_leaf_type(x) for x in dynamic)
+    for leaf, leaf_type in zip(dynamic, avals):
+        if is_quantized(leaf):
+            _check_quantized(leaf, leaf_type, fn_name)
     key = (tree, is_dynamic, avals, _static_key(static_leaves),
            tuple((i, _static_key(v)) for i, v in static_pos), tuple((k, _static_key(v)) for k, v in static_kw))
     try:

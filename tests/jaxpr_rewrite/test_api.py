@@ -308,6 +308,12 @@ def test_clear_errors_for_bad_inputs():
     bad = QuantizedArray(q.codes, q.scales[:2], q.exponents[:2], (0,), np.float32)
     with pytest.raises(Int8ifyError, match=r"malformed: scales have shape \(2,\), expected \(5,\)"):
         int8ify(lambda w, x: x @ w)(bad, X)
+    # a well-formed array is checked once per pytree structure and leaf types; a malformed one of the same
+    # structure differs in its leaves' shapes, so it is still checked and named after a good call
+    apply = int8ify(lambda w, x: x @ w)
+    apply(q, X)
+    with pytest.raises(Int8ifyError, match=r"passed to <lambda> \(QuantizedArray\(i8\[8, 5\].*malformed: scales"):
+        apply(bad, X)
     with pytest.raises(Int8ifyError, match="verify expects the model function as its first argument, got int"):
         verify(42)
     with pytest.raises(Int8ifyError, match="quantize_params expects the model function as its first argument, "
