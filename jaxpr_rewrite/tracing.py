@@ -74,8 +74,8 @@ _WELL_FORMED_LIMIT = 1024
 
 def _check_quantized(leaf: QuantizedArray, leaf_type, fn_name: str) -> None:
     """Raise :class:`~jaxpr_rewrite.errors.Int8ifyError` for a malformed QuantizedArray passed to ``fn_name``; its
-    :meth:`~jaxpr_rewrite.quantized.QuantizedArray.problems` depend on its ``leaf_type`` alone, so each type is
-    checked once (an eager call's overhead, which competes with the program for the CPU)."""
+    problems (:func:`~jaxpr_rewrite.quantized_layout.layout_problems`) depend on its ``leaf_type`` alone, so each
+    type is checked once (an eager call's overhead, which competes with the program for the CPU)."""
     if leaf_type in _WELL_FORMED:
         return
     leaf.check(f"a QuantizedArray passed to {fn_name} ({leaf!r})")
