@@ -24,15 +24,14 @@ from jaxpr_rewrite import dot_eqns, iter_eqns  # noqa: F401  (re-exported for th
 # the lowering platforms whose programs the rewrite may choose apart (``lax.platform_dependent``)
 PLATFORMS = ("cpu", "cuda", "tpu")
 
-# the ``ci`` profile's examples per property (tests/conftest.py), the unit :func:`examples` scales
-_CI_EXAMPLES = 25
-
 
 def examples(count: int):
     """Hypothesis settings for a property that runs ``count`` examples under the ``ci`` profile (each new shape is an
     XLA compile, so expensive properties set their own count), scaled with the loaded profile: ``thorough`` runs 16
-    times as many (400 / 25), where a fixed ``max_examples`` would pin the count under every profile."""
-    return settings(max_examples=max(1, round(count * settings.default.max_examples / _CI_EXAMPLES)), deadline=None)
+    times as many (400 / 25), where a fixed ``max_examples`` would pin the count under every profile. The unit is
+    the ``ci`` profile's own count, as tests/conftest.py registers it."""
+    ci_examples = settings.get_profile("ci").max_examples
+    return settings(max_examples=max(1, round(count * settings.default.max_examples / ci_examples)), deadline=None)
 
 
 def reference_scale_parts(x, reduce_axes, limit=127) -> tuple[np.ndarray, np.ndarray]:
