@@ -1,6 +1,7 @@
 """The package builds into a wheel whose metadata works: the flake8 entry point, the console script, the extras,
 both packages and the supported JAX range."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -10,11 +11,20 @@ import pytest
 from conftest import ROOT
 
 
+# What a build writes into its source tree, or a checkout may hold from an earlier build or install.
+BUILD_LEFTOVERS = shutil.ignore_patterns("build", "dist", "*.egg-info", ".git", ".tox", ".hypothesis", "__pycache__")
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
+    # setuptools builds in the source tree's build/ directory: the wheel is built from a private copy, so that
+    # pytest-xdist workers building at once (each runs this module fixture) and an earlier build's leftovers
+    # cannot collide, and the checkout is left as it was.
+    source = tmp_path_factory.mktemp("source") / "int8ify"
+    shutil.copytree(ROOT, source, ignore=BUILD_LEFTOVERS)
     out = tmp_path_factory.mktemp("dist")
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source)],
         capture_output=True, text=True, timeout=300,
     )
     cannot_build = ("No module named", "invalid command 'bdist_wheel'")
