@@ -15,6 +15,7 @@ import numpy as np
 from .errors import Int8ifyError
 from .int4 import INT4_MAX, packed_length
 from .quantize import INT8_MAX
+from .static_scales import StaticScale
 
 __all__ = ["ARRAY_FIELDS", "CODE_LIMITS", "FIELD_AXES", "LAYOUT_VERSION", "METADATA_FIELDS", "OPTIONAL_ARRAY_FIELDS",
            "READABLE_LAYOUT_VERSIONS", "layout_problems", "read_metadata", "readable_versions", "register_export"]
@@ -30,6 +31,8 @@ ARRAY_FIELDS = ("codes", "scales", "exponents", "smooth", "epilogue_factor", "ep
                 "smooth_inverse")
 # The children that may be None (absent).
 OPTIONAL_ARRAY_FIELDS = frozenset({"smooth", "epilogue_factor", "epilogue_power", "activation_scale", "smooth_inverse"})
+# The length of a stored static activation scale (StaticScale.stored: one vector of its fields).
+STATIC_SCALE_LENGTH = len(StaticScale._fields)
 # Which axes of the array each child's axes run over (None: an axis of its own, the block index of block-scaled
 # scales), so it can be sharded like the float array it stands for; a child not listed is replicated.
 FIELD_AXES = {
@@ -89,10 +92,37 @@ def register_export(cls) -> None:
                                                   serialize_auxdata=serialize, deserialize_auxdata=deserialize)
 
 
+def _not_an_array(name: str, value) -> str | None:
+    """The problem with a child that is not an array (nor a tracer or ShapeDtypeStruct): what it is instead."""
+    if value is None:
+        return f"{name} is missing (None)"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return None
+    shown = repr(value)
+    shown = f" ({shown})" if len(shown) <= 40 else ""
+    return f"{name} is a {type(value).__name__}{shown}, not an array (build children with jnp.asarray)"
+
+
+# How a child per weight may be stacked: the weights a lax.scan slices (a tree_map of jnp.stack over
+# QuantizedArrays) carry the codes' leading axes on every child.
+STACKED = ", after any leading axes the codes are stacked along"
+
+
+def _stacked(shape: tuple, trailing: tuple, array) -> bool:
+    """Whether ``shape`` is ``trailing`` after leading axes of the codes that precede the contracting ones."""
+    lead = len(shape) - len(trailing)
+    return 0 <= lead <= min(array.contracting) and shape[lead:] == trailing and shape[:lead] == array.shape[:lead]
+
+
 def layout_problems(array) -> list[str]:
     """What does not fit together among a :class:`~jaxpr_rewrite.quantized.QuantizedArray`'s codes, scales,
     exponents and optional arrays, one sentence each (none for a well-formed array). It reads only the arrays'
     shapes and dtypes and the static fields: arrays of one pytree structure and leaf types have the same problems."""
+    not_arrays = [_not_an_array(name, getattr(array, name)) for name in ARRAY_FIELDS
+                  if getattr(array, name) is not None or name not in OPTIONAL_ARRAY_FIELDS]
+    not_arrays = [problem for problem in not_arrays if problem]
+    if not_arrays:  # what follows reads the children's shapes and dtypes
+        return not_arrays
     kept_shape = array.scales_shape
     problems = []
     codes_dtype = np.dtype(np.int8 if array.bits == 8 else np.uint8)
@@ -116,7 +146,18 @@ def layout_problems(array) -> list[str]:
         if factor is not None and tuple(getattr(factor, "shape", ())) != tuple(array.scales.shape):
             problems.append(f"{name} has shape {tuple(getattr(factor, 'shape', ()))}, expected "
                             f"{tuple(array.scales.shape)}")
+    if np.dtype(array.exponents.dtype) != np.int32:
+        problems.append(f"exponents are {np.dtype(array.exponents.dtype).name}, not int32")
     inverse_shape, smooth_shape = (tuple(getattr(v, "shape", ())) for v in (array.smooth_inverse, array.smooth))
+    contraction_shape = tuple(array.shape[a] for a in array.contracting)
+    if array.smooth is not None and (len(contraction_shape) != 1
+                                     or not _stacked(smooth_shape, contraction_shape, array)):
+        problems.append(f"smooth factors have shape {smooth_shape}, expected {contraction_shape}: one per index "
+                        f"of the single contracting axis{STACKED}")
+    scale_shape = tuple(getattr(array.activation_scale, "shape", ()))
+    if array.activation_scale is not None and not _stacked(scale_shape, (STATIC_SCALE_LENGTH,), array):
+        problems.append(f"activation_scale has shape {scale_shape}, expected ({STATIC_SCALE_LENGTH},): a "
+                        f"StaticScale stored as one vector{STACKED}")
     if array.smooth_inverse is not None and (array.smooth is None or inverse_shape != smooth_shape):
         problems.append("smooth_inverse is set without smooth factors" if array.smooth is None else
                         f"smooth_inverse has shape {inverse_shape}, expected the smooth factors' {smooth_shape}")

@@ -1,5 +1,7 @@
 """int8ify as a wrapper: composition with JAX transforms, pytrees, kwargs, static arguments, caching."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -319,6 +321,71 @@ def test_clear_errors_for_bad_inputs():
     with pytest.raises(Int8ifyError, match="quantize_params expects the model function as its first argument, "
                                            "got int"):
         quantize_params(3, {"w": W}, X)
+
+
+@functools.lru_cache(maxsize=None)
+def _fully_quantized():
+    """A weight with every optional child present: SmoothQuant factors, stored epilogue factors, a static scale."""
+    return quantize_params(lambda p, x: x @ p["w"], {"w": jnp.asarray(W)}, X, smooth_alpha=0.5,
+                           activations="static")["w"]
+
+
+# A child replaced by what a hand-built QuantizedArray (``replace``, ``tree_unflatten``) may hold instead, the
+# sentence that names it, and the one under jax.jit where that differs (jit makes a Python scalar leaf a 0-d array).
+MALFORMED_CHILDREN = {
+    "a Python float scale": ({"scales": 1.0}, r"scales is a float \(1.0\), not an array",
+                             r"scales have shape \(\), expected \(5,\)"),
+    "a list of codes": ({"codes": [[1, 2]]}, r"codes is a list \(\[\[1, 2\]\]\), not an array",
+                        r"codes is a list, not an array"),  # of tracers, too long a repr to show
+    "missing exponents": ({"exponents": None}, r"exponents is missing \(None\)"),
+    "a Python float epilogue factor": ({"epilogue_factor": 2.0}, r"epilogue_factor is a float \(2.0\), not an array",
+                                       r"epilogue_factor has shape \(\), expected \(5,\)"),
+    "a Python float static scale": ({"activation_scale": 0.5}, r"activation_scale is a float \(0.5\), not an array",
+                                    r"activation_scale has shape \(\), expected \(4,\)"),
+    "exponents of another dtype": ({"exponents": "int8"}, r"exponents are int8, not int32"),
+    "a scalar smooth factor": ({"smooth": np.float32(2.0)}, r"smooth factors have shape \(\), expected \(8,\): one "
+                                                            r"per index of the single contracting axis"),
+    "a short static scale": ({"activation_scale": np.ones(3, np.float32)},
+                             r"activation_scale has shape \(3,\), expected \(4,\)"),
+    "a static scale per row": ({"activation_scale": np.ones((8, 4), np.float32)},
+                               r"activation_scale has shape \(8, 4\), expected \(4,\)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_CHILDREN))
+@pytest.mark.parametrize("use", ["call", "jit", "check"])
+def test_a_malformed_child_is_named_not_an_attribute_or_broadcast_error(case, use):
+    q = _fully_quantized()
+    assert all(getattr(q, name) is not None for name in ("smooth", "epilogue_factor", "activation_scale"))
+    q.check()  # well formed as quantize_params made it
+    changes, message, *message_under_jit = MALFORMED_CHILDREN[case]
+    if use == "jit" and message_under_jit:
+        (message,) = message_under_jit
+    if changes.get("exponents") == "int8":
+        changes = {"exponents": q.exponents.astype(jnp.int8)}
+    bad = q.replace(**changes)
+    run = {"call": lambda: int8ify(lambda w, x: x @ w)(bad, X),
+           "jit": lambda: jax.jit(int8ify(lambda w, x: x @ w))(bad, X),
+           "check": lambda: bad.check()}[use]
+    with pytest.raises(Int8ifyError, match="malformed: .*" + message):
+        run()
+
+
+def test_stacked_quantized_arrays_keep_their_optional_children_per_layer():
+    # a tree_map of jnp.stack gives every child the stacked axis, smooth factors and static scale included;
+    # lax.scan then slices one weight per step, as it does float weights
+    q = _fully_quantized()
+    stacked = jax.tree_util.tree_map(lambda a: jnp.stack([a, -a if a.dtype == jnp.int8 else a]), q)
+    stacked.check()
+
+    def layers(w, x):
+        return jax.lax.scan(lambda total, wi: (total + jnp.tanh(x @ wi), x @ wi), jnp.zeros((4, 5)), w)
+
+    per_layer = int8ify(layers)
+    total, outputs = per_layer(stacked, X)
+    once = int8ify(lambda w, x: x @ w)(q, X)
+    assert np.array_equal(outputs, np.stack([once, -once]))  # the second layer's codes are negated
+    np.testing.assert_allclose(total, 0.0, atol=1e-6)
 
 
 @pytest.mark.skipif(jax.device_count() < 2, reason="needs 2 devices")
