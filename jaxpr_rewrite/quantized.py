@@ -289,7 +289,13 @@ class QuantizedArray:
         """
         unknown = set(changes) - set(ARRAY_FIELDS) - set(METADATA_FIELDS)
         if unknown:
-            raise Int8ifyError(f"QuantizedArray has no fields {sorted(unknown)}")
+            hint = " (the contracting axes are from_end, counted from the end)" if "contracting" in unknown else ""
+            raise Int8ifyError(f"QuantizedArray has no fields {sorted(unknown)}{hint}")
+        if "dtype" in changes:  # as the constructor does: a dtype's name or scalar type reads as its np.dtype
+            try:
+                changes["dtype"] = np.dtype(changes["dtype"])
+            except TypeError as e:
+                raise Int8ifyError(f"QuantizedArray.replace: dtype {changes['dtype']!r} is not a dtype ({e})") from None
         children = [changes.get(name, getattr(self, name)) for name in ARRAY_FIELDS]
         return QuantizedArray.tree_unflatten(tuple(changes.get(name, getattr(self, name)) for name in METADATA_FIELDS),
                                              children)

@@ -114,21 +114,40 @@ def _stacked(shape: tuple, trailing: tuple, array) -> bool:
     return 0 <= lead <= min(array.contracting) and shape[lead:] == trailing and shape[:lead] == array.shape[:lead]
 
 
+def _metadata_problems(array) -> list[str]:
+    """What is wrong with the static fields on their own (a QuantizedArray built with ``replace``)."""
+    problems = []
+    if not (isinstance(array.dtype, np.dtype) and jnp.issubdtype(array.dtype, jnp.floating)):
+        problems.append(f"dtype is {getattr(array.dtype, 'name', repr(array.dtype))}, not a float dtype (the dtype "
+                        "of the float array it stands for)")
+    if array.bits not in CODE_LIMITS:
+        problems.append(f"bits is {array.bits!r}, not one of {sorted(CODE_LIMITS)}")
+    elif (array.bits == 4) != (array.length is not None):
+        problems.append(f"length is {array.length!r} for {array.bits}-bit codes (the unpacked last axis' length "
+                        "of 4-bit codes; None for 8-bit ones)")
+    elif array.length is not None and not _is_int(array.length, 0):
+        problems.append(f"length is {array.length!r}, not a non-negative int")
+    if array.block_size is not None and not _is_int(array.block_size, 1):
+        problems.append(f"block_size is {array.block_size!r}, not a positive int (or None)")
+    return problems
+
+
+def _is_int(value, least: int) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= least
+
+
 def layout_problems(array) -> list[str]:
     """What does not fit together among a :class:`~jaxpr_rewrite.quantized.QuantizedArray`'s codes, scales,
     exponents and optional arrays, one sentence each (none for a well-formed array). It reads only the arrays'
     shapes and dtypes and the static fields: arrays of one pytree structure and leaf types have the same problems."""
     not_arrays = [_not_an_array(name, getattr(array, name)) for name in ARRAY_FIELDS
                   if getattr(array, name) is not None or name not in OPTIONAL_ARRAY_FIELDS]
-    not_arrays = [problem for problem in not_arrays if problem]
-    if not_arrays:  # what follows reads the children's shapes and dtypes
-        return not_arrays
+    problems = [problem for problem in not_arrays if problem] + _metadata_problems(array)
+    if problems:  # what follows reads the children's shapes and dtypes, and the shapes the metadata gives
+        return problems
     kept_shape = array.scales_shape
-    problems = []
     codes_dtype = np.dtype(np.int8 if array.bits == 8 else np.uint8)
-    if array.bits not in CODE_LIMITS:
-        problems.append(f"bits is {array.bits!r}, not one of {sorted(CODE_LIMITS)}")
-    elif np.dtype(array.codes.dtype) != codes_dtype:
+    if np.dtype(array.codes.dtype) != codes_dtype:
         problems.append(f"codes are {np.dtype(array.codes.dtype).name}, not {codes_dtype.name} for "
                         f"{array.bits}-bit codes")
     elif array.bits == 4 and (array.length is None or array.codes.shape[-1] != packed_length(array.length)):

@@ -330,9 +330,10 @@ def _fully_quantized():
                            activations="static")["w"]
 
 
-# A child replaced by what a hand-built QuantizedArray (``replace``, ``tree_unflatten``) may hold instead, the
-# sentence that names it, and the one under jax.jit where that differs (jit makes a Python scalar leaf a 0-d array).
-MALFORMED_CHILDREN = {
+# A child or static field replaced by what a hand-built QuantizedArray (``replace``, ``tree_unflatten``) may hold
+# instead, the sentence that names it, and the one under jax.jit where that differs (jit makes a Python scalar leaf
+# a 0-d array).
+MALFORMED_PARTS = {
     "a Python float scale": ({"scales": 1.0}, r"scales is a float \(1.0\), not an array",
                              r"scales have shape \(\), expected \(5,\)"),
     "a list of codes": ({"codes": [[1, 2]]}, r"codes is a list \(\[\[1, 2\]\]\), not an array",
@@ -349,16 +350,20 @@ MALFORMED_CHILDREN = {
                              r"activation_scale has shape \(3,\), expected \(4,\)"),
     "a static scale per row": ({"activation_scale": np.ones((8, 4), np.float32)},
                                r"activation_scale has shape \(8, 4\), expected \(4,\)"),
+    "an integer dtype": ({"dtype": np.int32}, r"dtype is int32, not a float dtype"),
+    "4 bits without a length": ({"bits": 4}, r"length is None for 4-bit codes"),
+    "a length on 8-bit codes": ({"length": 3}, r"length is 3 for 8-bit codes"),
+    "an empty block": ({"block_size": 0}, r"block_size is 0, not a positive int"),
 }
 
 
-@pytest.mark.parametrize("case", sorted(MALFORMED_CHILDREN))
+@pytest.mark.parametrize("case", sorted(MALFORMED_PARTS))
 @pytest.mark.parametrize("use", ["call", "jit", "check"])
-def test_a_malformed_child_is_named_not_an_attribute_or_broadcast_error(case, use):
+def test_a_malformed_part_is_named_not_an_attribute_or_broadcast_error(case, use):
     q = _fully_quantized()
     assert all(getattr(q, name) is not None for name in ("smooth", "epilogue_factor", "activation_scale"))
     q.check()  # well formed as quantize_params made it
-    changes, message, *message_under_jit = MALFORMED_CHILDREN[case]
+    changes, message, *message_under_jit = MALFORMED_PARTS[case]
     if use == "jit" and message_under_jit:
         (message,) = message_under_jit
     if changes.get("exponents") == "int8":
@@ -369,6 +374,15 @@ def test_a_malformed_child_is_named_not_an_attribute_or_broadcast_error(case, us
            "check": lambda: bad.check()}[use]
     with pytest.raises(Int8ifyError, match="malformed: .*" + message):
         run()
+
+
+def test_replace_names_what_it_cannot_set():
+    q = _fully_quantized()
+    with pytest.raises(Int8ifyError, match=r"no fields \['contracting'\] \(the contracting axes are from_end"):
+        q.replace(contracting=(1,))
+    with pytest.raises(Int8ifyError, match=r"dtype 'floaty' is not a dtype"):
+        q.replace(dtype="floaty")
+    assert q.replace(dtype="bfloat16").dtype == jnp.bfloat16  # a name reads as its dtype, as in the constructor
 
 
 def test_stacked_quantized_arrays_keep_their_optional_children_per_layer():
