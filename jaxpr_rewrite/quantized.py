@@ -195,7 +195,9 @@ class QuantizedArray:
         """The float array this stands for: ``codes * scales`` (divided by ``smooth``), in ``dtype``."""
         value = self.dot_value()
         if self.smooth is not None:
-            smooth = lax.broadcast_in_dim(to_compute(self.smooth, value.dtype), self.shape, self.contracting)
+            stacked = tuple(range(self.smooth.ndim - 1))  # the leading axes of stacked weights' factors
+            smooth = lax.broadcast_in_dim(to_compute(self.smooth, value.dtype), self.shape,
+                                          (*stacked, *self.contracting))
             value = correctly_rounded_divide(value, smooth)  # not XLA's 1/smooth multiply, nor a GPU's division
         return value if value.dtype == self.dtype else lax.convert_element_type(value, self.dtype)
 
@@ -215,10 +217,16 @@ class QuantizedArray:
 
     def dot_operand(self, contracting: Sequence[int]) -> "QuantizedArray | None":
         """This array as the operand of a per-channel int8 dot contracting ``contracting`` (with int8 codes: a
-        4-bit array is unpacked), or ``None`` when its scales do not fit (another contraction, or block scales):
-        then the dot must use :meth:`materialise`."""
+        4-bit array is unpacked), or ``None`` when its scales do not fit (another contraction, or block scales) or
+        it holds stacked weights' smooth factors (the other operand cannot be divided by all of them): then the
+        dot must use :meth:`materialise`. Stacked weights' static scales are dropped: the dot meets them all at
+        once (``int8ify(vmap(f))``), so it measures its activation's scales instead."""
         fits = _from_end(contracting, self.ndim) == self.from_end and self.block_size is None
-        return self.unpacked() if fits else None
+        if not fits or (self.smooth is not None and self.smooth.ndim > 1):
+            return None
+        if self.activation_scale is not None and self.activation_scale.ndim > 1:
+            return self.unpacked().replace(activation_scale=None, activation_group=None)
+        return self.unpacked()
 
     def block_operand(self, contracting: Sequence[int], batch: Sequence[int], block: int) -> "QuantizedArray | None":
         """This block-scaled array as the operand of a block-scaled dot, in the layout that dot cuts a float

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import assert_all_dots_int8, away_from_ties, dot_eqns, reference_dot
+from helpers import assert_all_dots_int8, assert_close_to_reference, away_from_ties, dot_eqns, reference_dot
 from jaxpr_rewrite import Int8ifyError, TracedValueError, int8ify, quantize_params
 
 MATMUL = (((1,), (0,)), ((), ()))
@@ -400,6 +400,30 @@ def test_stacked_quantized_arrays_keep_their_optional_children_per_layer():
     once = int8ify(lambda w, x: x @ w)(q, X)
     assert np.array_equal(outputs, np.stack([once, -once]))  # the second layer's codes are negated
     np.testing.assert_allclose(total, 0.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("options", [{"smooth_alpha": 0.5}, {"activations": "static"}],
+                         ids=["smoothed", "static scale"])
+@pytest.mark.parametrize("use", ["int8ify(vmap)", "fori_loop index"])
+def test_stacked_weights_met_all_at_once_follow_the_contract_on_their_values(options, use):
+    # one dot meeting every stacked weight (int8ify(vmap)), or an index the rewrite cannot follow, cannot apply
+    # per-weight smoothing or static scales: the dot measures its activation, the contract on each weight's value
+    rng = np.random.default_rng(3)
+    x = away_from_ties(rng.normal(size=(16, 64)), (1,))
+    ws = [jnp.asarray(rng.normal(size=(64, 48)).astype(np.float32)) for _ in range(2)]
+    quantized = [quantize_params(lambda p, x: x @ p["w"], {"w": w}, x, **options)["w"] for w in ws]
+    groups = {"smooth_group": None, "activation_group": None}  # each quantize_params call has its own group
+    stacked = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *[q.replace(**groups) for q in quantized])
+    stacked.check()
+    run = {
+        "int8ify(vmap)": int8ify(jax.vmap(lambda w, x: x @ w, in_axes=(0, None))),
+        "fori_loop index": int8ify(lambda w, x: jax.lax.fori_loop(
+            0, 2, lambda i, out: out.at[i].set(x @ w[i]), jnp.zeros((2, 16, 48)))),
+    }[use]
+    got = run(stacked, x)
+    for layer, q in enumerate(quantized):
+        assert_close_to_reference(got[layer], reference_dot(x, np.asarray(q.materialise()), MATMUL))
+    assert_all_dots_int8(jax.make_jaxpr(run)(stacked, x))
 
 
 @pytest.mark.skipif(jax.device_count() < 2, reason="needs 2 devices")
