@@ -254,7 +254,11 @@ class QuantizedArray:
 
     def astype(self, dtype) -> "QuantizedArray":
         """The same codes standing for the array cast to the float ``dtype``."""
-        return self.replace(dtype=np.dtype(dtype))
+        dtype = np.dtype(dtype)
+        if not jax.dtypes.issubdtype(dtype, np.floating):
+            raise Int8ifyError(f"QuantizedArray.astype({dtype.name}): its codes stand for a float array; cast to a "
+                               f"float dtype, or cast materialise()'s value")
+        return self.replace(dtype=dtype)
 
     def transpose(self, permutation: Sequence[int]) -> "QuantizedArray":
         """The same codes and scales, laid out as ``lax.transpose(array, permutation)`` (4-bit codes are unpacked

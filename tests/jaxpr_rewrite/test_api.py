@@ -383,6 +383,9 @@ def test_replace_names_what_it_cannot_set():
     with pytest.raises(Int8ifyError, match=r"dtype 'floaty' is not a dtype"):
         q.replace(dtype="floaty")
     assert q.replace(dtype="bfloat16").dtype == jnp.bfloat16  # a name reads as its dtype, as in the constructor
+    with pytest.raises(Int8ifyError, match=r"astype\(int32\): its codes stand for a float array"):
+        q.astype(jnp.int32)
+    assert q.astype(jnp.float16).dtype == jnp.float16
 
 
 def test_stacked_quantized_arrays_keep_their_optional_children_per_layer():
