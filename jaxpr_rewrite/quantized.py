@@ -40,7 +40,8 @@ from .blocks import from_blocks, n_blocks, to_blocks
 from .int4 import unpack_int4
 from .quantize import dequantize_codes, epilogue_factors, scale_values, smoothing_inverse, to_compute
 from .quantized_layout import (ARRAY_FIELDS, CODE_LIMITS, FIELD_AXES, LAYOUT_VERSION, METADATA_FIELDS,
-                               OPTIONAL_ARRAY_FIELDS, layout_problems, read_metadata, register_export)
+                               OPTIONAL_ARRAY_FIELDS, layout_problems, metadata_problems, read_metadata,
+                               register_export)
 from .static_scales import StaticScale
 
 __all__ = [
@@ -359,6 +360,8 @@ class QuantizedArray:
         shape = getattr(self.codes, "shape", None)
         if shape is None:  # a tree_map made the leaves into something else (their shapes, say)
             return f"QuantizedArray(codes={self.codes!r}, contracting={self.from_end} (from the end))"
+        if metadata_problems(self):  # a hand-built array: the shape and axes derived from its metadata may not be
+            return f"QuantizedArray(codes={np.dtype(self.codes.dtype).name}{list(shape)}, from_end={self.from_end!r})"
         smooth = ", smoothed" if self.smooth is not None else ""
         blocks = f", block_size={self.block_size}" if self.block_size is not None else ""
         static = ", static activation scale" if self.activation_scale is not None else ""

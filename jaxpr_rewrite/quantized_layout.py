@@ -18,7 +18,8 @@ from .quantize import INT8_MAX
 from .static_scales import StaticScale
 
 __all__ = ["ARRAY_FIELDS", "CODE_LIMITS", "FIELD_AXES", "LAYOUT_VERSION", "METADATA_FIELDS", "OPTIONAL_ARRAY_FIELDS",
-           "READABLE_LAYOUT_VERSIONS", "layout_problems", "read_metadata", "readable_versions", "register_export"]
+           "READABLE_LAYOUT_VERSIONS", "layout_problems", "metadata_problems", "read_metadata", "readable_versions",
+           "register_export"]
 
 # The version of the layout below (children and metadata), stored with every serialized QuantizedArray: a reader
 # refuses a version it does not know instead of misreading it.
@@ -111,12 +112,19 @@ STACKED = ", after any leading axes the codes are stacked along"
 def _stacked(shape: tuple, trailing: tuple, array) -> bool:
     """Whether ``shape`` is ``trailing`` after leading axes of the codes that precede the contracting ones."""
     lead = len(shape) - len(trailing)
-    return 0 <= lead <= min(array.contracting) and shape[lead:] == trailing and shape[:lead] == array.shape[:lead]
+    return (0 <= lead <= min(array.contracting, default=array.ndim) and shape[lead:] == trailing
+            and shape[:lead] == array.shape[:lead])
 
 
-def _metadata_problems(array) -> list[str]:
-    """What is wrong with the static fields on their own (a QuantizedArray built with ``replace``)."""
+def metadata_problems(array) -> list[str]:
+    """What is wrong with the static fields (a QuantizedArray built with ``replace``), given its codes' rank."""
     problems = []
+    ndim = len(array.codes.shape)
+    from_end = array.from_end
+    if not (isinstance(from_end, tuple) and all(_is_int(-a, 1) and -a <= ndim for a in from_end)
+            and len(set(from_end)) == len(from_end)):
+        problems.append(f"from_end is {from_end!r}, not distinct contracting axes counted from the end (each in "
+                        f"-{ndim}..-1 for {ndim}-d codes)")
     if not (isinstance(array.dtype, np.dtype) and jnp.issubdtype(array.dtype, jnp.floating)):
         problems.append(f"dtype is {getattr(array.dtype, 'name', repr(array.dtype))}, not a float dtype (the dtype "
                         "of the float array it stands for)")
@@ -142,7 +150,8 @@ def layout_problems(array) -> list[str]:
     shapes and dtypes and the static fields: arrays of one pytree structure and leaf types have the same problems."""
     not_arrays = [_not_an_array(name, getattr(array, name)) for name in ARRAY_FIELDS
                   if getattr(array, name) is not None or name not in OPTIONAL_ARRAY_FIELDS]
-    problems = [problem for problem in not_arrays if problem] + _metadata_problems(array)
+    problems = [problem for problem in not_arrays if problem]
+    problems = problems or metadata_problems(array)
     if problems:  # what follows reads the children's shapes and dtypes, and the shapes the metadata gives
         return problems
     kept_shape = array.scales_shape
@@ -160,6 +169,8 @@ def layout_problems(array) -> list[str]:
     if tuple(getattr(array.exponents, "shape", ())) != tuple(array.scales.shape):
         problems.append(f"exponents have shape {tuple(getattr(array.exponents, 'shape', ()))}, expected "
                         f"{tuple(array.scales.shape)}")
+    if (array.epilogue_factor is None) != (array.epilogue_power is None):
+        problems.append("epilogue_factor and epilogue_power are set together (both or neither)")
     for name in ("epilogue_factor", "epilogue_power"):
         factor = getattr(array, name)
         if factor is not None and tuple(getattr(factor, "shape", ())) != tuple(array.scales.shape):

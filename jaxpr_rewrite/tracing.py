@@ -32,6 +32,7 @@ from .argument_updates import find_updates
 from .config import RewriteConfig
 from .errors import Int8ifyError, TracedValueError
 from .quantized import QuantizedArray, is_quantized
+from .quantized_layout import METADATA_FIELDS
 
 __all__ = ["Int8ifiedBase", "Signature", "StaticArgs", "Traced", "argument_tree", "closed_over_quantized_error",
            "function_name", "is_array", "resolve_static", "split_call", "target_of", "trace",
@@ -184,10 +185,17 @@ def function_name(fn) -> str:
     return name if isinstance(name, str) else repr(fn)
 
 
-def _leaf_type(x):
+def _leaf_type(x, fn_name: str):
     if is_quantized(x):
         leaves, treedef = jax.tree_util.tree_flatten(x)
-        return treedef, tuple(jax.typeof(leaf) for leaf in leaves)
+        # the static fields by type too: the structure compares length=64.0 equal to 64, and so would take a
+        # malformed array for one found well formed
+        metadata = _static_key(tuple(getattr(x, name) for name in METADATA_FIELDS))
+        try:
+            return treedef, metadata, tuple(jax.typeof(leaf) for leaf in leaves)
+        except TypeError:  # a child that is no array (a string, say): the check names it
+            x.check(f"a QuantizedArray passed to {fn_name} ({x!r})")
+            raise
     if isinstance(x, jax.ShapeDtypeStruct):
         return jax.core.ShapedArray(x.shape, x.dtype)
     return jax.typeof(x)
@@ -211,7 +219,7 @@ def split_call(args: tuple, kwargs: dict, static: StaticArgs = StaticArgs(frozen
     is_dynamic = tuple(is_array(x) for x in leaves)
     dynamic = [x for x, d in zip(leaves, is_dynamic) if d]
     static_leaves = tuple(x for x, d in zip(leaves, is_dynamic) if not d)
-    avals = tuple(_leaf_type(x) for x in dynamic)
+    avals = tuple(_leaf_type(x, fn_name) for x in dynamic)
     for leaf, leaf_type in zip(dynamic, avals):
         if is_quantized(leaf):
             _check_quantized(leaf, leaf_type, fn_name)

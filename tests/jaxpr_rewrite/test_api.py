@@ -354,6 +354,8 @@ MALFORMED_PARTS = {
     "4 bits without a length": ({"bits": 4}, r"length is None for 4-bit codes"),
     "a length on 8-bit codes": ({"length": 3}, r"length is 3 for 8-bit codes"),
     "an empty block": ({"block_size": 0}, r"block_size is 0, not a positive int"),
+    "an axis beyond the codes": ({"from_end": (-3,)}, r"from_end is \(-3,\), not distinct contracting axes"),
+    "a factor without its power": ({"epilogue_power": None}, r"epilogue_factor and epilogue_power are set together"),
 }
 
 
@@ -374,6 +376,15 @@ def test_a_malformed_part_is_named_not_an_attribute_or_broadcast_error(case, use
            "check": lambda: bad.check()}[use]
     with pytest.raises(Int8ifyError, match="malformed: .*" + message):
         run()
+
+
+def test_a_static_field_equal_in_value_but_not_in_type_is_checked_again():
+    # length=64.0 compares and hashes equal to 64: the check of a well-formed array's structure must not vouch for it
+    q = quantize_params(lambda p, x: x @ p["w"], {"w": jnp.asarray(W)}, X, bits=4)["w"]
+    apply = int8ify(lambda w, x: x @ w)
+    apply(q, X)
+    with pytest.raises(Int8ifyError, match=r"length is 5.0, not a non-negative int"):
+        apply(q.replace(length=float(q.length)), X)
 
 
 def test_replace_names_what_it_cannot_set():

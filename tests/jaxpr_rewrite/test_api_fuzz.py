@@ -11,14 +11,16 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from jax import lax
 
-from helpers import (away_from_ties, away_from_ties_blocks, reference_block_matmul, reference_dot,
+from helpers import (away_from_ties, away_from_ties_blocks, examples, reference_block_matmul, reference_dot,
                      reference_per_tensor_matmul)
 from jaxpr_rewrite import ActivationScales, Int8ifyError, int8ify, quantize_params
 from jaxpr_rewrite.quantized import is_quantized
+from jaxpr_rewrite.quantized_layout import ARRAY_FIELDS, METADATA_FIELDS, layout_problems
 
 MATMUL = (((1,), (0,)), ((), ()))
 K = 64
@@ -207,3 +209,62 @@ def test_quantized_pytrees_through_casts_and_transforms(cast, use, stacked):
         assert_float32_close(got, y, rtol=tolerance)
     else:
         assert_float32_close(got, 2 * y.sum(axis=-2), rtol=tolerance)
+
+
+# What a hand-built QuantizedArray (``replace``) may hold in place of a child: every value here is malformed for
+# the child it replaces, except where noted (None for an optional child: absent).
+def _wrong_children(value) -> list:
+    wrong = [1.0, [[1, 2]], True, "codes", np.zeros((), np.float32), np.zeros((3,), np.float32), None]
+    if value is not None:
+        shape = tuple(value.shape)
+        wrong += [np.zeros(shape, np.int16), np.zeros(shape, np.float16), np.zeros(shape, np.bool_),
+                  np.zeros((*shape, 1), value.dtype), np.zeros((2, *shape), value.dtype)]
+    return wrong
+
+
+# ... and in place of a static field (the tokens accept anything: they only group weights)
+WRONG_METADATA = {"from_end": [(), (-1,), (-3,), (0,), (-2, -2), (1.5,), "x"], "dtype": [np.dtype(np.int32)],
+                  "smooth_group": [None, "another"], "bits": [4, 3, "8", True], "length": [3, -1, 64, 64.0],
+                  "block_size": [0, -4, 16, 2.5, True], "activation_group": [None, "another"]}
+WEIGHT_KINDS = {"dynamic": {}, "smoothed": {"smooth_alpha": 0.5}, "static": {"activations": "static"},
+                "4-bit": {"bits": 4}}
+
+
+@functools.lru_cache(maxsize=None)
+def _weight(kind: str):
+    x, w = operands()
+    return quantize_params(lambda p, x: x @ p["w"], {"w": jnp.asarray(w)}, x, **WEIGHT_KINDS[kind])["w"]
+
+
+@st.composite
+def hand_built(draw):
+    kind = draw(st.sampled_from(sorted(WEIGHT_KINDS)))
+    q = _weight(kind)
+    field = draw(st.sampled_from([*ARRAY_FIELDS, *METADATA_FIELDS]))
+    pool = _wrong_children(getattr(q, field)) if field in ARRAY_FIELDS else WRONG_METADATA[field]
+    return kind, field, draw(st.sampled_from(pool))
+
+
+@examples(60)
+@given(hand_built(), st.sampled_from(["call", "jit"]))
+def test_a_hand_built_quantized_array_gives_the_contract_or_a_clear_error(case, use):
+    kind, field, value = case
+    x, _ = operands()
+    bad = _weight(kind).replace(**{field: value})
+    apply = int8ify(lambda w, x: x @ w)
+    if use == "jit" and isinstance(value, str) and field in ARRAY_FIELDS:  # jax.jit refuses it before int8ify runs
+        with pytest.raises(TypeError, match=r"<class 'str'>"):  # names the path w.<child> on JAX 0.10+
+            jax.jit(apply)(bad, x)
+        return
+    try:
+        got = (jax.jit(apply) if use == "jit" else apply)(bad, x)
+    except Int8ifyError as e:
+        assert "malformed" in str(e) and layout_problems(bad), str(e)
+        return
+    assert not layout_problems(bad)  # accepted: well formed
+    # a token changed, an absent child stayed absent, or the stored 1 / smooth dropped (the program computes it,
+    # correctly rounded as well): the weight's own numbers, bit for bit
+    if field in ("smooth_group", "activation_group", "smooth_inverse") or getattr(_weight(kind), field) is value:
+        assert np.array_equal(got, apply(_weight(kind), x))
+    else:  # the static scale removed, or the square codes' other axis contracted: the value it stands for now
+        assert_float32_close(got, reference_dot(x, np.asarray(bad.materialise()), MATMUL))
