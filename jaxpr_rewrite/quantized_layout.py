@@ -166,16 +166,14 @@ def layout_problems(array) -> list[str]:
         blocks = f", in blocks of {array.block_size}" if array.block_size is not None else ""
         problems.append(f"scales have shape {tuple(array.scales.shape)}, expected {kept_shape} (the codes "
                         f"{array.shape} without contracting axes {array.contracting}{blocks})")
-    if tuple(getattr(array.exponents, "shape", ())) != tuple(array.scales.shape):
-        problems.append(f"exponents have shape {tuple(getattr(array.exponents, 'shape', ()))}, expected "
-                        f"{tuple(array.scales.shape)}")
+    if tuple(array.exponents.shape) != tuple(array.scales.shape):
+        problems.append(f"exponents have shape {tuple(array.exponents.shape)}, expected {tuple(array.scales.shape)}")
     if (array.epilogue_factor is None) != (array.epilogue_power is None):
         problems.append("epilogue_factor and epilogue_power are set together (both or neither)")
     for name in ("epilogue_factor", "epilogue_power"):
         factor = getattr(array, name)
-        if factor is not None and tuple(getattr(factor, "shape", ())) != tuple(array.scales.shape):
-            problems.append(f"{name} has shape {tuple(getattr(factor, 'shape', ()))}, expected "
-                            f"{tuple(array.scales.shape)}")
+        if factor is not None and tuple(factor.shape) != tuple(array.scales.shape):
+            problems.append(f"{name} has shape {tuple(factor.shape)}, expected {tuple(array.scales.shape)}")
     if np.dtype(array.exponents.dtype) != np.int32:
         problems.append(f"exponents are {np.dtype(array.exponents.dtype).name}, not int32")
     inverse_shape, smooth_shape = (tuple(getattr(v, "shape", ())) for v in (array.smooth_inverse, array.smooth))
@@ -184,7 +182,7 @@ def layout_problems(array) -> list[str]:
                                      or not _stacked(smooth_shape, contraction_shape, array)):
         problems.append(f"smooth factors have shape {smooth_shape}, expected {contraction_shape}: one per index "
                         f"of the single contracting axis{STACKED}")
-    scale_shape = tuple(getattr(array.activation_scale, "shape", ()))
+    scale_shape = tuple(getattr(array.activation_scale, "shape", ()))  # () when absent
     if array.activation_scale is not None and not _stacked(scale_shape, (STATIC_SCALE_LENGTH,), array):
         problems.append(f"activation_scale has shape {scale_shape}, expected ({STATIC_SCALE_LENGTH},): a "
                         f"StaticScale stored as one vector{STACKED}")
