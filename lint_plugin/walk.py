@@ -339,8 +339,8 @@ class FunctionWalk:
             self.ret_elts = None
 
     def _mark_test(self, test: cst.BaseExpression) -> None:
-        """Mark the condition of an ``if``/``while``/``assert``/ternary and its ``and``/``or``/``not``
-        parts: JX201 reports the statement, not each part."""
+        """Mark the condition of an ``if``/``while``/``assert``/ternary/comprehension filter and its
+        ``and``/``or``/``not`` parts: JX201 reports the statement, not each part."""
         pending = [test]
         while pending:
             node = pending.pop()
@@ -561,8 +561,10 @@ class FunctionWalk:
         while comp is not None:
             self.ev(comp.iter)
             self._bind_loop_target(comp.target, comp.iter)
-            for cond in comp.ifs:
+            for cond in comp.ifs:  # a filter is a Python branch per item, as an ``if`` is
+                self._mark_test(cond.test)
                 self.ev(cond.test)
+                self._hooks(cond)
             comp = comp.inner_for_in
         if isinstance(node, cst.DictComp):
             self.ev(node.key)

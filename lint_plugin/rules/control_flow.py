@@ -19,14 +19,15 @@ __all__ = ["Concretization", "TracedCondition"]
 class TracedCondition(Rule):
     """Python control flow on a traced value.
 
-    ``if``/``elif``/``while``/ternary/``assert``/``and``/``or``/``not`` on a traced value need its
-    concrete truth value, which a tracer does not have (``TracerBoolConversionError`` under
-    ``jit``). Conditions on static values are fine: shapes, dtypes, ``len()``, ``x is None``,
-    ``static_argnums``, module config, parameters annotated with a Python type, Python containers, and
-    the bare truth value of a module method's unannotated parameter (``if train:``, a Python flag), or of a
-    function's under ``eqx.filter_jit`` & co. (they keep Python values static) or given to ``nn.apply(fn, module)``.
-    The primal of a ``jax.custom_vjp``/``jax.custom_jvp`` function and the rules ``f.defvjp(fwd, bwd)``
-    and ``f.defjvp(jvp)`` register are traced code too; their ``nondiff_argnums`` values are static.
+    ``if``/``elif``/``while``/ternary/``assert``/``and``/``or``/``not`` and a comprehension's filter
+    (``[f(v) for v in xs if v.sum() > 0]``) on a traced value need its concrete truth value, which a tracer
+    does not have (``TracerBoolConversionError`` under ``jit``). Conditions on static values are fine:
+    shapes, dtypes, ``len()``, ``x is None``, ``static_argnums``, module config, parameters annotated with
+    a Python type, Python containers, dict keys, and the bare truth value of a module method's unannotated
+    parameter (``if train:``, a Python flag), or of a function's under ``eqx.filter_jit`` & co. (they keep
+    Python values static) or given to ``nn.apply(fn, module)``. The primal of a
+    ``jax.custom_vjp``/``jax.custom_jvp`` function and the rules ``f.defvjp(fwd, bwd)`` and
+    ``f.defjvp(jvp)`` register are traced code too; their ``nondiff_argnums`` values are static.
     """
 
     entry = TRACED_CONDITION
@@ -84,6 +85,15 @@ class TracedCondition(Rule):
         @eqx.filter_jit
         def f(x, training):
             return x * 0.5 if training else x
+        """,
+        """
+        import jax
+
+        @jax.jit
+        def f(layers, x, scales):  # comprehension filters on shapes, identity and dict keys
+            kept = [w for w in layers if w.ndim == 2 and w is not None]
+            named = {k: v for k, v in scales.items() if k.startswith("kernel")}
+            return x * len(kept) * len(named) * len([n for n in x.shape if n > 1])
         """,
         """
         from functools import partial
@@ -149,6 +159,13 @@ class TracedCondition(Rule):
         Invalid("""
         import jax
 
+        @jax.jit
+        def f(xs):
+            return [v * 2 for v in xs if v.sum() > 0]
+        """, line=5, col=33),
+        Invalid("""
+        import jax
+
         @jax.custom_vjp
         def f(x):
             return x
@@ -174,6 +191,7 @@ class TracedCondition(Rule):
         "and": "use jnp.logical_and (or `&`)",
         "or": "use jnp.logical_or (or `|`)",
         "not": "use jnp.logical_not (or `~`)",
+        "comprehension if": "compute every item and select with jnp.where (a traced filter has no length)",
     }
 
     def _flag(self, walk: FunctionWalk, node: cst.CSTNode, construct: str) -> None:
@@ -197,6 +215,10 @@ class TracedCondition(Rule):
     def visit_IfExp(self, node: cst.IfExp, walk: FunctionWalk) -> None:
         if self._is_traced_test(walk, node.test):
             self._flag(walk, node.test, "ternary")
+
+    def visit_CompIf(self, node: cst.CompIf, walk: FunctionWalk) -> None:
+        if self._is_traced_test(walk, node.test):
+            self._flag(walk, node.test, "comprehension if")
 
     def visit_BooleanOperation(self, node: cst.BooleanOperation, walk: FunctionWalk) -> None:
         if walk.in_test(node):
