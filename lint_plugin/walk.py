@@ -63,6 +63,20 @@ _INT_PRESERVING_OPS = (cst.Add, cst.Subtract, cst.Multiply, cst.BitAnd, cst.BitO
                        cst.LeftShift, cst.RightShift, cst.FloorDivide, cst.Modulo)
 
 
+def _captures(pattern: cst.MatchPattern) -> List[cst.Name]:
+    """The names a ``case`` pattern binds (``case (n, m)``, ``case {"k": v, **rest}``, ``case [first, *others]``)."""
+    names = []
+    pending: List[cst.CSTNode] = [pattern]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (cst.MatchAs, cst.MatchStar)) and node.name is not None:
+            names.append(node.name)
+        elif isinstance(node, cst.MatchMapping) and node.rest is not None:
+            names.append(node.rest)
+        pending.extend(iter_children(node))
+    return names
+
+
 class FunctionWalk:
     """Abstract execution of one function body (or the module body) with rule dispatch."""
 
@@ -218,11 +232,7 @@ class FunctionWalk:
             if stmt.finalbody is not None:  # type: ignore[attr-defined]
                 self.exec_block(stmt.finalbody.body)  # type: ignore[attr-defined]
         elif t is cst.Match:
-            self.ev(stmt.subject)  # type: ignore[attr-defined]
-            before = dict(self.env)
-            for case in stmt.cases:  # type: ignore[attr-defined]
-                self.exec_block(case.body)
-            self._join_into(before)
+            self._exec_match(stmt)  # type: ignore[arg-type]
         else:
             for c in iter_children(stmt):
                 if isinstance(c, cst.BaseExpression):
@@ -244,6 +254,22 @@ class FunctionWalk:
         elif orelse is not None:
             self.exec_block(orelse.body)
         self._join_with(after_body)
+
+    def _exec_match(self, stmt: cst.Match) -> None:
+        """A ``match``: its subject (a value pattern compares it in Python), then each case with its captures
+        bound to the subject's kind and its guard a test, as an ``if``'s."""
+        subject = self.ev(stmt.subject)
+        self._hooks(stmt)
+        before = dict(self.env)
+        for case in stmt.cases:
+            for capture in _captures(case.pattern):
+                self.bind(capture, subject, None)
+            if case.guard is not None:
+                self._mark_test(case.guard)
+                self.ev(case.guard)
+                self._hooks(case)
+            self.exec_block(case.body)
+        self._join_into(before)
 
     def _exec_for(self, stmt: cst.For) -> None:
         self.ev(stmt.iter)

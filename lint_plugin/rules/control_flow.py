@@ -19,9 +19,10 @@ __all__ = ["Concretization", "TracedCondition"]
 class TracedCondition(Rule):
     """Python control flow on a traced value.
 
-    ``if``/``elif``/``while``/ternary/``assert``/``and``/``or``/``not`` and a comprehension's filter
-    (``[f(v) for v in xs if v.sum() > 0]``) on a traced value need its concrete truth value, which a tracer
-    does not have (``TracerBoolConversionError`` under ``jit``). Conditions on static values are fine:
+    ``if``/``elif``/``while``/ternary/``assert``/``and``/``or``/``not``, a comprehension's filter
+    (``[f(v) for v in xs if v.sum() > 0]``), a ``case`` guard, and a ``match`` whose cases compare a traced
+    subject with a value (``case 0:``) need its concrete truth value, which a tracer does not have
+    (``TracerBoolConversionError`` under ``jit``). Conditions on static values are fine:
     shapes, dtypes, ``len()``, ``x is None``, ``static_argnums``, module config, parameters annotated with
     a Python type, Python containers, dict keys, and the bare truth value of a module method's unannotated
     parameter (``if train:``, a Python flag), or of a function's under ``eqx.filter_jit`` & co. (they keep
@@ -96,6 +97,21 @@ class TracedCondition(Rule):
             return x * len(kept) * len(named) * len([n for n in x.shape if n > 1])
         """,
         """
+        import jax
+
+        @jax.jit
+        def f(x, y):  # a match on shapes, its captures static; structure patterns on arrays compare nothing
+            match x.shape:
+                case (n, m) if n > m:
+                    x = x.T
+            match y:
+                case None:
+                    return x
+                case [first, *rest] if first is None:
+                    return x
+            return x
+        """,
+        """
         from functools import partial
         import jax
 
@@ -166,6 +182,28 @@ class TracedCondition(Rule):
         Invalid("""
         import jax
 
+        @jax.jit
+        def f(x):
+            match x.sum():
+                case 0:
+                    return x
+                case _:
+                    return -x
+        """, line=5, col=10),
+        Invalid("""
+        import jax
+
+        @jax.jit
+        def f(x, w):
+            match x.shape:
+                case (n, _) if (x @ w).sum() > n:
+                    return x
+                case _:
+                    return -x
+        """, line=6, col=23),
+        Invalid("""
+        import jax
+
         @jax.custom_vjp
         def f(x):
             return x
@@ -192,6 +230,8 @@ class TracedCondition(Rule):
         "or": "use jnp.logical_or (or `|`)",
         "not": "use jnp.logical_not (or `~`)",
         "comprehension if": "compute every item and select with jnp.where (a traced filter has no length)",
+        "case guard": "use jnp.where or lax.cond",
+        "match": "use lax.switch on an index, or jnp.where",
     }
 
     def _flag(self, walk: FunctionWalk, node: cst.CSTNode, construct: str) -> None:
@@ -220,6 +260,14 @@ class TracedCondition(Rule):
         if self._is_traced_test(walk, node.test):
             self._flag(walk, node.test, "comprehension if")
 
+    def visit_MatchCase(self, node: cst.MatchCase, walk: FunctionWalk) -> None:
+        if node.guard is not None and self._is_traced_test(walk, node.guard):
+            self._flag(walk, node.guard, "case guard")
+
+    def visit_Match(self, node: cst.Match, walk: FunctionWalk) -> None:
+        if is_traced(walk.kind(node.subject)) and any(_compares(case.pattern) for case in node.cases):
+            self._flag(walk, node.subject, "match")
+
     def visit_BooleanOperation(self, node: cst.BooleanOperation, walk: FunctionWalk) -> None:
         if walk.in_test(node):
             return  # the enclosing if/while/assert/ternary is reported
@@ -230,6 +278,16 @@ class TracedCondition(Rule):
         if isinstance(node.operator, cst.Not) and not walk.in_test(node) \
                 and self._is_traced_test(walk, node.expression):
             self._flag(walk, node, "not")
+
+
+def _compares(pattern: cst.MatchPattern) -> bool:
+    """Whether a ``case`` pattern compares the subject itself with a value (``case 0:``, ``case None | 1:``):
+    patterns that only test a type or structure leave an array unmatched instead."""
+    if isinstance(pattern, cst.MatchAs):
+        return pattern.pattern is not None and _compares(pattern.pattern)
+    if isinstance(pattern, cst.MatchOr):
+        return any(_compares(element.pattern) for element in pattern.patterns)
+    return isinstance(pattern, cst.MatchValue)
 
 
 def _is_python_flag(walk: FunctionWalk, test: cst.BaseExpression) -> bool:
