@@ -329,7 +329,9 @@ class Concretization(Rule):
     a comprehension of traced items (``any(v.sum() > 0 for v in xs)``). Any other single argument is not
     flagged (``sorted(params)`` of a dict of arrays iterates its keys), nor is a call with ``key=`` (it
     compares the keys). On static values (``int(x.shape[0])``, ``np.prod(x.shape)``,
-    ``max(x.shape[0], 1)``) they are fine.
+    ``max(x.shape[0], 1)``) they are fine. The ``jax.numpy`` functions whose output's shape depends on the
+    values (``nonzero``, ``argwhere``, ``flatnonzero``, ``unique`` and its kin, one-argument ``where``,
+    ``compress``, ``extract``, the ``*1d`` set operations) need them concrete too, unless given ``size=``.
     """
 
     entry = CONCRETIZATION
@@ -374,6 +376,15 @@ class Concretization(Rule):
                 x = x * params[first]
             return x, names
         """,
+        """
+        import jax
+        import jax.numpy as jnp
+
+        @jax.jit
+        def f(x):
+            rows, cols = jnp.nonzero(x > 0, size=4, fill_value=0)  # a static output shape
+            return jnp.where(x > 0, x, 0.0)[rows, cols], jnp.unique(x, size=3)
+        """,
     ]
     INVALID = [
         Invalid("""
@@ -383,6 +394,15 @@ class Concretization(Rule):
         def f(x):
             return x * float(x.max())
         """, line=5, col=15),
+        Invalid("""
+        import jax
+        import jax.numpy as jnp
+
+        @jax.jit
+        def f(x):
+            (rows,) = jnp.where(x > 0)
+            return x[rows]
+        """, line=6, col=14),
         Invalid("""
         import jax
         import numpy as onp
@@ -446,6 +466,10 @@ class Concretization(Rule):
         q = walk.qualname(func)
         if q is None:
             return
+        if q.startswith("jax.numpy.") and _shape_from_values(node, q, walk):
+            self.report(walk, node, call=f"{dotted_name(func) or q}()",
+                        fix="pass size= (and fill_value=) so that its output's shape is static")
+            return
         if q.startswith(("numpy.", "math.")):
             last = q.rpartition(".")[2]
             if last in NUMPY_OK_FUNCS or delegates_to_method(q, [walk.kind(a.value) for a in node.args[:1]]):
@@ -455,6 +479,27 @@ class Concretization(Rule):
                 fix = ("use the jax.numpy equivalent" if q.startswith("numpy.")
                        else "use the jax.numpy equivalent of this math function")
                 self.report(walk, node, call=f"{raw}()", fix=fix)
+
+
+# jax.numpy functions whose output's shape is the count of some values, unless size= fixes it
+_SIZED_BY_VALUES = frozenset({"nonzero", "argwhere", "flatnonzero", "unique", "unique_values", "unique_counts",
+                              "unique_inverse", "unique_all", "compress", "extract", "intersect1d", "union1d",
+                              "setdiff1d", "setxor1d"})
+
+
+def _shape_from_values(call: cst.Call, q: str, walk: FunctionWalk) -> bool:
+    """Whether the ``jax.numpy`` call ``q`` has an output shape set by its traced arguments' values: one of
+    :data:`_SIZED_BY_VALUES`, or ``where`` with a condition alone, on a traced argument and without ``size=``."""
+    name = q[len("jax.numpy."):]
+    positional = [a.value for a in call.args if a.keyword is None and not a.star]
+    if name == "where":
+        if len(positional) != 1 or any(a.keyword is not None and a.keyword.value in ("x", "y") for a in call.args):
+            return False
+    elif name not in _SIZED_BY_VALUES:
+        return False
+    if any(a.keyword is not None and a.keyword.value == "size" for a in call.args) or any(a.star for a in call.args):
+        return False
+    return any(is_traced(walk.kind(a.value)) for a in call.args)
 
 
 def _compares_traced(call: cst.Call, walk: FunctionWalk, name: str) -> bool:
