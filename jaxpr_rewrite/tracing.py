@@ -73,13 +73,18 @@ _WELL_FORMED: set = set()
 _WELL_FORMED_LIMIT = 1024
 
 
+def _passed_to(leaf: QuantizedArray, fn_name: str) -> str:
+    """What a check's error calls a QuantizedArray argument of ``fn_name``."""
+    return f"a QuantizedArray passed to {fn_name} ({leaf!r})"
+
+
 def _check_quantized(leaf: QuantizedArray, leaf_type, fn_name: str) -> None:
     """Raise :class:`~jaxpr_rewrite.errors.Int8ifyError` for a malformed QuantizedArray passed to ``fn_name``; its
     problems (:func:`~jaxpr_rewrite.quantized_layout.layout_problems`) depend on its ``leaf_type`` alone, so each
     type is checked once (an eager call's overhead, which competes with the program for the CPU)."""
     if leaf_type in _WELL_FORMED:
         return
-    leaf.check(f"a QuantizedArray passed to {fn_name} ({leaf!r})")
+    leaf.check(_passed_to(leaf, fn_name))
     if len(_WELL_FORMED) >= _WELL_FORMED_LIMIT:
         _WELL_FORMED.clear()
     _WELL_FORMED.add(leaf_type)
@@ -194,7 +199,7 @@ def _leaf_type(x, fn_name: str):
         try:
             return treedef, metadata, tuple(jax.typeof(leaf) for leaf in leaves)
         except TypeError:  # a child that is no array (a string, say): the check names it
-            x.check(f"a QuantizedArray passed to {fn_name} ({x!r})")
+            x.check(_passed_to(x, fn_name))
             raise
     if isinstance(x, jax.ShapeDtypeStruct):
         return jax.core.ShapedArray(x.shape, x.dtype)

@@ -365,8 +365,8 @@ class FunctionWalk:
             self.ret_elts = None
 
     def _mark_test(self, test: cst.BaseExpression) -> None:
-        """Mark the condition of an ``if``/``while``/``assert``/ternary/comprehension filter and its
-        ``and``/``or``/``not`` parts: JX201 reports the statement, not each part."""
+        """Mark the condition of an ``if``/``while``/``assert``/ternary/comprehension filter/``case`` guard and
+        its ``and``/``or``/``not`` parts: JX201 reports the statement, not each part."""
         pending = [test]
         while pending:
             node = pending.pop()

@@ -270,7 +270,7 @@ class TracedCondition(Rule):
 
     def visit_BooleanOperation(self, node: cst.BooleanOperation, walk: FunctionWalk) -> None:
         if walk.in_test(node):
-            return  # the enclosing if/while/assert/ternary is reported
+            return  # the enclosing if/while/assert/ternary, filter or case guard is reported
         if is_traced(walk.kind(node.left)):
             self._flag(walk, node, "and" if isinstance(node.operator, cst.And) else "or")
 
