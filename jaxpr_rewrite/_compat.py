@@ -25,6 +25,9 @@ What needs internals, and why:
   equations then point at this library instead of the user line that happened to trace it first).
 * ``has_lowering``: whether JAX already has a rule for a primitive on a platform, so that the emulation is
   registered only where JAX has none (never replacing JAX's own cuda/rocm rules).
+* ``InconclusiveDimension``: the exception a comparison of ``jax.export`` symbolic dims raises when their
+  constraints do not decide it (``jax._src.core.InconclusiveDimensionOperation`` in JAX 0.8-0.12; not public).
+  The dot rule asks whether a symbolic contraction can overflow int32 sums, and says what to bound when it can.
 * ``generalize_batchers``: JAX's batching rule for ``scaled_matmul`` / ``scaled_matmul_wrapper`` asserts
   that all four operands are batched along the same axis and assumes that axis is the leading one, so
   ``jax.vmap`` over a rewritten function with an unbatched weight fails (``AssertionError``). The rule is
@@ -43,6 +46,7 @@ from typing import Any, Callable, Sequence
 import jax
 from jax.interpreters import batching, mlir
 from jax._src import config as _config
+from jax._src import core as _core
 from jax._src import linear_util as _lu
 from jax._src import shard_map as _shard_map
 from jax._src import xla_bridge as _xb
@@ -51,6 +55,8 @@ from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import partial_eval as _pe
 from jax._src.lib import xla_client as _xla_client
 from jax._src.mesh import use_abstract_mesh as _use_abstract_mesh
+
+InconclusiveDimension = _core.InconclusiveDimensionOperation
 
 
 def bind(primitive, invals, params: dict):

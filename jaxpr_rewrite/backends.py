@@ -46,6 +46,9 @@ class Backend:
             with per-channel int8 codes) is passed to ``dot`` as it is; other backends get it materialised.
         sibling_dots: ``None``, or how the backend computes sibling dots of one activation as one program (each
             dot alone otherwise).
+        max_symbolic_contraction: ``None``, or the bound a contraction whose length is symbolic (``jax.export``'s
+            shapes) must be known to keep: the int8 backends' int32 sums are exact up to a length, and they cut a
+            longer contraction into chunks only when its length is known when tracing.
     """
 
     name: str
@@ -53,6 +56,7 @@ class Backend:
     ragged_dot: Callable | None = None
     takes_prequantized: bool = False
     sibling_dots: SiblingDots | None = None
+    max_symbolic_contraction: int | None = None
 
 
 BACKENDS: dict[str, Backend] = {}
@@ -68,13 +72,14 @@ def _check_new(name: str) -> None:
 
 
 def register_backend(name: str, *, ragged_dot: Callable | None = None, takes_prequantized: bool = False,
-                     sibling_dots: SiblingDots | None = None):
+                     sibling_dots: SiblingDots | None = None, max_symbolic_contraction: int | None = None):
     """Decorator: ``@register_backend(name)`` registers ``dot(lhs, rhs, float_params, out_dtype, config)`` as
     ``int8ify(backend=name)``.
 
     Arguments:
         name: the option value.
-        ragged_dot, takes_prequantized, sibling_dots: what else the backend can take (see :class:`Backend`).
+        ragged_dot, takes_prequantized, sibling_dots, max_symbolic_contraction: what else the backend can take,
+            and its bounds (see :class:`Backend`).
 
     Returns:
         The decorator; it returns the decorated function unchanged.
@@ -85,7 +90,7 @@ def register_backend(name: str, *, ragged_dot: Callable | None = None, takes_pre
 
     def decorate(dot: Callable) -> Callable:
         _check_new(name)
-        BACKENDS[name] = Backend(name, dot, ragged_dot, takes_prequantized, sibling_dots)
+        BACKENDS[name] = Backend(name, dot, ragged_dot, takes_prequantized, sibling_dots, max_symbolic_contraction)
         return dot
 
     return decorate

@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from .float64_scales import quantize_with_float64_scales
 from .fused_gpu_kernel import KernelForm, WeightLayout, contraction_block, kernel_call, operands_per_weight
+from .layout import is_static
 from .quantize import MAX_INT32_SAFE_CONTRACTION
 from .quantized import is_quantized
 
@@ -43,6 +44,8 @@ def fits_fused_kernel(lhs, rhs, dimension_numbers) -> bool:
     quantizes."""
     (lc, rc), (lb, rb) = dimension_numbers
     shape, count = lhs.shape, len(lc)
+    if not all(is_static(d) for d in (*shape, *rhs.shape)):
+        return False  # the kernel's grid is laid out when tracing (jax.export's symbolic shapes: the int8 program)
     if is_quantized(rhs):
         fits_rhs = rhs.codes.dtype == np.int8 and (rhs.activation_scale is None
                                                    or rhs.activation_scale.dtype == np.float32)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from jax import lax
 
-from .layout import blocked, blocked_dimension_numbers, contraction_size, free_axes
+from .layout import blocked, blocked_dimension_numbers, contraction_size, decided, free_axes, is_static
 from .quantize import MAX_INT32_SAFE_CONTRACTION
 
 __all__ = ["int32_dot"]
@@ -24,11 +24,16 @@ def _pad_contraction(lhs_codes, rhs_codes, dimension_numbers):
         return lhs_codes, rhs_codes
     others = contraction_size(lhs_codes.shape, lc[:-1])
     last = lhs_codes.shape[lc[-1]]
-    pad = 0
-    while (others * (last + pad)) % _CONTRACTION_MULTIPLE:
-        pad += 1
-    if pad == 0 or others * last == 0:
-        return lhs_codes, rhs_codes
+    if not is_static(others * last):
+        # a length known only when the program runs (jax.export's symbolic shapes): the last dim padded to a
+        # multiple of 4, by a symbolic amount that is 0 where it already is one
+        pad = -last % _CONTRACTION_MULTIPLE
+    else:
+        pad = 0
+        while (others * (last + pad)) % _CONTRACTION_MULTIPLE:
+            pad += 1
+        if pad == 0 or others * last == 0:
+            return lhs_codes, rhs_codes
 
     def padded(codes, axis):
         return lax.pad(codes, np.int8(0), [(0, pad if a == axis else 0, 0) for a in range(codes.ndim)])
@@ -48,7 +53,8 @@ def _matrix_vector_safe_dot(lhs_codes, rhs_codes, dimension_numbers):
     lhs_free = free_axes(lhs_codes.ndim, lc, lb)
     rhs_free = free_axes(rhs_codes.ndim, rc, rb)
     one_row = lhs_free and all(lhs_codes.shape[a] == 1 for a in lhs_free)
-    if not one_row or contraction_size(rhs_codes.shape, rhs_free) <= 1:
+    # (a symbolic column count, from jax.export, may be more than one: the padded row is sliced off either way)
+    if not one_row or decided(lambda: contraction_size(rhs_codes.shape, rhs_free) <= 1):
         return lax.dot_general(lhs_codes, rhs_codes, dimension_numbers, preferred_element_type=np.int32)
     padding = [(0, 1 if a == lhs_free[0] else 0, 0) for a in range(lhs_codes.ndim)]
     padded = lax.pad(lhs_codes, np.int8(0), padding)

@@ -8,6 +8,7 @@ from .backends import SiblingDots, register_backend
 from .config import RewriteConfig
 from .int8_dot import Scheme, fits_sibling_kernel, int8_dot_general_impl, int8_sibling_dots_impl
 from .operands import checks_codes
+from .quantize import MAX_INT32_SAFE_CONTRACTION
 from .ragged_dot import int8_ragged_dot_general_impl, ragged_dot_float
 from .straight_through import straight_through, straight_through_group
 
@@ -59,14 +60,16 @@ def _int8_ragged_backend(lhs, rhs, group_sizes, float_params, out_dtype, config:
     return int8_ragged_dot_general(lhs, rhs, group_sizes, float_params, out_dtype, Scheme.of(config))
 
 
-@register_backend("int8", ragged_dot=_int8_ragged_backend, takes_prequantized=True)
+@register_backend("int8", ragged_dot=_int8_ragged_backend, takes_prequantized=True,
+                  max_symbolic_contraction=MAX_INT32_SAFE_CONTRACTION)
 def int8_backend(lhs, rhs, float_params, out_dtype, config: RewriteConfig):
     """The int8 contract (the default backend)."""
     return int8_dot_general(lhs, rhs, float_params, out_dtype, Scheme.of(config))
 
 
 @register_backend("int8-fused", ragged_dot=_int8_ragged_backend, takes_prequantized=True,
-                  sibling_dots=SiblingDots(_fits_fused_siblings, _fused_siblings))
+                  sibling_dots=SiblingDots(_fits_fused_siblings, _fused_siblings),
+                  max_symbolic_contraction=MAX_INT32_SAFE_CONTRACTION)
 def int8_fused_backend(lhs, rhs, float_params, out_dtype, config: RewriteConfig):
     """The int8 contract, with a float activation times a pre-quantized weight as one Pallas kernel on an NVIDIA
     GPU (:mod:`~jaxpr_rewrite.fused_gpu_dot`), and sibling dots of one activation (attention's query, key and

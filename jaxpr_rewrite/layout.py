@@ -3,19 +3,40 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
+import jax
 from jax import lax
 
-__all__ = ["blocked", "blocked_dimension_numbers", "contraction_size", "free_axes", "scale_to_output"]
+from ._compat import InconclusiveDimension
+
+__all__ = ["blocked", "blocked_dimension_numbers", "contraction_size", "decided", "free_axes", "is_static",
+           "scale_to_output"]
 
 
-def contraction_size(shape, contracting) -> int:
-    """The number of products each output sums: the product of the contracting dims' sizes."""
+def contraction_size(shape, contracting):
+    """The number of products each output sums: the product of the contracting dims' sizes (an int, or a
+    symbolic expression where a dim is one of ``jax.export``'s symbolic dims)."""
     size = 1
     for a in contracting:
-        size *= int(shape[a])
+        size = size * shape[a]
     return size
+
+
+def is_static(size) -> bool:
+    """Whether a dim or size is a known int rather than a ``jax.export`` symbolic expression."""
+    return not jax.export.is_symbolic_dim(size)
+
+
+def decided(comparison: Callable[[], bool]) -> bool | None:
+    """The value of a comparison of dims, or ``None`` where symbolic dims' constraints leave it open.
+
+    A comparison of ints is always decided; ``jax.export`` decides one of symbolic dims from their constraints
+    (``symbolic_shape("k", constraints=("k <= 4096",))`` makes ``k <= 133144`` true)."""
+    try:
+        return bool(comparison())
+    except InconclusiveDimension:
+        return None
 
 
 def free_axes(ndim: int, contracting: Sequence[int], batch: Sequence[int]) -> tuple[int, ...]:

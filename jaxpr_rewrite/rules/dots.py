@@ -14,7 +14,7 @@ from jax import lax
 
 from ..backends import Backend
 from ..config import RewriteConfig
-from ..layout import contraction_size
+from ..layout import contraction_size, decided, is_static
 from ..errors import Int8ifyError
 from ..ragged_dot import supports_ragged
 from ..jaxprs import matmul_dimension_numbers
@@ -68,10 +68,35 @@ def skip_reason(eqn, config: RewriteConfig, scope: str) -> KeptFloat | None:
         return KeptFloat(Why.SKIP_IF, "skip_if returned True")
     (lc, _), _ = matmul_dimension_numbers(eqn)
     size = contraction_size(eqn.invars[0].aval.shape, lc)
-    if size < config.min_contracting_size:
+    minimum = config.min_contracting_size
+    small = decided(lambda: size < minimum)
+    if small is None:
+        raise _symbolic_contraction_error(eqn, size, f">= {minimum}",
+                                          f"min_contracting_size={minimum} keeps shorter ones float")
+    if small:
         return KeptFloat(Why.SMALL_CONTRACTION,
-                         f"contraction of {size} < min_contracting_size={config.min_contracting_size}")
+                         f"contraction of {size} < min_contracting_size={minimum}")
     return None
+
+
+def _check_symbolic_contraction(backend: Backend, eqn, where: Location):
+    """A contraction of symbolic length (``jax.export``) must be known to fit the backend's bound."""
+    bound = backend.max_symbolic_contraction
+    (lc, _), _ = matmul_dimension_numbers(eqn)
+    size = contraction_size(eqn.invars[0].aval.shape, lc)
+    if bound is not None and not is_static(size) and not decided(lambda: size <= bound):
+        raise _symbolic_contraction_error(
+            eqn, size, f"<= {bound}", f"backend {backend.name!r} sums int8 products exactly in int32 for at most "
+            "that many, and cuts a longer contraction into chunks only when its length is known when tracing", where)
+
+
+def _symbolic_contraction_error(eqn, size, bound: str, why: str, where: Location = UNKNOWN) -> Int8ifyError:
+    """The error for a dot whose symbolic contraction length leaves a decision open (``jax.export``)."""
+    return Int8ifyError(
+        f"{eqn.primitive.name} at {describe_source(eqn, where)} ({_operand_types(eqn)}) contracts over {size} "
+        f"products, a symbolic length that must be known to be {bound}: {why}. State the bound when exporting, e.g. "
+        f'jax.export.symbolic_shape(..., constraints=("{size} {bound}",)), or keep the dot float with skip/skip_if'
+    )
 
 
 def resolve_dot_operands(invals: Sequence, contractions, direct: bool, shared: dict | None,
@@ -155,7 +180,8 @@ def rewrite_dot(config: RewriteConfig, backend: Backend, eqn, invals, where: Loc
         The dot's result.
 
     Raises:
-        Int8ifyError: complex operands, or a ragged dot the backend or the layout rules out.
+        Int8ifyError: complex operands, a ragged dot the backend or the layout rules out, or a contraction of
+            symbolic length not known to fit the backend.
     """
     for v in eqn.invars[:2]:
         if jnp.issubdtype(v.aval.dtype, jnp.complexfloating):
@@ -163,6 +189,7 @@ def rewrite_dot(config: RewriteConfig, backend: Backend, eqn, invals, where: Loc
                 f"{eqn.primitive.name} at {describe_source(eqn, where)} has complex operands "
                 f"({_operand_types(eqn)}); the int8 contract is defined for real floating matmuls only"
             )
+    _check_symbolic_contraction(backend, eqn, where)
     float_params = tuple(sorted(eqn.params.items()))
     out_dtype = eqn.outvars[0].aval.dtype
     ragged = not is_plain_dot(eqn)

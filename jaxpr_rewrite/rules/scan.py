@@ -7,11 +7,18 @@ from jax import lax
 
 from ..error_sums import add, zeros
 from ..jaxprs import open_jaxpr, scan_counts, scan_operands, sub_index
+from ..layout import is_static
 from ..quantized import is_quantized, materialise
 from .common import materialised, sub_interpreter, swap_forward_params
 from .registry import RuleContext, register
 
 __all__ = []
+
+
+def _length(params, xs):
+    """``lax.scan``'s ``length`` for a scan run again: ``None`` (read off the ``xs``) where it is a symbolic dim of
+    ``jax.export``, which ``lax.scan`` takes only in the shapes of its ``xs``."""
+    return None if xs and not is_static(params["length"]) else params["length"]
 
 
 def _scan_quantized(context: RuleContext, eqn, invals):
@@ -28,7 +35,7 @@ def _scan_quantized(context: RuleContext, eqn, invals):
         outs = materialised(body([*consts, *carry, *x]))
         return outs[:n_carry], outs[n_carry:]
 
-    carry, ys = lax.scan(step, init, xs, length=p["length"], reverse=p["reverse"], unroll=p["unroll"])
+    carry, ys = lax.scan(step, init, xs, length=_length(p, xs), reverse=p["reverse"], unroll=p["unroll"])
     return [*carry, *ys]
 
 
@@ -64,7 +71,7 @@ def _measure_scan(measurer, eqn, invals, path):
         return (outs[:n_carry], add(acc, stats)), outs[n_carry:]
 
     (carry, acc), ys = lax.scan(step, (init, zeros(measurer.paths_under(sub))), xs,
-                                length=p["length"], reverse=p["reverse"], unroll=p["unroll"])
+                                length=_length(p, xs), reverse=p["reverse"], unroll=p["unroll"])
     return [*carry, *ys], acc
 
 

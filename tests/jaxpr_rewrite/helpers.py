@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import jax
+import ml_dtypes
 import numpy as np
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -32,6 +33,52 @@ def examples(count: int):
     the ``ci`` profile's own count, as tests/conftest.py registers it."""
     ci_examples = settings.get_profile("ci").max_examples
     return settings(max_examples=max(1, round(count * settings.default.max_examples / ci_examples)), deadline=None)
+
+
+SIZES = st.sampled_from([1, 2, 3, 5])  # few distinct sizes: every new shape is an XLA compile
+
+
+@st.composite
+def dot_problems(draw, with_axes: bool = False):
+    """Random dot_general problems: 0-2 batch, contracting, lhs-free and rhs-free dims, each operand's
+    axes in a random order (so contracting dims come in any order), one of three float dtypes, and
+    optionally an all-zero slice. ``(lhs, rhs, dimension_numbers)``, and with ``with_axes`` each operand's axes as
+    ``(kind, index)`` pairs (kind ``"batch"``, ``"contract"``, ``"lhs_free"`` or ``"rhs_free"``)."""
+    kinds = {k: draw(st.integers(0, 2)) for k in ("batch", "contract", "lhs_free", "rhs_free")}
+    sizes = {k: [draw(SIZES) for _ in range(n)] for k, n in kinds.items()}
+    lhs_axes = [("batch", i) for i in range(kinds["batch"])] + [("contract", i) for i in range(kinds["contract"])]
+    lhs_axes += [("lhs_free", i) for i in range(kinds["lhs_free"])]
+    rhs_axes = [("batch", i) for i in range(kinds["batch"])] + [("contract", i) for i in range(kinds["contract"])]
+    rhs_axes += [("rhs_free", i) for i in range(kinds["rhs_free"])]
+    lhs_axes = draw(st.permutations(lhs_axes))
+    rhs_axes = draw(st.permutations(rhs_axes))
+    contract_order = draw(st.permutations(list(range(kinds["contract"]))))
+    batch_order = draw(st.permutations(list(range(kinds["batch"]))))
+    dims = (
+        (
+            tuple(lhs_axes.index(("contract", i)) for i in contract_order),
+            tuple(rhs_axes.index(("contract", i)) for i in contract_order),
+        ),
+        (
+            tuple(lhs_axes.index(("batch", i)) for i in batch_order),
+            tuple(rhs_axes.index(("batch", i)) for i in batch_order),
+        ),
+    )
+    lhs_shape = tuple(sizes[k][i] for k, i in lhs_axes)
+    rhs_shape = tuple(sizes[k][i] for k, i in rhs_axes)
+    dtype = draw(st.sampled_from([np.float32, np.float32, ml_dtypes.bfloat16, np.float16]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    lhs = rng.normal(scale=draw(st.sampled_from([1e-3, 1.0, 50.0])), size=lhs_shape)
+    rhs = rng.normal(size=rhs_shape)
+    if draw(st.booleans()) and lhs.size:
+        # zero one whole channel (a slice over the contracting dims) of the lhs
+        kept = [a for a in range(lhs.ndim) if a not in dims[0][0]]
+        index = tuple(rng.integers(lhs_shape[a]) if a in kept else slice(None) for a in range(lhs.ndim))
+        lhs[index] = 0
+    lhs = away_from_ties(lhs, dims[0][0], dtype=dtype)
+    rhs = away_from_ties(rhs, dims[0][1], dtype=dtype)
+    return (lhs, rhs, dims, lhs_axes, rhs_axes) if with_axes else (lhs, rhs, dims)
 
 
 def reference_scale_parts(x, reduce_axes, limit=127) -> tuple[np.ndarray, np.ndarray]:

@@ -11,55 +11,12 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from helpers import (assert_all_dots_int8, assert_same_bits_but_nan, away_from_ties, dot_eqns, evaluate_as, examples,
-                     program_dots, reference_dot)
+from helpers import (assert_all_dots_int8, assert_same_bits_but_nan, away_from_ties, dot_eqns, dot_problems,
+                     evaluate_as, examples, program_dots, reference_dot)
 from jaxpr_rewrite import int8ify
 
 # Output tolerance per dtype: float32 is the contract's 1e-6; narrower outputs add one rounding.
 RTOL = {np.dtype(np.float32): 1e-6, np.dtype(ml_dtypes.bfloat16): 2**-8, np.dtype(np.float16): 2**-10}
-SIZES = st.sampled_from([1, 2, 3, 5])  # few distinct sizes: every new shape is an XLA compile
-
-
-@st.composite
-def dot_problems(draw):
-    """Random dot_general problems: 0-2 batch, contracting, lhs-free and rhs-free dims, each operand's
-    axes in a random order (so contracting dims come in any order), one of three float dtypes, and
-    optionally an all-zero slice."""
-    kinds = {k: draw(st.integers(0, 2)) for k in ("batch", "contract", "lhs_free", "rhs_free")}
-    sizes = {k: [draw(SIZES) for _ in range(n)] for k, n in kinds.items()}
-    lhs_axes = [("batch", i) for i in range(kinds["batch"])] + [("contract", i) for i in range(kinds["contract"])]
-    lhs_axes += [("lhs_free", i) for i in range(kinds["lhs_free"])]
-    rhs_axes = [("batch", i) for i in range(kinds["batch"])] + [("contract", i) for i in range(kinds["contract"])]
-    rhs_axes += [("rhs_free", i) for i in range(kinds["rhs_free"])]
-    lhs_axes = draw(st.permutations(lhs_axes))
-    rhs_axes = draw(st.permutations(rhs_axes))
-    contract_order = draw(st.permutations(list(range(kinds["contract"]))))
-    batch_order = draw(st.permutations(list(range(kinds["batch"]))))
-    dims = (
-        (
-            tuple(lhs_axes.index(("contract", i)) for i in contract_order),
-            tuple(rhs_axes.index(("contract", i)) for i in contract_order),
-        ),
-        (
-            tuple(lhs_axes.index(("batch", i)) for i in batch_order),
-            tuple(rhs_axes.index(("batch", i)) for i in batch_order),
-        ),
-    )
-    lhs_shape = tuple(sizes[k][i] for k, i in lhs_axes)
-    rhs_shape = tuple(sizes[k][i] for k, i in rhs_axes)
-    dtype = draw(st.sampled_from([np.float32, np.float32, ml_dtypes.bfloat16, np.float16]))
-    seed = draw(st.integers(0, 2**31 - 1))
-    rng = np.random.default_rng(seed)
-    lhs = rng.normal(scale=draw(st.sampled_from([1e-3, 1.0, 50.0])), size=lhs_shape)
-    rhs = rng.normal(size=rhs_shape)
-    if draw(st.booleans()) and lhs.size:
-        # zero one whole channel (a slice over the contracting dims) of the lhs
-        kept = [a for a in range(lhs.ndim) if a not in dims[0][0]]
-        index = tuple(rng.integers(lhs_shape[a]) if a in kept else slice(None) for a in range(lhs.ndim))
-        lhs[index] = 0
-    lhs = away_from_ties(lhs, dims[0][0], dtype=dtype)
-    rhs = away_from_ties(rhs, dims[0][1], dtype=dtype)
-    return lhs, rhs, dims
 
 
 @given(dot_problems())
