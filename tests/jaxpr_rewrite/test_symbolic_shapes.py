@@ -191,3 +191,28 @@ def test_backends_with_float_sums_need_no_bound():
     rng = np.random.default_rng(5)
     probs, values = rng.standard_normal((4, 40), np.float32), rng.standard_normal((40, D), np.float32)
     np.testing.assert_array_equal(np.asarray(exported.call(probs, values)), np.asarray(program(probs, values)))
+
+
+def _recurrence(w, xs):
+    def step(h, x):
+        h = jnp.tanh(h @ w + x)
+        return h, h
+
+    return jax.lax.scan(step, jnp.zeros(xs.shape[1:], xs.dtype), xs)[1]
+
+
+@pytest.mark.parametrize("bits", [None, 8, 4])
+def test_a_scan_over_a_symbolic_number_of_steps(bits):
+    """A recurrence over a symbolic number of steps and batch rows, its weight float or quantized (a scan that takes
+    a QuantizedArray is run again by the rewrite, its length read off the ``xs``)."""
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((D, D), np.float32) / 8
+    xs = rng.standard_normal((5, 3, D), np.float32)
+    weight = w if bits is None else quantize_params(_recurrence, w, xs, bits=bits)
+    t, b = jax.export.symbolic_shape("t, b")
+    program = jax.jit(int8ify(_recurrence))
+    exported = jax.export.export(program)(weight, jax.ShapeDtypeStruct((t, b, D), jnp.float32))
+    for shape in ((5, 3, D), (2, 1, D)):
+        xs = rng.standard_normal(shape, np.float32)
+        np.testing.assert_array_equal(np.asarray(exported.call(weight, xs)), np.asarray(program(weight, xs)))
+    assert _only_int8_dots(exported)
