@@ -1,5 +1,6 @@
 """``jax.export`` of a rewritten program taking quantized params: it serializes, deserializes in a fresh process
-and gives bit-identical outputs, and the exported module holds only int8 dots."""
+and gives bit-identical outputs (exported for one batch size or any), and the exported module holds only int8
+dots."""
 
 import re
 
@@ -27,25 +28,29 @@ print(type(qparams["head"]).__name__, qparams["head"].bits)
 out = exported.call(qparams, x)
 np.testing.assert_array_equal(np.asarray(out), np.load(expected))
 print("bit-identical")
+if jax.export.is_symbolic_dim(exported.in_avals[-1].shape[0]):  # exported for any batch: each row's own numbers
+    np.testing.assert_array_equal(np.asarray(exported.call(qparams, x[:5])), np.load(expected)[:5])
+    print("any batch")
 """
 
 
-def _exported(bits):
+def _exported(bits, any_batch=False):
     fn, params, x = deploy_model()
     qparams = quantize_params(fn, params, x, bits=bits)
     program = jax.jit(int8ify(fn))
-    return jax.export.export(program)(qparams, x), qparams, x, np.asarray(program(qparams, x))
+    spec = jax.ShapeDtypeStruct((*jax.export.symbolic_shape("batch"), *x.shape[1:]), x.dtype) if any_batch else x
+    return jax.export.export(program)(qparams, spec), qparams, x, np.asarray(program(qparams, x))
 
 
-@pytest.mark.parametrize("bits", [8, 4])
-def test_export_round_trip_in_a_fresh_process(tmp_path, bits):
-    exported, qparams, x, expected = _exported(bits)
+@pytest.mark.parametrize("bits, any_batch", [(8, False), (4, False), (8, True)])
+def test_export_round_trip_in_a_fresh_process(tmp_path, bits, any_batch):
+    exported, qparams, x, expected = _exported(bits, any_batch)
     (tmp_path / "program.bin").write_bytes(exported.serialize())
     leaves = jax.tree_util.tree_leaves(((qparams, x), {}))
     np.savez(tmp_path / "leaves.npz", **{f"leaf{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)})
     np.save(tmp_path / "expected.npy", expected)
     printed = run_fresh_python(FRESH, tmp_path / "program.bin", tmp_path / "leaves.npz", tmp_path / "expected.npy")
-    assert printed.split() == ["QuantizedArray", str(bits), "bit-identical"]
+    assert printed.split() == ["QuantizedArray", str(bits), "bit-identical"] + ["any", "batch"] * any_batch
 
 
 def test_deserialized_structure_keeps_the_metadata():
