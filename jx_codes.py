@@ -17,6 +17,7 @@ __all__ = [
     "CONVOLUTION",
     "DEBUG_CALLBACK",
     "FLOAT_MATMUL",
+    "HIDDEN_MATMUL",
     "HOST_CALLBACK",
     "INT8_ACCUMULATOR",
     "TRACED_CONDITION",
@@ -61,6 +62,11 @@ CONVOLUTION = Code(
     "A convolution in traced code.",
     "express it as an int8 matmul over patches with preferred_element_type=jnp.int32",
 )
+HIDDEN_MATMUL = Code(
+    "JX105", "hidden-matmul",
+    "A call whose matmuls run in float inside a library kernel, out of int8ify's reach.",
+    "call jax.nn.dot_product_attention with implementation='xla' (or None), whose einsums int8ify rewrites",
+)
 TRACED_CONDITION = Code(
     "JX201", "traced-condition",
     "Python control flow on a traced value.",
@@ -85,7 +91,7 @@ DEBUG_CALLBACK = Code(
 )
 
 CODES: Mapping[str, Code] = MappingProxyType({c.code: c for c in (
-    FLOAT_MATMUL, INT8_ACCUMULATOR, BROADCAST_MULTIPLY_SUM, CONVOLUTION,
+    FLOAT_MATMUL, INT8_ACCUMULATOR, BROADCAST_MULTIPLY_SUM, CONVOLUTION, HIDDEN_MATMUL,
     TRACED_CONDITION, CONCRETIZATION,
     HOST_CALLBACK, DEBUG_CALLBACK,
 )})

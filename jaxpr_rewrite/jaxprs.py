@@ -21,6 +21,7 @@ __all__ = [
     "BRANCH_PARAMS",
     "CONVOLUTION_PRIMITIVES",
     "DERIVATIVE_ONLY_PARAMS",
+    "HIDDEN_MATMULS",
     "MATMUL_PRIMITIVES",
     "PLATFORM_INDEX",
     "SUBJAXPR_PARAMS",
@@ -30,6 +31,7 @@ __all__ = [
     "derivative_jaxprs",
     "dot_eqns",
     "forward_jaxprs",
+    "hidden_matmuls",
     "is_float_convolution",
     "is_float_dot",
     "is_matmul",
@@ -57,6 +59,11 @@ DERIVATIVE_ONLY_PARAMS: dict[str, tuple[str, ...]] = {}
 # primitive name -> the params holding its branches, of which its first operand picks the one that runs (cond's
 # ``branches``). Filled by the rules (``register(name, branches=True)``).
 BRANCH_PARAMS: dict[str, tuple[str, ...]] = {}
+
+# primitive name -> what it is, for a primitive that computes float matmuls out of the jaxpr's reach (inside a
+# library call). Filled by the rules (``register(name, hides_matmuls=...)``): such an equation is an error for the
+# rewrite and a JX105 finding for ``verify``.
+HIDDEN_MATMULS: dict[str, str] = {}
 
 # The primitive that picks a ``lax.platform_dependent`` branch: its result, read as a branch primitive's first
 # operand, is the index of the branch of the platform the program is lowered for.
@@ -195,6 +202,12 @@ def dot_eqns(jaxpr, *, forward_only: bool = False, platform: str | None = None) 
 def is_float_convolution(eqn) -> bool:
     """Whether ``eqn`` is a convolution with a floating operand: float arithmetic the rewrite leaves as it is."""
     return eqn.primitive.name in CONVOLUTION_PRIMITIVES and jnp.issubdtype(eqn.invars[0].aval.dtype, jnp.inexact)
+
+
+def hidden_matmuls(eqn) -> str | None:
+    """What ``eqn`` is, when it computes float matmuls where no rewrite reaches them (JX105); ``None`` for a
+    primitive that hides none."""
+    return HIDDEN_MATMULS.get(eqn.primitive.name)
 
 
 def is_float_dot(eqn) -> bool:

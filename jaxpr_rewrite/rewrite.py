@@ -25,18 +25,20 @@ import jax.extend  # noqa: F401  (makes jax.extend.core importable)
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Var
 
+from jx_codes import HIDDEN_MATMUL
+
 from . import _compat
 from .compile_policy import late_inlining
 from .config import RewriteConfig
 from .errors import Int8ifyError
 from .evaluate import bind, equation_context, evaluate
-from .jaxprs import (SUBJAXPR_PARAMS, SiblingGroup, forward_jaxprs, is_float_dot, jaxpr_and_consts, open_jaxpr,
-                     sibling_groups)
+from .jaxprs import (SUBJAXPR_PARAMS, SiblingGroup, forward_jaxprs, hidden_matmuls, is_float_dot, jaxpr_and_consts,
+                     open_jaxpr, sibling_groups)
 from .quantized import is_quantized
 from .rules import RuleContext, rule_for
 from .rules.common import materialised
 from .rules.dots import may_join_siblings, rewrite_dot, rewrite_sibling_dots, skip_reason
-from .scopes import join_scope
+from .scopes import join_scope, matching_pattern
 from .source import UNKNOWN, Location, describe_source, eqn_location
 
 __all__ = ["Rewriter", "dependents"]
@@ -88,6 +90,8 @@ class Rewriter:
         here = join_scope(scope, eqn.source_info.name_stack)
         if is_float_dot(eqn):
             return skip_reason(eqn, self.config, here) is None
+        if hidden_matmuls(eqn) is not None:  # refused, unless the options keep its scope float
+            return matching_pattern(here, self.config.skip) is None
         return any(self.rewrites_in(sub, here) for sub in forward_jaxprs(eqn))
 
     # -- jaxpr -> jaxpr ---------------------------------------------------------------------------------------
@@ -218,6 +222,12 @@ class Rewriter:
                 invals = materialised(invals)
             if not self.rewrites_at(eqn, scope):
                 return bind(eqn, invals)
+            if rule.hides_matmuls is not None:
+                keep = (f"a skip pattern matching its name scope {here!r}" if here
+                        else "a skip pattern matching a jax.named_scope around it")
+                raise Int8ifyError(f"primitive '{eqn.primitive.name}' at {describe_source(eqn, where)} "
+                                   f"{rule.hides_matmuls} ({HIDDEN_MATMUL.code}); {HIDDEN_MATMUL.instead}; or keep "
+                                   f"it float with {keep}")
             if rule.rewrite is None:
                 raise Int8ifyError(
                     f"primitive '{eqn.primitive.name}' at {describe_source(eqn, where)} holds a float matmul in a "

@@ -11,6 +11,7 @@ JX102   integer matmul without int32 accumulation (``preferred_element_type`` no
 JX103   a broadcast product of two operands expanded along different axes, fed to ``reduce_sum`` over a
         shared axis: a matmul emulated over all B x D_in x D_out products
 JX104   convolution (``conv_general_dilated``)
+JX105   a library call that computes float matmuls out of the jaxpr's reach (cuDNN's fused attention)
 JX201   Python control flow on a traced value (tracing fails; reported at the user's line)
 JX202   a traced value forced to a concrete value: ``bool()`` / ``int()`` / ``float()`` / ``.item()``, a numpy
         function given a traced array
@@ -33,14 +34,15 @@ from jx_codes import (
     CONVOLUTION,
     DEBUG_CALLBACK,
     FLOAT_MATMUL,
+    HIDDEN_MATMUL,
     HOST_CALLBACK,
     INT8_ACCUMULATOR,
     Code,
 )
 
 from .errors import TracedValueError
-from .jaxprs import forward_jaxprs, is_float_dot, is_matmul, matmul_dimension_numbers, open_jaxpr
-from .source import eqn_location
+from .jaxprs import forward_jaxprs, hidden_matmuls, is_float_dot, is_matmul, matmul_dimension_numbers, open_jaxpr
+from .source import UNKNOWN, Location, eqn_location
 from .tracing import Int8ifiedBase, target_of, trace
 
 __all__ = ["Finding", "assert_int8", "verify", "verify_jaxpr"]
@@ -79,9 +81,10 @@ def _types(eqn) -> str:
     return f"{ins} -> {eqn.outvars[0].aval.str_short(short_dtypes=True)}"
 
 
-def _finding(code: Code, eqn, what: str) -> Finding:
-    """The finding ``code`` for ``eqn``: ``what`` is wrong there, then the code's advice."""
-    location = eqn_location(eqn)
+def _finding(code: Code, eqn, what: str, where: Location = UNKNOWN) -> Finding:
+    """The finding ``code`` for ``eqn``: ``what`` is wrong there, then the code's advice. ``where``: the enclosing
+    equation's source, for an equation JAX recorded none for (one bound inside a library)."""
+    location = eqn_location(eqn, where)
     return Finding(code.code, f"{what}: {code.instead}", location.file, location.line, eqn.primitive.name)
 
 
@@ -141,8 +144,9 @@ def _emulated_matmul(eqn, producers, consumers) -> str | None:
 
 
 # -- the walk --------------------------------------------------------------------------------------------
-def _check_jaxpr(jaxpr: Jaxpr, findings: list, seen: set) -> None:
-    """Check one jaxpr and, through :func:`~jaxpr_rewrite.jaxprs.forward_jaxprs`, the ones nested in it."""
+def _check_jaxpr(jaxpr: Jaxpr, findings: list, seen: set, where: Location = UNKNOWN) -> None:
+    """Check one jaxpr and, through :func:`~jaxpr_rewrite.jaxprs.forward_jaxprs`, the ones nested in it
+    (``where``: the source of the equation that holds it)."""
     if id(jaxpr) in seen:
         return
     seen.add(id(jaxpr))
@@ -168,6 +172,8 @@ def _check_jaxpr(jaxpr: Jaxpr, findings: list, seen: set) -> None:
             if what is not None:
                 findings.append(_finding(BROADCAST_MULTIPLY_SUM, eqn,
                                          f"broadcast multiply and sum emulates a matmul ({what})"))
+        elif hidden_matmuls(eqn) is not None:
+            findings.append(_finding(HIDDEN_MATMUL, eqn, f"{name} {hidden_matmuls(eqn)}", where))
         elif name == "conv_general_dilated":
             findings.append(_finding(CONVOLUTION, eqn, f"convolution {_types(eqn)} is outside the int8 contract"))
         elif name in _CALLBACKS:
@@ -175,7 +181,7 @@ def _check_jaxpr(jaxpr: Jaxpr, findings: list, seen: set) -> None:
         elif name in _DEBUG:
             findings.append(_finding(DEBUG_CALLBACK, eqn, f"{_DEBUG[name]} left in the traced program"))
         for sub in forward_jaxprs(eqn):
-            _check_jaxpr(sub, findings, seen)
+            _check_jaxpr(sub, findings, seen, eqn_location(eqn, where))
 
 
 def verify_jaxpr(jaxpr) -> list[Finding]:

@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any, Callable
 
 from ..errors import Int8ifyError
-from ..jaxprs import BRANCH_PARAMS, DERIVATIVE_ONLY_PARAMS, SUBJAXPR_PARAMS
+from ..jaxprs import BRANCH_PARAMS, DERIVATIVE_ONLY_PARAMS, HIDDEN_MATMULS, SUBJAXPR_PARAMS
 from ..source import UNKNOWN, Location
 
 __all__ = ["PrimitiveRule", "RuleContext", "RULES", "register", "rule_for"]
@@ -84,6 +84,9 @@ class PrimitiveRule:
             run was in a branch not taken (recorded in :data:`~jaxpr_rewrite.jaxprs.BRANCH_PARAMS`, which
             :func:`~jaxpr_rewrite.jaxprs.iter_eqns` reads to follow a platform's branch).
         label: what the command line's diff shows of an equation's params (none: its ``axes`` or ``name``).
+        hides_matmuls: for a primitive that computes float matmuls inside a library call, where no jaxpr rewrite
+            reaches them: what it is, as a clause (recorded in :data:`~jaxpr_rewrite.jaxprs.HIDDEN_MATMULS`). Its
+            equation is an error (JX105) unless a ``skip`` pattern matches its name scope.
     """
 
     rewrite: RewriteRule | None = None
@@ -93,6 +96,7 @@ class PrimitiveRule:
     inline_call: bool = False
     branches: bool = False
     label: LabelRule | None = None
+    hides_matmuls: str | None = None
 
 
 RULES: dict[str, PrimitiveRule] = {}
@@ -104,7 +108,8 @@ _NO_RULE = PrimitiveRule()
 def register(*names: str, subjaxprs: tuple[str, ...] = (), derivative_only: tuple[str, ...] = (),
              rewrite: RewriteRule | None = None, quantized: QuantizedRule | None = None,
              follow: FollowRule | None = None, measure: MeasureRule | None = None,
-             inline_call: bool = False, branches: bool = False, label: LabelRule | None = None) -> PrimitiveRule:
+             inline_call: bool = False, branches: bool = False, label: LabelRule | None = None,
+             hides_matmuls: str | None = None) -> PrimitiveRule:
     """Register one :class:`PrimitiveRule` for the primitives ``names``.
 
     Arguments:
@@ -113,7 +118,7 @@ def register(*names: str, subjaxprs: tuple[str, ...] = (), derivative_only: tupl
             :data:`~jaxpr_rewrite.jaxprs.SUBJAXPR_PARAMS` for every walker of programs.
         derivative_only: fields of those params that only define derivatives (their matmuls stay float),
             recorded in :data:`~jaxpr_rewrite.jaxprs.DERIVATIVE_ONLY_PARAMS`.
-        rewrite, quantized, follow, measure, inline_call, branches, label: the rule's fields (see
+        rewrite, quantized, follow, measure, inline_call, branches, label, hides_matmuls: the rule's fields (see
             :class:`PrimitiveRule`).
 
     Returns:
@@ -122,7 +127,7 @@ def register(*names: str, subjaxprs: tuple[str, ...] = (), derivative_only: tupl
     Raises:
         Int8ifyError: a primitive already has a rule.
     """
-    rule = PrimitiveRule(rewrite, quantized, follow, measure, inline_call, branches, label)
+    rule = PrimitiveRule(rewrite, quantized, follow, measure, inline_call, branches, label, hides_matmuls)
     taken = sorted(name for name in names if name in RULES)
     if taken:
         raise Int8ifyError(f"primitive(s) {taken} already have a rule; a primitive is registered once")
@@ -134,6 +139,8 @@ def register(*names: str, subjaxprs: tuple[str, ...] = (), derivative_only: tupl
             DERIVATIVE_ONLY_PARAMS[name] = derivative_only
         if branches:
             BRANCH_PARAMS[name] = subjaxprs
+        if hides_matmuls:
+            HIDDEN_MATMULS[name] = hides_matmuls
     return rule
 
 

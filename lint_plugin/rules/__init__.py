@@ -8,7 +8,7 @@ from typing import Dict, Type
 from ._base import ANYWHERE, PLAIN, TRACED, Invalid, Rule, example_source
 from .callbacks import DebugCallback, HostCallback
 from .control_flow import Concretization, TracedCondition
-from .matmul import BroadcastMultiplySum, Convolution, FloatMatmul, Int8MatmulInt8Accumulator
+from .matmul import BroadcastMultiplySum, Convolution, FloatMatmul, HiddenMatmul, Int8MatmulInt8Accumulator
 
 __all__ = [
     "ANYWHERE",
@@ -20,6 +20,7 @@ __all__ = [
     "Convolution",
     "DebugCallback",
     "FloatMatmul",
+    "HiddenMatmul",
     "HostCallback",
     "Int8MatmulInt8Accumulator",
     "Invalid",
@@ -40,7 +41,7 @@ def _registry(*rules: Type[Rule]) -> Dict[str, Type[Rule]]:
 
 
 RULES: Dict[str, Type[Rule]] = _registry(
-    FloatMatmul, Int8MatmulInt8Accumulator, BroadcastMultiplySum, Convolution,
+    FloatMatmul, Int8MatmulInt8Accumulator, BroadcastMultiplySum, Convolution, HiddenMatmul,
     TracedCondition, Concretization,
     HostCallback, DebugCallback,
 )

@@ -1,4 +1,4 @@
-"""JX10x: matmuls and convolutions that break the int8 contract."""
+"""JX10x: matmuls and convolutions that break the int8 contract, and matmuls out of the rewrite's reach."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import List, NamedTuple, Optional
 
 import libcst as cst
 
-from jx_codes import BROADCAST_MULTIPLY_SUM, CONVOLUTION, FLOAT_MATMUL, INT8_ACCUMULATOR
+from jx_codes import BROADCAST_MULTIPLY_SUM, CONVOLUTION, FLOAT_MATMUL, HIDDEN_MATMUL, INT8_ACCUMULATOR
 
 from ..call_args import kwarg, positional
 from ..dtypes import is_int32_dtype, is_integer_or_bool
@@ -17,11 +17,13 @@ from ._base import ANYWHERE, PLAIN, TRACED, Invalid, Rule
 from ._broadcast import is_broadcast_product
 from ._operand_dtypes import operand_dtype
 
-__all__ = ["BroadcastMultiplySum", "Convolution", "FloatMatmul", "Int8MatmulInt8Accumulator"]
+__all__ = ["BroadcastMultiplySum", "Convolution", "FloatMatmul", "HiddenMatmul", "Int8MatmulInt8Accumulator",
+           "is_hidden_matmul"]
 
 _EINSUM = "jax.numpy.einsum"
 _TENSORDOT = ("jax.numpy.tensordot", "jax.numpy.linalg.tensordot")
 _MULTI_DOT = "jax.numpy.linalg.multi_dot"
+_ATTENTION = "jax.nn.dot_product_attention"
 _SUBSCRIPTS = (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString, cst.Name, cst.Attribute)
 # ``x.__matmul__(w)`` is ``x @ w``; ``x.__rmatmul__(w)`` is ``w @ x``
 _MATMUL_DUNDERS = {"__matmul__": False, "__rmatmul__": True}
@@ -75,6 +77,14 @@ def _is_outer_tensordot(call: cst.Call, args: List[cst.BaseExpression]) -> bool:
     return isinstance(axes, cst.Integer) and axes.evaluated_value == 0
 
 
+def is_hidden_matmul(call: cst.Call, qualname) -> bool:
+    """Whether ``call`` (of the function ``qualname``) computes its matmuls inside a library kernel: cuDNN's fused
+    attention, ``jax.nn.dot_product_attention(..., implementation="cudnn")`` (the argument is keyword-only)."""
+    implementation = kwarg(call, "implementation")
+    return (qualname == _ATTENTION and isinstance(implementation, cst.SimpleString)
+            and implementation.evaluated_value == "cudnn")
+
+
 def match_matmul(node: cst.CSTNode, walk: FunctionWalk) -> Optional[Matmul]:
     """A contraction of two or more arrays: ``a @ b`` (also spelt ``a.__matmul__(b)``), a matmul
     function of :data:`~lint_plugin.names.MATMUL_FUNCS` (an einsum or ``tensordot`` only when it sums
@@ -89,6 +99,8 @@ def match_matmul(node: cst.CSTNode, walk: FunctionWalk) -> Optional[Matmul]:
     args = positional(node)
     starred = [a.value for a in node.args if a.star == "*"]  # ``jnp.einsum(spec, *operands)``
     if q is not None and q in MATMUL_FUNCS:
+        if is_hidden_matmul(node, q):
+            return None  # its matmuls are inside a library kernel: JX105
         if q == _EINSUM:
             operands = _einsum_operands(args, starred)
             if operands is None:
@@ -490,4 +502,60 @@ class Convolution(Rule):
     def visit_Call(self, node: cst.Call, walk: FunctionWalk) -> None:
         q = walk.qualname(node.func)
         if q is not None and q in CONV_FUNCS:
+            self.report(walk, node, name=short_name(q))
+
+
+class HiddenMatmul(Rule):
+    """A call whose matmuls run in float inside a library kernel, out of int8ify's reach.
+
+    ``jax.nn.dot_product_attention(..., implementation="cudnn")`` computes attention's two matmuls in
+    one cuDNN call: the traced program holds that call, not its matmuls, so ``@int8ify`` cannot
+    rewrite them (it refuses the call, with this code, and ``verify`` reports it). The XLA
+    implementation (``implementation="xla"``, or ``None``, which picks it) computes them as einsums
+    that int8ify rewrites. Reported in any traced code, under ``@int8ify`` too (JX101 does not report
+    the call as well); an implementation passed as a variable is not (it may be ``"xla"``).
+    """
+
+    entry = HIDDEN_MATMUL
+    scope = TRACED
+    message = '`{name}(..., implementation="cudnn")` computes its matmuls in float inside cuDNN; {instead}'
+    VALID = [
+        """
+        import jax
+
+        @jax.jit
+        def f(q, k, v):
+            return jax.nn.dot_product_attention(q, k, v, implementation="xla")
+        """,
+        """
+        from jaxpr_rewrite import int8ify
+        import jax
+
+        @int8ify
+        def f(q, k, v, implementation):
+            return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+        """,
+    ]
+    INVALID = [
+        Invalid("""
+        from jaxpr_rewrite import int8ify
+        import jax
+
+        @int8ify
+        def f(q, k, v):
+            return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+        """, line=6, col=11),
+        Invalid("""
+        import jax
+        from jax.nn import dot_product_attention as attention
+
+        @jax.jit
+        def f(q, k, v):
+            return attention(q, k, v, implementation='cudnn')
+        """, line=6, col=11),
+    ]
+
+    def visit_Call(self, node: cst.Call, walk: FunctionWalk) -> None:
+        q = walk.qualname(node.func)
+        if is_hidden_matmul(node, q):
             self.report(walk, node, name=short_name(q))

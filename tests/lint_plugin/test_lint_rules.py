@@ -9,7 +9,7 @@ import pytest
 from lint_plugin import RULES, Rule, get_rule, lint_source
 from lint_plugin.rules import callbacks, control_flow, example_source, matmul
 
-DOCUMENTED_CODES = ["JX101", "JX102", "JX103", "JX104", "JX201", "JX202", "JX301", "JX302"]
+DOCUMENTED_CODES = ["JX101", "JX102", "JX103", "JX104", "JX105", "JX201", "JX202", "JX301", "JX302"]
 
 
 def _examples(kind):

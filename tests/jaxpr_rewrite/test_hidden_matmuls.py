@@ -1,0 +1,79 @@
+"""Float matmuls out of the jaxpr's reach: cuDNN's fused attention (``jax.nn.dot_product_attention(
+implementation="cudnn")``, the fast attention on the NVIDIA GPUs int8 is for) computes its matmuls inside one cuDNN
+call. int8ify traced it without a word and left them float; now it refuses, naming the line and the XLA
+implementation to call instead (JX105, the code the lint plugin reports the call with), unless a skip pattern keeps
+it float, and ``verify`` reports it."""
+
+import importlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import assert_all_dots_int8
+from jaxpr_rewrite import Int8ifyError, int8ify, verify
+
+# JAX checks for cuDNN when it traces the call; the test machine has none, so the check is answered as a Hopper
+# GPU with cuDNN 9.10 would answer it (JAX's own module: nothing of int8ify is patched).
+_CUDNN_ATTENTION = "jax._src.cudnn.fused_attention_stablehlo"
+
+
+@pytest.fixture
+def cudnn_tracing(monkeypatch):
+    try:
+        module = importlib.import_module(_CUDNN_ATTENTION)
+        monkeypatch.setattr(module, "check_cudnn_version", lambda: 91000)
+        monkeypatch.setattr(module, "check_compute_capability", lambda capability: True)
+    except (ImportError, AttributeError) as error:
+        pytest.skip(f"this JAX traces cuDNN attention differently ({error})")
+
+
+def _inputs():
+    q, k, v = np.random.default_rng(0).standard_normal((3, 2, 16, 4, 64)).astype(jnp.bfloat16)
+    return q, k, v, np.random.default_rng(1).standard_normal((256, 32)).astype(jnp.bfloat16)
+
+
+def _block(q, k, v, w, implementation="cudnn"):
+    with jax.named_scope("attention"):
+        out = jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+    return out.reshape(2, 16, 256) @ w
+
+
+ADVICE = r"call jax\.nn\.dot_product_attention with implementation='xla' \(or None\), whose einsums int8ify rewrites"
+
+
+def test_cudnn_attention_is_refused_with_the_line_and_the_fix(cudnn_tracing):
+    with pytest.raises(Int8ifyError) as error:
+        int8ify(_block).rewritten_jaxpr(*_inputs())
+    message = str(error.value)
+    assert re.search(r"primitive 'dot_product_attention_fwd_wrapper' at \S*test_hidden_matmuls\.py:\d+ \(_block\) "
+                     r"is cuDNN's fused attention", message), message
+    assert re.search(r"out of int8ify's reach \(JX105\); " + ADVICE +
+                     r"; or keep it float with a skip pattern matching its name scope 'attention'$", message), message
+    # the fix it names: every matmul of the XLA implementation is an int8 dot
+    jaxpr = int8ify(lambda *args: _block(*args, implementation="xla")).rewritten_jaxpr(*_inputs())
+    assert_all_dots_int8(jaxpr, expected_count=3)
+
+
+def test_a_skip_pattern_keeps_cudnn_attention_float(cudnn_tracing):
+    jaxpr = int8ify(_block, skip=["attention*"]).rewritten_jaxpr(*_inputs())
+    assert_all_dots_int8(jaxpr, expected_count=1)  # the projection after it
+
+
+def test_the_gradient_program_is_refused_too(cudnn_tracing):
+    q, k, v, w = _inputs()
+    loss = jax.grad(lambda q: _block(q, k, v, w).astype(jnp.float32).sum())
+    with pytest.raises(Int8ifyError, match=r"dot_product_attention_fwd_wrapper.*is cuDNN's fused attention"):
+        int8ify(loss).rewritten_jaxpr(q)
+
+
+def test_verify_reports_it_at_the_users_line(cudnn_tracing):
+    findings = verify(_block, *_inputs())
+    hidden = [f for f in findings if f.primitive == "dot_product_attention_fwd_wrapper"]
+    assert len(hidden) == 1 and hidden[0].code == "JX105", findings
+    assert hidden[0].file.endswith("test_hidden_matmuls.py") and hidden[0].line == _block.__code__.co_firstlineno + 2
+    assert re.search(r"dot_product_attention_fwd_wrapper is cuDNN's fused attention .*: " + ADVICE + "$",
+                     hidden[0].message), hidden[0].message
+    assert verify(int8ify(_block, skip=["attention*"]), *_inputs())[0].primitive == "dot_product_attention_fwd_wrapper"
