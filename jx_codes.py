@@ -65,7 +65,8 @@ CONVOLUTION = Code(
 HIDDEN_MATMUL = Code(
     "JX105", "hidden-matmul",
     "A call whose matmuls run in float inside a library kernel, out of int8ify's reach.",
-    "call jax.nn.dot_product_attention with implementation='xla' (or None), whose einsums int8ify rewrites",
+    "compute the matmuls where int8ify rewrites them: jax.nn.dot_product_attention with implementation='xla' (or "
+    "None), a sparse operand made dense (.todense())",
 )
 TRACED_CONDITION = Code(
     "JX201", "traced-condition",

@@ -206,8 +206,11 @@ def is_float_convolution(eqn) -> bool:
 
 def hidden_matmuls(eqn) -> str | None:
     """What ``eqn`` is, when it computes float matmuls where no rewrite reaches them (JX105); ``None`` for a
-    primitive that hides none."""
-    return HIDDEN_MATMULS.get(eqn.primitive.name)
+    primitive that hides none, or for one of integer operands only."""
+    hidden = HIDDEN_MATMULS.get(eqn.primitive.name)
+    if hidden is None or not any(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in eqn.invars):
+        return None
+    return hidden
 
 
 def is_float_dot(eqn) -> bool:

@@ -5,7 +5,7 @@ weight following, the report's measuring) in :data:`~jaxpr_rewrite.rules.registr
 Adding a higher-order primitive is one new module here, imported below (see docs/rules.md).
 """
 
-from . import (calls, casts, cond, custom_derivatives, dots, fused_attention, linear_solve, remat,  # noqa: F401
+from . import (calls, casts, cond, custom_derivatives, dots, library_matmuls, linear_solve, remat,  # noqa: F401
                scan, shard_map, shapes, while_loop)
 from .registry import RULES, PrimitiveRule, RuleContext, register, rule_for
 

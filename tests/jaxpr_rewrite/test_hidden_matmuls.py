@@ -1,8 +1,8 @@
-"""Float matmuls out of the jaxpr's reach: cuDNN's fused attention (``jax.nn.dot_product_attention(
+"""Float matmuls out of the jaxpr's reach (JX105). cuDNN's fused attention (``jax.nn.dot_product_attention(
 implementation="cudnn")``, the fast attention on the NVIDIA GPUs int8 is for) computes its matmuls inside one cuDNN
-call. int8ify traced it without a word and left them float; now it refuses, naming the line and the XLA
-implementation to call instead (JX105, the code the lint plugin reports the call with), unless a skip pattern keeps
-it float, and ``verify`` reports it."""
+call, and a ``jax.experimental.sparse`` matmul is one primitive over the stored values. int8ify traced both without a
+word and left them float; now it refuses, naming the line and what to call instead, unless a skip pattern keeps
+them float, and ``verify`` reports them."""
 
 import importlib
 import re
@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from helpers import assert_all_dots_int8
-from jaxpr_rewrite import Int8ifyError, int8ify, verify
+from jax.experimental import sparse
+
+from jaxpr_rewrite import Int8ifyError, int8ify, quantize_params, verify
 
 # JAX checks for cuDNN when it traces the call; the test machine has none, so the check is answered as a Hopper
 # GPU with cuDNN 9.10 would answer it (JAX's own module: nothing of int8ify is patched).
@@ -41,7 +43,8 @@ def _block(q, k, v, w, implementation="cudnn"):
     return out.reshape(2, 16, 256) @ w
 
 
-ADVICE = r"call jax\.nn\.dot_product_attention with implementation='xla' \(or None\), whose einsums int8ify rewrites"
+ADVICE = (r"compute the matmuls where int8ify rewrites them: jax\.nn\.dot_product_attention with "
+          r"implementation='xla' \(or None\), a sparse operand made dense \(\.todense\(\)\)")
 
 
 def test_cudnn_attention_is_refused_with_the_line_and_the_fix(cudnn_tracing):
@@ -77,3 +80,36 @@ def test_verify_reports_it_at_the_users_line(cudnn_tracing):
     assert re.search(r"dot_product_attention_fwd_wrapper is cuDNN's fused attention .*: " + ADVICE + "$",
                      hidden[0].message), hidden[0].message
     assert verify(int8ify(_block, skip=["attention*"]), *_inputs())[0].primitive == "dot_product_attention_fwd_wrapper"
+
+
+def _sparse_inputs():
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((64, 256)).astype(np.float32)
+    w[np.abs(w) < 1] = 0  # a pruned weight
+    return w, rng.standard_normal((256, 16)).astype(np.float32)
+
+
+def _pruned_dense(w, x):
+    return jax.nn.relu(w @ x)  # the weight on the left: BCSR multiplies only there
+
+
+@pytest.mark.parametrize("fmt", [sparse.BCOO, sparse.BCSR])
+def test_a_sparse_matmul_is_refused_and_its_dense_weight_runs_in_int8(fmt):
+    w, x = _sparse_inputs()
+    with pytest.raises(Int8ifyError) as error:
+        int8ify(_pruned_dense)(fmt.fromdense(w), x)
+    assert re.search(r"primitive 'b(coo|csr)_dot_general' at \S*test_hidden_matmuls\.py:\d+ \(_pruned_dense\) is a "
+                     r"matmul with a jax\.experimental\.sparse operand.*\(JX105\); " + ADVICE, str(error.value))
+    assert [f.code for f in verify(_pruned_dense, fmt.fromdense(w), x)] == ["JX105"]
+    # the fix it names: the weight made dense is an int8 dot, a pre-quantized one too
+    assert_all_dots_int8(int8ify(_pruned_dense).rewritten_jaxpr(fmt.fromdense(w).todense(), x), expected_count=1)
+    qw = quantize_params(_pruned_dense, w, x)
+    assert_all_dots_int8(int8ify(_pruned_dense).rewritten_jaxpr(qw, x), expected_count=1)
+
+
+def test_an_integer_sparse_matmul_is_left_alone():
+    """Only float matmuls are the rewrite's: a sparse matmul of integers is neither refused nor reported."""
+    w, x = _sparse_inputs()
+    ints = np.sign(w).astype(np.int32)
+    out = int8ify(lambda w, x: w @ x)(sparse.BCOO.fromdense(ints), x.astype(np.int32))
+    np.testing.assert_array_equal(np.asarray(out), ints @ x.astype(np.int32))
