@@ -66,7 +66,7 @@ HIDDEN_MATMUL = Code(
     "JX105", "hidden-matmul",
     "A call whose matmuls run in float inside a library kernel, out of int8ify's reach.",
     "compute the matmuls where int8ify rewrites them: jax.nn.dot_product_attention with implementation='xla' (or "
-    "None), a sparse operand made dense (.todense())",
+    "None), a sparse operand made dense (.todense()), a program exported from its int8ified function",
 )
 TRACED_CONDITION = Code(
     "JX201", "traced-condition",

@@ -60,10 +60,10 @@ DERIVATIVE_ONLY_PARAMS: dict[str, tuple[str, ...]] = {}
 # ``branches``). Filled by the rules (``register(name, branches=True)``).
 BRANCH_PARAMS: dict[str, tuple[str, ...]] = {}
 
-# primitive name -> what it is, for a primitive that computes float matmuls out of the jaxpr's reach (inside a
-# library call). Filled by the rules (``register(name, hides_matmuls=...)``): such an equation is an error for the
-# rewrite and a JX105 finding for ``verify``.
-HIDDEN_MATMULS: dict[str, str] = {}
+# primitive name -> ``hides(eqn) -> what it is, or None``, for a primitive that can compute float matmuls out of the
+# jaxpr's reach (inside a library call). Filled by the rules (``register(name, hides_matmuls=...)``): an equation
+# that hides some is an error for the rewrite and a JX105 finding for ``verify``.
+HIDDEN_MATMULS: dict[str, Callable] = {}
 
 # The primitive that picks a ``lax.platform_dependent`` branch: its result, read as a branch primitive's first
 # operand, is the index of the branch of the platform the program is lowered for.
@@ -205,12 +205,10 @@ def is_float_convolution(eqn) -> bool:
 
 
 def hidden_matmuls(eqn) -> str | None:
-    """What ``eqn`` is, when it computes float matmuls where no rewrite reaches them (JX105); ``None`` for a
-    primitive that hides none, or for one of integer operands only."""
-    hidden = HIDDEN_MATMULS.get(eqn.primitive.name)
-    if hidden is None or not any(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in eqn.invars):
-        return None
-    return hidden
+    """What ``eqn`` is, when it computes float matmuls where no rewrite reaches them (JX105); ``None`` when it
+    computes none."""
+    hides = HIDDEN_MATMULS.get(eqn.primitive.name)
+    return None if hides is None else hides(eqn)
 
 
 def is_float_dot(eqn) -> bool:

@@ -222,11 +222,12 @@ class Rewriter:
                 invals = materialised(invals)
             if not self.rewrites_at(eqn, scope):
                 return bind(eqn, invals)
-            if rule.hides_matmuls is not None:
+            hidden = hidden_matmuls(eqn)
+            if hidden is not None:
                 keep = (f"a skip pattern matching its name scope {here!r}" if here
                         else "a skip pattern matching a jax.named_scope around it")
                 raise Int8ifyError(f"primitive '{eqn.primitive.name}' at {describe_source(eqn, where)} "
-                                   f"{rule.hides_matmuls} ({HIDDEN_MATMUL.code}); {HIDDEN_MATMUL.instead}; or keep "
+                                   f"{hidden} ({HIDDEN_MATMUL.code}); {HIDDEN_MATMUL.instead}; or keep "
                                    f"it float with {keep}")
             if rule.rewrite is None:
                 raise Int8ifyError(

@@ -67,6 +67,9 @@ MeasureRule = Callable[[Any, Any, list, tuple], "tuple[list, dict]"]
 """``measure(measurer, eqn, invals, path) -> (outvals, sums)``: ``eqn`` evaluated in float with the matmuls inside
 it measured (see :mod:`jaxpr_rewrite.report`); ``path`` is the equation's position in the program."""
 
+HidesRule = Callable[[Any], "str | None"]
+"""``hides(eqn) -> what it is, or None``: whether an equation computes float matmuls out of the jaxpr's reach."""
+
 
 @dataclasses.dataclass(frozen=True)
 class PrimitiveRule:
@@ -84,9 +87,10 @@ class PrimitiveRule:
             run was in a branch not taken (recorded in :data:`~jaxpr_rewrite.jaxprs.BRANCH_PARAMS`, which
             :func:`~jaxpr_rewrite.jaxprs.iter_eqns` reads to follow a platform's branch).
         label: what the command line's diff shows of an equation's params (none: its ``axes`` or ``name``).
-        hides_matmuls: for a primitive that computes float matmuls inside a library call, where no jaxpr rewrite
-            reaches them: what it is, as a clause (recorded in :data:`~jaxpr_rewrite.jaxprs.HIDDEN_MATMULS`). Its
-            equation is an error (JX105) unless a ``skip`` pattern matches its name scope.
+        hides_matmuls: for a primitive that can compute float matmuls inside a library call, where no jaxpr
+            rewrite reaches them: ``hides(eqn)``, what the equation is (a clause) when it computes some, else
+            ``None`` (recorded in :data:`~jaxpr_rewrite.jaxprs.HIDDEN_MATMULS`). Such an equation is an error
+            (JX105) unless a ``skip`` pattern matches its name scope.
     """
 
     rewrite: RewriteRule | None = None
@@ -96,7 +100,7 @@ class PrimitiveRule:
     inline_call: bool = False
     branches: bool = False
     label: LabelRule | None = None
-    hides_matmuls: str | None = None
+    hides_matmuls: HidesRule | None = None
 
 
 RULES: dict[str, PrimitiveRule] = {}
@@ -109,7 +113,7 @@ def register(*names: str, subjaxprs: tuple[str, ...] = (), derivative_only: tupl
              rewrite: RewriteRule | None = None, quantized: QuantizedRule | None = None,
              follow: FollowRule | None = None, measure: MeasureRule | None = None,
              inline_call: bool = False, branches: bool = False, label: LabelRule | None = None,
-             hides_matmuls: str | None = None) -> PrimitiveRule:
+             hides_matmuls: HidesRule | None = None) -> PrimitiveRule:
     """Register one :class:`PrimitiveRule` for the primitives ``names``.
 
     Arguments:

@@ -514,8 +514,10 @@ class HiddenMatmul(Rule):
     implementation (``implementation="xla"``, or ``None``, which picks it) computes them as einsums
     that int8ify rewrites. Reported in any traced code, under ``@int8ify`` too (JX101 does not report
     the call as well); an implementation passed as a variable is not (it may be ``"xla"``). A matmul
-    with a ``jax.experimental.sparse`` operand hides its matmul the same way; which operand is sparse
-    is known only when tracing, so ``int8ify`` and ``verify`` report that one (JX105), not the linter.
+    with a ``jax.experimental.sparse`` operand, and a ``jax.export``'ed program's float matmuls run
+    by ``Exported.call``, are out of reach the same way; which operand is sparse and what a module
+    holds are known only when tracing, so ``int8ify`` and ``verify`` report those (JX105), not the
+    linter.
     """
 
     entry = HIDDEN_MATMUL

@@ -1,8 +1,8 @@
 """Float matmuls out of the jaxpr's reach (JX105). cuDNN's fused attention (``jax.nn.dot_product_attention(
 implementation="cudnn")``, the fast attention on the NVIDIA GPUs int8 is for) computes its matmuls inside one cuDNN
-call, and a ``jax.experimental.sparse`` matmul is one primitive over the stored values. int8ify traced both without a
-word and left them float; now it refuses, naming the line and what to call instead, unless a skip pattern keeps
-them float, and ``verify`` reports them."""
+call, a ``jax.experimental.sparse`` matmul is one primitive over the stored values, and ``Exported.call`` runs a
+StableHLO module. int8ify traced each without a word and left their matmuls float; now it refuses, naming the line
+and what to call instead, unless a skip pattern keeps them float, and ``verify`` reports them."""
 
 import importlib
 import re
@@ -44,7 +44,8 @@ def _block(q, k, v, w, implementation="cudnn"):
 
 
 ADVICE = (r"compute the matmuls where int8ify rewrites them: jax\.nn\.dot_product_attention with "
-          r"implementation='xla' \(or None\), a sparse operand made dense \(\.todense\(\)\)")
+          r"implementation='xla' \(or None\), a sparse operand made dense \(\.todense\(\)\), a program exported "
+          r"from its int8ified function")
 
 
 def test_cudnn_attention_is_refused_with_the_line_and_the_fix(cudnn_tracing):
@@ -113,3 +114,31 @@ def test_an_integer_sparse_matmul_is_left_alone():
     ints = np.sign(w).astype(np.int32)
     out = int8ify(lambda w, x: w @ x)(sparse.BCOO.fromdense(ints), x.astype(np.int32))
     np.testing.assert_array_equal(np.asarray(out), ints @ x.astype(np.int32))
+
+
+def _dense(x, w):
+    return jnp.tanh(x @ w)
+
+
+def pipeline(exported, x, w):
+    return exported.call(x, w) * 2
+
+
+def test_an_exported_float_program_is_refused_and_an_exported_int8_program_passes():
+    """``Exported.call`` runs StableHLO, not a jaxpr: a module holding float matmuls keeps them. The program exported
+    from the int8ified function holds int8 dots only, and runs under int8ify unchanged."""
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((8, 256)).astype(np.float32), rng.standard_normal((256, 64)).astype(np.float32)
+    float_program = jax.export.export(jax.jit(_dense))(x, w)
+
+    with pytest.raises(Int8ifyError) as error:
+        int8ify(pipeline, static_argnums=0)(float_program, x, w)
+    assert re.search(r"primitive 'call_exported' at \S*test_hidden_matmuls\.py:\d+ \(pipeline\) calls a jax\.export'ed "
+                     r"program \(Exported\.call\) whose module holds 1 float matmul\(s\) \(the first: "
+                     r"tensor<8x256xf32> x tensor<256x64xf32>\), out of int8ify's reach \(JX105\); " + ADVICE,
+                     str(error.value)), str(error.value)
+    assert [f.code for f in verify(lambda x, w: pipeline(float_program, x, w), x, w)] == ["JX105"]
+    int8_program = jax.export.export(jax.jit(int8ify(_dense)))(x, w)
+    np.testing.assert_array_equal(np.asarray(int8ify(pipeline, static_argnums=0)(int8_program, x, w)),
+                                  2 * np.asarray(int8_program.call(x, w)))
+    assert verify(lambda x, w: pipeline(int8_program, x, w), x, w) == []
