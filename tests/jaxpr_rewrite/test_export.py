@@ -74,3 +74,19 @@ def test_exported_module_holds_only_int8_dots(bits):
     assert "stablehlo.dot " not in text  # no other matmul primitive
     # each matmul of the model calls an int8 dot's body (the two layers of one type share theirs)
     assert len(re.findall(r"call @int8_dot_general", text)) == 4
+
+
+def test_export_for_a_gpu_of_a_scaled_matmul_backend():
+    """As README.md says: export for a GPU refuses the mxfp8 backend's cuDNN call, which has no compatibility
+    guarantee, and exports with that check disabled; the int8 backend exports as it is."""
+    x, w = np.ones((64, 256), np.float32), np.ones((256, 128), np.float32)
+
+    def program(backend):
+        return jax.jit(int8ify(lambda x, w: x @ w, backend=backend))
+
+    with pytest.raises(ValueError, match="custom calls whose targets have no compatibility guarantees"):
+        jax.export.export(program("mxfp8"), platforms=["cuda"])(x, w)
+    disabled = [jax.export.DisabledSafetyCheck.custom_call("__op$block_scaled_dot")]
+    exported = jax.export.export(program("mxfp8"), platforms=["cuda"], disabled_checks=disabled)(x, w)
+    assert "stablehlo.custom_call @__op$block_scaled_dot" in exported.mlir_module()
+    assert jax.export.export(program("int8"), platforms=["cuda"])(x, w).platforms == ("cuda",)
