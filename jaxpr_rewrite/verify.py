@@ -11,7 +11,8 @@ JX102   integer matmul without int32 accumulation (``preferred_element_type`` no
 JX103   a broadcast product of two operands expanded along different axes, fed to ``reduce_sum`` over a
         shared axis: a matmul emulated over all B x D_in x D_out products
 JX104   convolution (``conv_general_dilated``)
-JX105   a library call that computes float matmuls out of the jaxpr's reach (cuDNN's fused attention)
+JX105   a call that computes float matmuls out of the jaxpr's reach (cuDNN's fused attention, a
+        ``jax.experimental.sparse`` product, ``Exported.call`` of a module holding float matmuls)
 JX201   Python control flow on a traced value (tracing fails; reported at the user's line)
 JX202   a traced value forced to a concrete value: ``bool()`` / ``int()`` / ``float()`` / ``.item()``, a numpy
         function given a traced array
