@@ -1,4 +1,4 @@
-"""The deploy path's costs: checkpoint bytes, load time, and ``quantize_params``' peak memory.
+"""The deploy path's costs: checkpoint bytes, load time, ``quantize_params``' peak memory, and exported programs.
 
 Usage::
 
@@ -11,13 +11,17 @@ On an MLP of ``--layers`` square float32 weights of ``--width`` (24 x 2048 is 40
   (:func:`~jaxpr_rewrite.safetensors_io.save_safetensors`), with its load time (median of 3, onto no target);
 * ``quantize_params``' peak resident memory, measured in a fresh process (``VmHWM``) against its bound: the
   float params plus the quantized copy plus one layer's temporaries (three float copies of it) plus a fixed part
-  (compiling the quantizer, the trace) measured on a one-layer model of width 256.
+  (compiling the quantizer, the trace) measured on a one-layer model of width 256;
+* the int8 program exported with ``jax.export`` for one batch size and for any (a symbolic batch): its serialized
+  bytes, and at each of ``--batches`` the kernels XLA compiles it to and its time per call against the program
+  traced at that batch size (medians of interleaved calls).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -30,7 +34,7 @@ import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jaxpr_rewrite import quantize_params  # noqa: E402
+from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
 from jaxpr_rewrite.checkpoint import load_quantized, save_quantized  # noqa: E402
 from jaxpr_rewrite.safetensors_io import load_safetensors, save_safetensors  # noqa: E402
 
@@ -113,11 +117,49 @@ def resident(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field} (this measurement needs Linux)")
 
 
+def kernels(program, *args) -> int:
+    """The fusions, dots and custom calls of ``program``'s optimized HLO at ``args``: the kernels XLA:CPU runs."""
+    return len(re.findall(r"= \S+ (?:fusion|dot|custom-call)\(", program.lower(*args).compile().as_text()))
+
+
+def interleaved_ms(programs: dict, args, rounds: int = 21) -> dict:
+    """Each program's median time per call over ``rounds`` interleaved calls, after a warm-up call."""
+    for program in programs.values():
+        jax.block_until_ready(program(*args))
+    times = {name: [] for name in programs}
+    for _ in range(rounds):
+        for name, program in programs.items():
+            start = time.perf_counter()
+            jax.block_until_ready(program(*args))
+            times[name].append(time.perf_counter() - start)
+    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
+
+
+def exported_program_costs(qparams, width: int, batches) -> None:
+    """Print the exported int8 program's bytes, and per batch size its kernels and time against the traced one."""
+    traced = jax.jit(int8ify(mlp))
+    example = np.zeros((max(batches), width), np.float32)
+    one_batch = jax.export.export(traced)(qparams, example)
+    any_batch = jax.export.export(traced)(qparams, jax.ShapeDtypeStruct(
+        (*jax.export.symbolic_shape("batch"), width), np.float32))
+    print(f"exported int8 program (weights passed in): {len(one_batch.serialize()) / 1024:.1f} KiB for batch "
+          f"{example.shape[0]}, {len(any_batch.serialize()) / 1024:.1f} KiB for any batch")
+    print("| batch | kernels, any batch / traced | ms, any batch | ms, traced | any batch / traced |")
+    print("|---:|---|---:|---:|---:|")
+    called = jax.jit(any_batch.call)
+    for batch in batches:
+        x = np.random.default_rng(batch).standard_normal((batch, width)).astype(np.float32)
+        ms = interleaved_ms({"any": called, "traced": traced}, (qparams, x))
+        print(f"| {batch} | {kernels(called, qparams, x)} / {kernels(traced, qparams, x)} | {ms['any']:.3f} | "
+              f"{ms['traced']:.3f} | {ms['any'] / ms['traced']:.2f}x |")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--out", type=Path, default=None, help="where to write the files (default: a temp dir)")
+    parser.add_argument("--batches", default="1,32,256", help="batch sizes the exported program is timed at")
     args = parser.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="int8ify-deploy-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -140,6 +182,7 @@ def main(argv=None) -> int:
             seconds = median_seconds(lambda: jax.tree_util.tree_leaves(load(path)))
             print(f"| {label} | {kind} | {size / MB:.1f} MB | {size / float_bytes:.2f}x | {seconds:.3f} |")
         del tree
+    exported_program_costs(quantize_params(mlp, params, x), args.width, [int(b) for b in args.batches.split(",")])
     # the fixed part (XLA's compile of the quantizer, the trace) is measured on one small layer; one layer's
     # temporaries are bounded by three float copies of it (its device copy, the compiled pass's argument buffer,
     # that pass's intermediates), so the full model may add only its params and quantized copy on top of that

@@ -4,6 +4,9 @@ worked around."""
 
 from __future__ import annotations
 
+import functools
+
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -46,20 +49,38 @@ def _matrix_vector_safe_dot(lhs_codes, rhs_codes, dimension_numbers):
 
     XLA's CPU backend runs an s8 x s8 -> s32 dot with a single lhs row (batch-1 inference) on a slow
     matrix-vector path, about 3x slower than the same dot with two rows (benchmarks/speed.py). Padding the row
-    with zeros and slicing it off again keeps one int8 dot and exact sums.
+    with zeros and slicing it off again keeps one int8 dot and exact sums. A program exported for any batch size
+    makes that choice when it runs (benchmarks/deploy.py: without it, 5x the traced program's time at batch 1).
     """
     (lc, rc), (lb, rb) = dimension_numbers
     lhs_codes, rhs_codes = _pad_contraction(lhs_codes, rhs_codes, dimension_numbers)
     lhs_free = free_axes(lhs_codes.ndim, lc, lb)
     rhs_free = free_axes(rhs_codes.ndim, rc, rb)
-    one_row = lhs_free and all(lhs_codes.shape[a] == 1 for a in lhs_free)
+    rows = [lhs_codes.shape[a] for a in lhs_free]
     # (a symbolic column count, from jax.export, may be more than one: the padded row is sliced off either way)
-    if not one_row or decided(lambda: contraction_size(rhs_codes.shape, rhs_free) <= 1):
-        return lax.dot_general(lhs_codes, rhs_codes, dimension_numbers, preferred_element_type=np.int32)
-    padding = [(0, 1 if a == lhs_free[0] else 0, 0) for a in range(lhs_codes.ndim)]
-    padded = lax.pad(lhs_codes, np.int8(0), padding)
-    acc = lax.dot_general(padded, rhs_codes, dimension_numbers, preferred_element_type=np.int32)
-    return lax.slice_in_dim(acc, 0, 1, axis=len(lb))
+    if (not lhs_free or any(is_static(n) and n != 1 for n in rows)
+            or decided(lambda: contraction_size(rhs_codes.shape, rhs_free) <= 1)):
+        return _int32_sums(lhs_codes, rhs_codes, dimension_numbers)
+    if all(is_static(n) for n in rows):
+        return _int32_sums_of_two_rows(lhs_codes, rhs_codes, dimension_numbers, lhs_free[0])
+    # a symbolic row count (jax.export): one row or more is known when the program runs, and XLA keeps the one
+    # branch once the exported program's shapes are refined at a call
+    one_row = jnp.asarray(contraction_size(lhs_codes.shape, lhs_free)) == 1
+    return lax.cond(one_row, functools.partial(_int32_sums_of_two_rows, dimension_numbers=dimension_numbers,
+                                               row_axis=lhs_free[0]),
+                    functools.partial(_int32_sums, dimension_numbers=dimension_numbers), lhs_codes, rhs_codes)
+
+
+def _int32_sums(lhs_codes, rhs_codes, dimension_numbers):
+    # int8 codes, which the linter cannot tell from the arguments' names
+    return lax.dot_general(lhs_codes, rhs_codes, dimension_numbers, preferred_element_type=np.int32)  # noqa: JX101
+
+
+def _int32_sums_of_two_rows(lhs_codes, rhs_codes, dimension_numbers, row_axis: int):
+    """The sums of a one-row lhs (``row_axis`` of size 1 when it runs) computed with a zero row added."""
+    padding = [(0, 1 if a == row_axis else 0, 0) for a in range(lhs_codes.ndim)]
+    acc = _int32_sums(lax.pad(lhs_codes, np.int8(0), padding), rhs_codes, dimension_numbers)
+    return lax.slice_in_dim(acc, 0, lhs_codes.shape[row_axis], axis=len(dimension_numbers[1][0]))
 
 
 def int32_dot(lhs_codes, rhs_codes, dimension_numbers, dtype):

@@ -1,5 +1,6 @@
 """The prepared GPU check runs anywhere with --dry-run (toy sizes), so it is known to work before a GPU window."""
 
+import re
 import sys
 
 import jax
@@ -118,17 +119,21 @@ def test_kernels_benchmark_splits_each_variant_into_its_int8_dots_and_the_rest(t
 
 
 def test_deploy_benchmark_prints_bytes_load_times_and_peak_memory(tmp_path, monkeypatch, capsys):
-    """At a small size: every format's bytes and load time, and quantize_params' peak memory within float params
-    + quantized copy + one layer's temporaries (the exit code says so)."""
+    """At a small size: every format's bytes and load time, quantize_params' peak memory within float params
+    + quantized copy + one layer's temporaries (the exit code says so), and the exported program's kernels."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     sys.modules.pop("deploy", None)
     import deploy
 
-    assert deploy.main(["--layers", "6", "--width", "2048", "--out", str(tmp_path)]) == 0
+    assert deploy.main(["--layers", "6", "--width", "2048", "--out", str(tmp_path), "--batches", "1,8"]) == 0
     printed = capsys.readouterr().out
     for weights in ("float32", "int8", "int4 (W4A8)"):
         for kind in ("Orbax", "SafeTensors"):
             assert f"| {weights} | {kind} | " in printed
+    # the program exported for any batch compiles, at each batch, to as many kernels as the one traced there
+    for batch in (1, 8):
+        kernels = re.search(rf"^\| {batch} \| (\d+) / (\d+) \| ", printed, re.M)
+        assert kernels and kernels.group(1) == kernels.group(2), printed
     assert "MALLOC_MMAP_THRESHOLD_=1MiB: " in printed and ": within float + quantized + one layer" in printed
 
 

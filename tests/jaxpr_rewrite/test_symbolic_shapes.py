@@ -227,3 +227,25 @@ def test_a_scan_over_a_symbolic_number_of_steps(bits):
         xs = rng.standard_normal(shape, np.float32)
         np.testing.assert_array_equal(np.asarray(exported.call(weight, xs)), np.asarray(program(weight, xs)))
     assert _only_int8_dots(exported)
+
+
+def _dot_shapes(program, *args) -> list[str]:
+    """The result types of the dots in ``program``'s optimized HLO at ``args``, sorted."""
+    return sorted(re.findall(r"= (\S+) dot\(", program.lower(*args).compile().as_text()))
+
+
+def test_a_symbolic_batch_keeps_the_two_row_dot_of_one_row():
+    """XLA:CPU runs a one-row int8 dot on a slow matrix-vector path (5x the exported MLP's time at batch 1 in
+    benchmarks/deploy.py), so one row is padded to two. Exported for any batch, the program decides that when it
+    runs: at one row and at several it compiles to the dots of the program traced at that batch."""
+    params, x = _block_params()
+    qparams = quantize_params(_attention_block, params, x)
+    program = jax.jit(int8ify(lambda p, x: jnp.tanh(x @ p["wq"]) @ p["w1"]))
+    batch, = jax.export.symbolic_shape("batch")
+    exported = jax.export.export(program)(qparams, jax.ShapeDtypeStruct((batch, D), jnp.float32))
+    for rows in (1, 5):
+        x = np.random.default_rng(rows).standard_normal((rows, D)).astype(np.float32)
+        traced_dots = _dot_shapes(program, qparams, x)
+        assert _dot_shapes(jax.jit(exported.call), qparams, x) == traced_dots
+        assert traced_dots == sorted([f"s32[{max(rows, 2)},{D}]{{1,0}}", f"s32[{max(rows, 2)},{4 * D}]{{1,0}}"])
+        np.testing.assert_array_equal(np.asarray(exported.call(qparams, x)), np.asarray(program(qparams, x)))
