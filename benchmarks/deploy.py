@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
 from jaxpr_rewrite.checkpoint import load_quantized, save_quantized  # noqa: E402
 from jaxpr_rewrite.safetensors_io import load_safetensors, save_safetensors  # noqa: E402
+from speed import time_interleaved  # noqa: E402
 
 MB = 2**20
 SMALL_WIDTH = 256  # the one-layer model whose peak is the fixed part of quantize_params' memory
@@ -122,19 +123,6 @@ def kernels(program, *args) -> int:
     return len(re.findall(r"= \S+ (?:fusion|dot|custom-call)\(", program.lower(*args).compile().as_text()))
 
 
-def interleaved_ms(programs: dict, args, rounds: int = 21) -> dict:
-    """Each program's median time per call over ``rounds`` interleaved calls, after a warm-up call."""
-    for program in programs.values():
-        jax.block_until_ready(program(*args))
-    times = {name: [] for name in programs}
-    for _ in range(rounds):
-        for name, program in programs.items():
-            start = time.perf_counter()
-            jax.block_until_ready(program(*args))
-            times[name].append(time.perf_counter() - start)
-    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
-
-
 def exported_program_costs(qparams, width: int, batches) -> None:
     """Print the exported int8 program's bytes, and per batch size its kernels and time against the traced one."""
     traced = jax.jit(int8ify(mlp))
@@ -149,7 +137,7 @@ def exported_program_costs(qparams, width: int, batches) -> None:
     called = jax.jit(any_batch.call)
     for batch in batches:
         x = np.random.default_rng(batch).standard_normal((batch, width)).astype(np.float32)
-        ms = interleaved_ms({"any": called, "traced": traced}, (qparams, x))
+        ms = time_interleaved({"any": (called, (qparams, x)), "traced": (traced, (qparams, x))}, rounds=21, reps=1)
         print(f"| {batch} | {kernels(called, qparams, x)} / {kernels(traced, qparams, x)} | {ms['any']:.3f} | "
               f"{ms['traced']:.3f} | {ms['any'] / ms['traced']:.2f}x |")
 
