@@ -173,8 +173,8 @@ def _check_jaxpr(jaxpr: Jaxpr, findings: list, seen: set, where: Location = UNKN
             if what is not None:
                 findings.append(_finding(BROADCAST_MULTIPLY_SUM, eqn,
                                          f"broadcast multiply and sum emulates a matmul ({what})"))
-        elif hidden_matmuls(eqn) is not None:
-            findings.append(_finding(HIDDEN_MATMUL, eqn, f"{name} {hidden_matmuls(eqn)}", where))
+        elif (hidden := hidden_matmuls(eqn)) is not None:  # asked once: an exported module is printed to read it
+            findings.append(_finding(HIDDEN_MATMUL, eqn, f"{name} {hidden}", where))
         elif name == "conv_general_dilated":
             findings.append(_finding(CONVOLUTION, eqn, f"convolution {_types(eqn)} is outside the int8 contract"))
         elif name in _CALLBACKS:
