@@ -66,8 +66,7 @@ def skip_reason(eqn, config: RewriteConfig, scope: str) -> KeptFloat | None:
         return KeptFloat(Why.SKIP_PATTERN, f"name scope {scope!r} matches skip pattern {pattern!r}")
     if config.skip_if is not None and config.skip_if(eqn):
         return KeptFloat(Why.SKIP_IF, "skip_if returned True")
-    (lc, _), _ = matmul_dimension_numbers(eqn)
-    size = contraction_size(eqn.invars[0].aval.shape, lc)
+    size = _contraction_length(eqn)
     minimum = config.min_contracting_size
     small = decided(lambda: size < minimum)
     if small is None:
@@ -79,11 +78,16 @@ def skip_reason(eqn, config: RewriteConfig, scope: str) -> KeptFloat | None:
     return None
 
 
+def _contraction_length(eqn):
+    """How many products each output of the matmul ``eqn`` sums (symbolic under ``jax.export``'s shapes)."""
+    (lc, _), _ = matmul_dimension_numbers(eqn)
+    return contraction_size(eqn.invars[0].aval.shape, lc)
+
+
 def _check_symbolic_contraction(backend: Backend, eqn, where: Location):
     """A contraction of symbolic length (``jax.export``) must be known to fit the backend's bound."""
     bound = backend.max_symbolic_contraction
-    (lc, _), _ = matmul_dimension_numbers(eqn)
-    size = contraction_size(eqn.invars[0].aval.shape, lc)
+    size = _contraction_length(eqn)
     if bound is not None and not is_static(size) and not decided(lambda: size <= bound):
         raise _symbolic_contraction_error(
             eqn, size, f"<= {bound}", f"backend {backend.name!r} sums int8 products exactly in int32 for at most "
