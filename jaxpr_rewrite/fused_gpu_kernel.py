@@ -48,14 +48,17 @@ BLOCK_N = 128
 _MAX_BLOCK_M = 64
 _MIN_BLOCK = 16
 _BLOCK_K = 128
+# Triton lowers an int8 dot of a 16-long K block on a Hopper GPU to mma.m16n8k32 fed the same 16 values in both
+# halves of K, doubling every sum (read in the PTX of XLA's H200 compile); 32 is the int8 instruction's K.
+_MIN_BLOCK_K = 32
 
 
 def contraction_block(k: int) -> int | None:
-    """The contraction's block: the largest power of two up to 128 dividing ``k``, at least 16 (``None``: none)."""
+    """The contraction's block: the largest power of two up to 128 dividing ``k``, at least 32 (``None``: none)."""
     block = _BLOCK_K
-    while block >= _MIN_BLOCK and k % block:
+    while block >= _MIN_BLOCK_K and k % block:
         block //= 2
-    return block if block >= _MIN_BLOCK else None
+    return block if block >= _MIN_BLOCK_K else None
 
 
 def _rounded_codes(quotients):
