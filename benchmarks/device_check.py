@@ -21,7 +21,10 @@ Steps, each bounded in time and each recorded even when an earlier one failed:
    IMMA, a Triton s8 fusion) is told apart from an upcast float GEMM;
 5. the fused kernel (``backend="int8-fused"``) against the int8 backend's XLA program on the device, bit for bit
    (one dot; sibling dots of one activation, one of them a ``DenseGeneral`` kernel);
-6. the block-scaled backends on a GPU older than Blackwell (``mxfp8``/``nvfp4`` must run, ``auto`` must pick int8).
+6. the block-scaled backends on a GPU older than Blackwell (``mxfp8``/``nvfp4`` must run, ``auto`` must pick int8);
+7. XLA's int8 GEMM under each autotuning setting, each in a fresh process: its sums against numpy's (XLA's default
+   Triton tiling on a Hopper GPU doubles them, read in the PTX of its deviceless compile), and whether int8ify
+   refuses the settings that would give it wrong sums (``jaxpr_rewrite/gpu_gemm_flags.py``).
 
 Writes ``benchmarks/results/<device>.md`` (``--out`` to change), rewritten after every step.
 """
@@ -408,7 +411,39 @@ def block_scaled() -> str:
     return "\n".join(lines)
 
 
-STEPS = ("tests", "speed", "fused", "hlo", "blocks")
+# -- 7. XLA's int8 GEMM under each autotuning setting -------------------------------------------------------------
+AUTOTUNE_SETTINGS = ("", "--xla_gpu_autotune_level=0", "--xla_gpu_autotune_level=0 --xla_gpu_enable_triton_gemm=false")
+_GEMM_SUMS = """
+import jax, jax.numpy as jnp, numpy as np
+from jaxpr_rewrite import Int8ifyError, int8ify
+rng = np.random.default_rng(0)
+for m, k, n in [(4, 3, 2), (64, 48, 128), (64, 256, 128), (512, 512, 512)]:
+    a, b = (rng.integers(-127, 128, size=s).astype(np.int8) for s in ((m, k), (k, n)))
+    got = np.asarray(jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.int32))(a, b), np.int64)
+    want = a.astype(np.int64) @ b.astype(np.int64)
+    ratio = np.median(got[want != 0] / want[want != 0])
+    print(f"  - {m}x{k} @ {k}x{n}: " + ("exact" if (got == want).all() else f"wrong, median ratio {ratio:.2f}"))
+try:
+    int8ify(lambda x, w: x @ w)(jnp.ones((8, 64)), jnp.ones((64, 32)))
+    print("  - int8ify: runs")
+except Int8ifyError as error:
+    print(f"  - int8ify refuses: {str(error)[:160]}...")
+"""
+
+
+def gemm_sums_per_autotune_setting() -> str:
+    lines = []
+    for flags in AUTOTUNE_SETTINGS:
+        env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()}
+        result = subprocess.run([sys.executable, "-c", _GEMM_SUMS], cwd=ROOT, env=env, capture_output=True,
+                                text=True, timeout=300)
+        body = result.stdout.rstrip() or f"  - failed: {result.stderr.strip()[-600:]}"
+        lines.append(f"- `XLA_FLAGS={flags}`" if flags else "- XLA's default flags")
+        lines.append(body)
+    return "\n".join(lines)
+
+
+STEPS = ("tests", "speed", "fused", "hlo", "blocks", "autotune")
 
 
 def main(argv=None) -> int:
@@ -450,6 +485,8 @@ def main(argv=None) -> int:
         step(report, "What the dots compile to (optimized HLO)", hlo_check, ns.dry_run)
     if "blocks" in steps:
         step(report, "Block-scaled backends", block_scaled)
+    if "autotune" in steps:
+        step(report, "XLA's int8 GEMM under each autotuning setting", gemm_sums_per_autotune_setting)
     print(f"\nwrote {out}")
     return 0
 

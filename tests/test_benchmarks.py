@@ -15,7 +15,8 @@ def test_device_check_dry_run(tmp_path, monkeypatch):
     out = tmp_path / "device.md"
     assert device_check.main(["--dry-run", "--out", str(out)]) == 0
     text = out.read_text()
-    for step in ("Environment", "Tests on the device", "Speed", "What the dots compile to", "Block-scaled backends"):
+    for step in ("Environment", "Tests on the device", "Speed", "What the dots compile to", "Block-scaled backends",
+                 "XLA's int8 GEMM under each autotuning setting"):
         assert f"## {step}" in text, step
     assert "FAILED" not in text
     assert "3 passed, 0 failed of 3 run" in text
@@ -23,6 +24,7 @@ def test_device_check_dry_run(tmp_path, monkeypatch):
     assert ("| MiniLM 2x16 | 2 | int8ify+qparams, late inlining |" in text) == hasattr(jax, "Inline")
     assert "4 GEMM(s), 4 with s8 x s8 operands" in text
     assert "`auto` resolves to `int8`" in text and "`nvfp4`: ran" in text
+    assert text.count("512x512 @ 512x512: exact") == 3 and text.count("int8ify: runs") == 3  # a CPU: no tiling
 
 
 def test_gemm_reader_tells_int8_from_float():
