@@ -96,7 +96,8 @@ def int32_dot(lhs_codes, rhs_codes, dimension_numbers, dtype):
 
     Raises:
         Int8ifyError: ``XLA_FLAGS`` would make the default device (a Hopper GPU) double the sums
-            (:func:`~jaxpr_rewrite.gpu_gemm_flags.check_int8_gemm_flags`).
+            (:func:`~jaxpr_rewrite.gpu_gemm_flags.check_int8_gemm_flags`; the rewrite checks them at every dot,
+            :func:`~jaxpr_rewrite.int8_matmul` here).
     """
     check_int8_gemm_flags()
     (lc, rc), (lb, rb) = dimension_numbers

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from .backends import SiblingDots, register_backend
 from .config import RewriteConfig
+from .gpu_gemm_flags import check_int8_gemm_flags
 from .int8_dot import Scheme, fits_sibling_kernel, int8_dot_general_impl, int8_sibling_dots_impl
 from .operands import checks_codes
 from .quantize import MAX_INT32_SAFE_CONTRACTION
@@ -46,6 +47,13 @@ int8_sibling_dots = straight_through_group(
 activation in int8, one kernel on an NVIDIA GPU, each with a straight-through gradient."""
 
 
+def _scheme(config: RewriteConfig, **options) -> Scheme:
+    """``config``'s :class:`Scheme`, once ``XLA_FLAGS`` is known to let this device compute int8 GEMMs right:
+    checked at every rewrite, since a dot's shared program builds its GEMM only when first traced."""
+    check_int8_gemm_flags()
+    return Scheme.of(config, **options)
+
+
 def _fits_fused_siblings(lhs, rhs, float_params, out_dtype, config: RewriteConfig) -> bool:
     return fits_sibling_kernel(lhs, rhs, dict(float_params)["dimension_numbers"], out_dtype,
                                Scheme.of(config, fused_gpu_kernel=True))
@@ -53,18 +61,18 @@ def _fits_fused_siblings(lhs, rhs, float_params, out_dtype, config: RewriteConfi
 
 def _fused_siblings(lhs, rhss, float_params, out_dtypes, config: RewriteConfig) -> tuple:
     return int8_sibling_dots(lhs, tuple(rhss), tuple(float_params), tuple(out_dtypes),
-                             Scheme.of(config, fused_gpu_kernel=True))
+                             _scheme(config, fused_gpu_kernel=True))
 
 
 def _int8_ragged_backend(lhs, rhs, group_sizes, float_params, out_dtype, config: RewriteConfig):
-    return int8_ragged_dot_general(lhs, rhs, group_sizes, float_params, out_dtype, Scheme.of(config))
+    return int8_ragged_dot_general(lhs, rhs, group_sizes, float_params, out_dtype, _scheme(config))
 
 
 @register_backend("int8", ragged_dot=_int8_ragged_backend, takes_prequantized=True,
                   max_symbolic_contraction=MAX_INT32_SAFE_CONTRACTION)
 def int8_backend(lhs, rhs, float_params, out_dtype, config: RewriteConfig):
     """The int8 contract (the default backend)."""
-    return int8_dot_general(lhs, rhs, float_params, out_dtype, Scheme.of(config))
+    return int8_dot_general(lhs, rhs, float_params, out_dtype, _scheme(config))
 
 
 @register_backend("int8-fused", ragged_dot=_int8_ragged_backend, takes_prequantized=True,
@@ -75,4 +83,4 @@ def int8_fused_backend(lhs, rhs, float_params, out_dtype, config: RewriteConfig)
     GPU (:mod:`~jaxpr_rewrite.fused_gpu_dot`), and sibling dots of one activation (attention's query, key and
     value projections) as one kernel for all of them: the same numbers, fewer kernels; elsewhere the ``"int8"``
     backend."""
-    return int8_dot_general(lhs, rhs, float_params, out_dtype, Scheme.of(config, fused_gpu_kernel=True))
+    return int8_dot_general(lhs, rhs, float_params, out_dtype, _scheme(config, fused_gpu_kernel=True))

@@ -10,7 +10,6 @@ import numpy as np
 from jax import lax
 
 from .errors import Int8ifyError
-from .gpu_gemm_flags import check_int8_gemm_flags
 from .int8_dot import PER_CHANNEL, Scheme, _common_dtype, _scaled  # the dot's own epilogue, shared
 from .layout import free_axes, scale_to_output
 from .operands import quantize_operand
@@ -54,7 +53,6 @@ def int8_ragged_dot_general_impl(lhs, rhs, group_sizes, float_params, out_dtype,
         raise Int8ifyError("ragged_dot_general is rewritten with per-channel scales only (no granularity or "
                            "block_size); skip it with skip_if to keep it float")
     lhs_q, rhs_q = quantize_operand(lhs, lc, None), quantize_operand(rhs, rc, None)  # dynamic scales
-    check_int8_gemm_flags()
     int_params = {**params, "preferred_element_type": np.int32, "precision": None}
     sums = ragged_dot_float(lhs_q.codes, rhs_q.codes, group_sizes, **int_params)
     acc = lax.convert_element_type(sums, _common_dtype(lhs_q, rhs_q, out_dtype))

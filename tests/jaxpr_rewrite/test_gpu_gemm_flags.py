@@ -7,7 +7,7 @@ import pytest
 from jax import lax
 
 from helpers import reference_dot
-from jaxpr_rewrite import Int8ifyError, int8ify, quantize_params
+from jaxpr_rewrite import Int8ifyError, int8_matmul, int8ify, quantize_params
 from jaxpr_rewrite import gpu_gemm_flags
 from jaxpr_rewrite.gpu_gemm_flags import int8_gemm_flag_problem
 
@@ -52,17 +52,22 @@ def _project(w, x):
     return x @ w
 
 
-def test_on_a_hopper_gpu_the_rewrite_refuses_unchecked_autotuning(monkeypatch):
+@pytest.mark.parametrize("backend", ["int8", "int8-fused"])
+def test_on_a_hopper_gpu_the_rewrite_refuses_unchecked_autotuning(monkeypatch, backend):
+    weights = quantize_params(_project, W, X)  # quantizing builds no GEMM
+    int8ify(lambda x, w: x @ w, backend=backend)(X, W)  # each dot's shared program, traced and kept
+    int8ify(lambda w, x: _project(w, x), backend=backend)(weights, X)
     monkeypatch.setattr(gpu_gemm_flags, "_hopper_device", lambda: H200)
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_autotune_level=0")
     with pytest.raises(Int8ifyError, match=r"NVIDIA H200 .*autotune_level=0.*doubled.*triton_gemm=false"):
-        int8ify(lambda x, w: x @ w)(X, W)
-    weights = quantize_params(_project, W, X)  # quantizing builds no GEMM
+        int8ify(lambda x, w: x @ w, backend=backend)(X, W)
     with pytest.raises(Int8ifyError, match="doubled"):
-        int8ify(lambda w, x: _project(w, x))(weights, X)
+        int8ify(lambda w, x: _project(w, x), backend=backend)(weights, X)
     groups = np.array([20, 44], np.int32)
     with pytest.raises(Int8ifyError, match="doubled"):
-        int8ify(lambda x, w, g: lax.ragged_dot(x, w, g))(X, np.stack([W, W]), groups)
+        int8ify(lambda x, w, g: lax.ragged_dot(x, w, g), backend=backend)(X, np.stack([W, W]), groups)
+    with pytest.raises(Int8ifyError, match="doubled"):
+        int8_matmul(X[:8], W)
 
 
 def test_on_a_hopper_gpu_cublas_gemms_or_the_default_level_give_the_contracts_numbers(monkeypatch):
