@@ -18,6 +18,7 @@ import os
 import jax
 
 from .errors import Int8ifyError
+from .jaxprs import cuda_capability_major
 
 __all__ = ["check_int8_gemm_flags", "int8_gemm_flag_problem"]
 
@@ -65,9 +66,8 @@ def int8_gemm_flag_problem(xla_flags: str) -> str | None:
 def _hopper_device() -> str | None:
     """The default device's kind when it is an NVIDIA GPU of compute capability 9, else ``None``."""
     device = jax.devices()[0]
-    capability = str(getattr(device, "compute_capability", "") or "")
-    if device.platform == "gpu" and capability.split(".")[0] == "9":
-        return f"{device.device_kind} (compute capability {capability})"
+    if cuda_capability_major(device) == 9:
+        return f"{device.device_kind} (compute capability {device.compute_capability})"
     return None
 
 

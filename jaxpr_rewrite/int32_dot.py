@@ -1,6 +1,6 @@
 """The int8 x int8 -> int32 dot with exact sums: a contraction that could overflow int32 is chunked, and the XLA
 paths that give wrong sums (GPU contraction lengths not a multiple of 4) or run slowly (CPU one-row lhs) are
-worked around, and XLA flags under which a Hopper GPU's GEMM doubles every sum are refused."""
+worked around."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .gpu_gemm_flags import check_int8_gemm_flags
 from .layout import blocked, blocked_dimension_numbers, contraction_size, decided, free_axes, is_static
 from .quantize import MAX_INT32_SAFE_CONTRACTION
 
@@ -93,13 +92,7 @@ def int32_dot(lhs_codes, rhs_codes, dimension_numbers, dtype):
 
     Returns:
         the sums in the dot's output layout, as ``dtype`` (the compute dtype).
-
-    Raises:
-        Int8ifyError: ``XLA_FLAGS`` would make the default device (a Hopper GPU) double the sums
-            (:func:`~jaxpr_rewrite.gpu_gemm_flags.check_int8_gemm_flags`; the rewrite checks them at every dot,
-            :func:`~jaxpr_rewrite.int8_matmul` here).
     """
-    check_int8_gemm_flags()
     (lc, rc), (lb, rb) = dimension_numbers
     contraction = contraction_size(lhs_codes.shape, lc)
     if contraction <= MAX_INT32_SAFE_CONTRACTION:

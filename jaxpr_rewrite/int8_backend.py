@@ -49,7 +49,8 @@ activation in int8, one kernel on an NVIDIA GPU, each with a straight-through gr
 
 def _scheme(config: RewriteConfig, **options) -> Scheme:
     """``config``'s :class:`Scheme`, once ``XLA_FLAGS`` is known to let this device compute int8 GEMMs right:
-    checked at every rewrite, since a dot's shared program builds its GEMM only when first traced."""
+    checked at every rewrite of a dot (here, not where the GEMM is built: a dot's shared program is traced once
+    per operand types)."""
     check_int8_gemm_flags()
     return Scheme.of(config, **options)
 

@@ -183,6 +183,17 @@ def default_platform() -> str:
     return "rocm" if "rocm" in str(getattr(device.client, "platform_version", "")).lower() else "cuda"
 
 
+def cuda_capability_major(device) -> int | None:
+    """The major CUDA compute capability of ``device`` (9 for an H100 or H200), or ``None``: not a GPU, or one that
+    reports no number (ROCm reports a gfx name)."""
+    if device.platform != "gpu":
+        return None
+    try:
+        return int(str(getattr(device, "compute_capability", "") or "").split(".")[0])
+    except ValueError:
+        return None
+
+
 def is_matmul(eqn) -> bool:
     return eqn.primitive.name in MATMUL_PRIMITIVES
 

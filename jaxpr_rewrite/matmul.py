@@ -6,6 +6,7 @@ import jax
 import numpy as np
 from jax import lax
 
+from .gpu_gemm_flags import check_int8_gemm_flags
 from .int8_dot import scaled_int8_dot_and_operands
 from .quantize import scale_values
 
@@ -24,6 +25,10 @@ def int8_matmul(x, w) -> dict:
     Returns:
         A dict with ``w_q`` (int8, ``(D_in, D_out)``), ``w_scales`` (float32, ``(D_out,)``), ``x_q`` (int8,
         ``(B, D_in)``), ``x_scales`` (float32, ``(B,)``) and ``y`` (float32, ``(B, D_out)``).
+
+    Raises:
+        Int8ifyError: ``XLA_FLAGS`` would make the default device (a Hopper GPU) double the int8 sums
+            (:func:`~jaxpr_rewrite.gpu_gemm_flags.check_int8_gemm_flags`).
     """
     x, w = jax.numpy.asarray(x), jax.numpy.asarray(w)
     if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
@@ -31,6 +36,7 @@ def int8_matmul(x, w) -> dict:
     for name, v in (("x", x), ("w", w)):
         if not jax.numpy.issubdtype(v.dtype, jax.numpy.floating):
             raise TypeError(f"int8_matmul expects floating {name}, got {v.dtype}")
+    check_int8_gemm_flags()
     # the codes and scales the dot itself multiplied: each operand quantized once, on every platform
     y, (x_q, x_scales, x_exponents), (w_q, w_scales, w_exponents) = scaled_int8_dot_and_operands(
         x, w, _MATMUL_DIMS, (1,), (0,))

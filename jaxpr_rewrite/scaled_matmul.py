@@ -50,6 +50,7 @@ from . import _compat
 from .backends import register_backend, register_backend_alias
 from .config import RewriteConfig
 from .errors import Int8ifyError
+from .jaxprs import cuda_capability_major
 from .layout import blocked, contraction_size, free_axes
 from .straight_through import straight_through
 from .float_formats import pow2
@@ -320,12 +321,8 @@ def enable_emulation() -> tuple[str, ...]:
 def _device_is_blackwell(device) -> bool:
     if device.platform != "gpu":
         return False
-    capability = getattr(device, "compute_capability", None)
-    if capability:
-        try:
-            return int(str(capability).split(".")[0]) >= 10
-        except ValueError:  # ROCm reports a gfx name
-            return False
+    if getattr(device, "compute_capability", None):
+        return (cuda_capability_major(device) or 0) >= 10  # ROCm's gfx name: not Blackwell
     kind = str(getattr(device, "device_kind", "")).upper()
     return any(tag in kind for tag in ("B100", "B200", "B300", "GB200", "GB300", "BLACKWELL"))
 
