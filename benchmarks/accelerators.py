@@ -2,8 +2,7 @@
 
     gpu-aot/bin/python benchmarks/accelerators.py --gpu [--out benchmarks/results/accelerators-gpu.md]
     tpu-aot/bin/python benchmarks/accelerators.py --tpu [--out benchmarks/results/accelerators-tpu.md]
-        (JAX 0.10's libtpu 0.0.42 crashes compiling the transformer block's int8 variants: add --models mlp there;
-        JAX 0.12's compiles both, benchmarks/results/accelerators-tpu-jax0.12.md)
+        (JAX 0.12's: benchmarks/results/accelerators-tpu-jax0.12.md)
 
 Each runs under the virtual environment of the matching deviceless compiler (``../shared/tools/gpu_compile`` or
 ``../shared/tools/tpu_compile``; their READMEs say how to install them). Models: the 4 x Dense(1024) + gelu MLP at
@@ -110,8 +109,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="also write the table (Markdown) here")
     parser.add_argument("--quick", action="store_true", help="small shapes (a smoke test of the script)")
     parser.add_argument("--models", nargs="+", choices=("mlp", "block"), default=("mlp", "block"),
-                        help="which models (JAX 0.10's libtpu 0.0.42 crashes compiling the transformer block's int8 "
-                             "variants)")
+                        help="which models")
     args = parser.parse_args(argv)
     compile_fn = _tool(args.which)
 

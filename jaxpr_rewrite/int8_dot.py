@@ -232,7 +232,19 @@ def int8_dot_general_impl(lhs, rhs, dimension_numbers, out_dtype, scheme: Scheme
         rhs_reduce = tuple(range(rhs.ndim)) if per_tensor else rc
         out = scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dtype,
                               fused_gpu_kernel=scheme.fused_gpu_kernel and not per_tensor)
-    return out if out.dtype == out_dtype else lax.convert_element_type(out, out_dtype)
+    out = out if out.dtype == out_dtype else lax.convert_element_type(out, out_dtype)
+    if dimension_numbers[1][0] and TPU_FUSION_OF_BATCHED_EPILOGUE_CRASHES:
+        out = lax.platform_dependent(out, tpu=lax.optimization_barrier, default=lambda out: out)
+    return out
+
+
+# Whether a batched dot's output goes behind an optimization barrier on TPU, written out before its consumers read it
+# (as the float program's attention scores are). XLA:TPU's compiler in the libtpu of JAX 0.10 dies of a stack
+# overflow (SIGSEGV, the whole process) estimating the cost of fusing the epilogue with a softmax over the output,
+# attention's softmax(q . k), in every int8ify'd BERT-style encoder (the deviceless TPU compile reproduces it;
+# docs/performance.md); JAX 0.12's compiles it, and the barrier would cost its transformer block 4-10% of its
+# estimated cycles with static scales. JAX 0.11's was not tried. An unbatched dot (Dense, an MLP) is never affected.
+TPU_FUSION_OF_BATCHED_EPILOGUE_CRASHES = jax.__version_info__ < (0, 12)
 
 
 def fits_sibling_kernel(lhs, rhs, dimension_numbers, out_dtype, scheme: Scheme) -> bool:

@@ -129,3 +129,24 @@ def test_tpu_program_with_dynamic_scales_is_the_cpus_bit_for_bit(shape):
                        for platform in ("cpu", "tpu"))
         assert_same_bits_but_nan(got, want)
         assert 0 < np.isnan(want).any(axis=-1).sum() < want.size // want.shape[-1]
+
+
+def _output_barriers(jaxpr, platform, shape):
+    """The optimization barriers of ``platform``'s program around one float32 array of ``shape`` (a dot's output)."""
+    return [e for e in platform_eqns(jaxpr, platform) if e.primitive.name == "optimization_barrier"
+            and [(v.aval.shape, v.aval.dtype) for v in e.invars] == [(shape, np.float32)]]
+
+
+def test_a_batched_dots_output_is_written_out_on_tpu_where_its_compiler_would_crash():
+    """Attention's ``softmax(q . k)``: on TPU under JAX < 0.12 the batched dot's output passes one optimization
+    barrier before the softmax reads it (that libtpu's compiler otherwise dies of a stack overflow fusing the two,
+    docs/performance.md); JAX 0.12's program, CPU's and CUDA's, and an unbatched dot's keep their fusion."""
+    q = jnp.ones((2, 16, 4, 32))
+    attention = jax.make_jaxpr(int8ify(lambda q, k: jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k), axis=-1)))
+    jaxpr = attention(q, q)
+    scores = (2, 4, 16, 16)
+    assert len(_output_barriers(jaxpr, "tpu", scores)) == (1 if jax.__version_info__ < (0, 12) else 0)
+    assert _output_barriers(jaxpr, "cpu", scores) == _output_barriers(jaxpr, "cuda", scores) == []
+    dense = jax.make_jaxpr(int8ify(lambda x, w: jax.nn.softmax(x @ w, axis=-1)))
+    dense = dense(jnp.ones((64, 256)), jnp.ones((256, 128)))
+    assert _output_barriers(dense, "tpu", (64, 128)) == []
