@@ -8,6 +8,7 @@ all-zero slice), codes by numpy division and rounding (ties to even), exact inte
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -412,9 +413,10 @@ def deploy_fn(params, x):
 
 
 def evaluate_as(platform: str, fn, *args, excess_precision: bool = False):
-    """``fn(*args)`` computed on this machine with every ``lax.platform_dependent`` choice made as ``platform``
-    makes it (``"cpu"``, ``"cuda"``, ``"tpu"``): a GPU's or TPU's program run on the CPU (its own arithmetic, not
-    the device's).
+    """``fn(*args)`` computed on this machine's CPU with every ``lax.platform_dependent`` choice made as
+    ``platform`` makes it (``"cpu"``, ``"cuda"``, ``"tpu"``): a GPU's or TPU's program run on the CPU (its own
+    arithmetic, not the device's), whatever the default device. Under a jit it runs where that jit does: give the
+    jit :func:`on_cpu` arguments.
 
     ``excess_precision``: also do what XLA's GPU compiler does under its default ``xla_allow_excess_precision``
     (its SimplifyFPConversions pass): a chain of float conversions ``A -> B -> C`` becomes ``A -> C``, looking
@@ -423,8 +425,45 @@ def evaluate_as(platform: str, fn, *args, excess_precision: bool = False):
     ``reduce_precision`` and a ``bitcast_convert_type`` of the narrow value keep the rounding, as they do on the
     GPU."""
     closed = jax.make_jaxpr(fn)(*args)
-    return _evaluate_as(platform, closed.jaxpr, closed.consts, jax.tree_util.tree_leaves(args),
-                        excess_precision, {})
+    leaves = jax.tree_util.tree_leaves(args)
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):  # inside a jit: on the device its inputs are on
+        return _evaluate_as(platform, closed.jaxpr, closed.consts, leaves, excess_precision, {})
+    # on the CPU also where the default device is an accelerator: a TPU has no IEEE float64 (XLA splits it into
+    # float32 pairs) and divides approximately, so another platform's program run there would not be that program
+    with jax.default_device(CPU):
+        return _evaluate_as(platform, closed.jaxpr, on_cpu(closed.consts), on_cpu(leaves), excess_precision, {})
+
+
+CPU = jax.devices("cpu")[0]
+
+
+@contextlib.contextmanager
+def ieee_float64():
+    """float64 on, and what runs inside on the CPU where the default device is a TPU: XLA:TPU has no IEEE float64
+    (it splits each value into a pair of float32s, with float32's exponent range), so int8ify's float64 guarantees
+    are the CPU's and GPU's (README, Limitations)."""
+    with jax.enable_x64(True), jax.default_device(CPU if jax.default_backend() == "tpu" else None):
+        yield
+
+
+def approximate_division() -> bool:
+    """Whether the default device divides float32 within an ulp rather than correctly rounded, where int8ify keeps
+    the device's own division (a smoothed weight's float value): a TPU (README, Limitations)."""
+    return jax.default_backend() == "tpu"
+
+
+def assert_within_one_ulp(got, want):
+    """float32 ``got`` equal to ``want`` or one of its two neighbours (NaN where ``want`` is NaN)."""
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    near = (got == want) | (got == np.nextafter(want, np.float32(np.inf))) | (got == np.nextafter(want, -np.inf))
+    bad = ~(near | (np.isnan(got) & np.isnan(want)))
+    assert not bad.any(), (got[bad][:5], want[bad][:5])
+
+
+def on_cpu(tree):
+    """``tree``'s arrays committed to the CPU, so the computations that take them run there (a jit included), also
+    on a machine whose default device is an accelerator."""
+    return jax.device_put(tree, CPU)
 
 
 # ops that XLA turns into bitcasts or that keep each element's value: a conversion chain is seen through them

@@ -12,7 +12,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from helpers import (assert_all_dots_int8, assert_same_bits_but_nan, away_from_ties, dot_eqns, dot_problems,
-                     evaluate_as, examples, program_dots, reference_dot)
+                     evaluate_as, examples, on_cpu, program_dots, reference_dot)
 from jaxpr_rewrite import int8ify
 
 # Output tolerance per dtype: float32 is the contract's 1e-6; narrower outputs add one rounding.
@@ -85,13 +85,14 @@ def boundary_problems(draw):
 @given(boundary_problems())
 def test_gpu_and_tpu_programs_give_the_cpus_bits_for_any_dimension_numbers(problem):
     """The program each platform compiles (its own exact divisions: the TPU's settled approximate quotients, the
-    GPU's float64 scales and epilogue), evaluated on this CPU, gives the CPU program's outputs bit for bit."""
+    GPU's float64 scales and epilogue), evaluated on this CPU, gives the outputs of the program this machine's
+    default device runs (the CPU's, or a TPU's) bit for bit."""
     lhs, rhs, dims = problem
     rewritten = int8ify(lambda a, b: jax.lax.dot_general(a, b, dims))
     want = jax.jit(rewritten)(lhs, rhs)
     for platform in ("cuda", "tpu"):
         # compiled by XLA:CPU as one program: the platform's arithmetic, one compile per example
-        (got,) = jax.jit(functools.partial(evaluate_as, platform, rewritten))(lhs, rhs)
+        (got,) = jax.jit(functools.partial(evaluate_as, platform, rewritten))(*on_cpu((lhs, rhs)))
         assert_same_bits_but_nan(got, want)
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import away_from_ties, examples, reference_codes, reference_dot, reference_scale_parts
+from helpers import away_from_ties, examples, ieee_float64, reference_codes, reference_dot, reference_scale_parts
 from jaxpr_rewrite import int8_matmul, int8ify, quantize, quantize_params
 
 MATMUL = (((1,), (0,)), ((), ()))
@@ -118,7 +118,7 @@ def test_scales_and_codes_in_every_binade():
 
 
 def test_float64_operands_beyond_float32_range():
-    with jax.enable_x64(True):
+    with ieee_float64():
         x = rng.normal(size=(4, 128)) * 1e200
         w = rng.normal(size=(128, 32)) * 1e-150
         got = jax.jit(matmul)(x, w)
