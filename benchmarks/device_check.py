@@ -2,13 +2,13 @@
 
 Usage::
 
-    python benchmarks/device_check.py                 # on the GPU machine: a few minutes
+    python benchmarks/device_check.py                 # on the GPU or TPU machine: a few minutes
     python benchmarks/device_check.py --dry-run       # anywhere: the same steps at toy sizes, in seconds
 
 Steps, each bounded in time and each recorded even when an earlier one failed:
 
 1. the device, JAX/jaxlib versions and the CUDA libraries found;
-2. the GPU-relevant tests (dot_general dimension numbers, NaN/Inf/overflow/tiny/tie edge cases, the chunked
+2. the accelerator-relevant tests (dot_general dimension numbers, NaN/Inf/overflow/tiny/tie edge cases, the chunked
    contraction, straight-through gradients, ragged dots, scaled_matmul, static activation scales, bfloat16 and
    float16 widened from their bits) run on the device;
 3. speed, in one process and interleaved (medians): the MLP of ``benchmarks/speed.py`` and the all-MiniLM-L6-v2
@@ -25,6 +25,10 @@ Steps, each bounded in time and each recorded even when an earlier one failed:
 7. XLA's int8 GEMM under each autotuning setting, each in a fresh process: its sums against numpy's (XLA's default
    Triton tiling on a Hopper GPU doubles them, read in the PTX of its deviceless compile), and whether int8ify
    refuses the settings that would give it wrong sums (``jaxpr_rewrite/gpu_gemm_flags.py``).
+
+On a TPU, steps 5 and 7 are left out (the fused kernel and the autotuner are XLA:GPU's; ``int8-fused`` is the
+``int8`` backend there), and the tests run first, in one process, before this one opens the chip: a TPU chip is
+held by one process at a time.
 
 Writes ``benchmarks/results/<device>.md`` (``--out`` to change), rewritten after every step.
 """
@@ -53,7 +57,7 @@ import numpy as np  # noqa: E402
 
 from jaxpr_rewrite import calibrate_activation_dots, int8ify, quantize_params  # noqa: E402
 
-GPU_TESTS = [
+ACCELERATOR_TESTS = [
     "tests/jaxpr_rewrite/test_dot_general.py",
     "tests/jaxpr_rewrite/test_edge_cases.py",
     "tests/jaxpr_rewrite/test_numerics.py",
@@ -87,13 +91,23 @@ class Report:
         self.path.write_text(text)
 
 
-def step(report: Report, title: str, fn, *args) -> None:
+def timed(title: str, fn, *args) -> tuple[str, str]:
+    """``fn(*args)`` as a section: its title with the seconds it took, and its body (the traceback if it raised)."""
     start = time.perf_counter()
     try:
         body = fn(*args)
     except Exception:  # a failed step is a finding, and the next steps still run
         body = "FAILED:\n\n```\n" + traceback.format_exc()[-3000:] + "```"
-    report.add(f"{title} ({time.perf_counter() - start:.0f} s)", body)
+    return f"{title} ({time.perf_counter() - start:.0f} s)", body
+
+
+def step(report: Report, title: str, fn, *args) -> None:
+    report.add(*timed(title, fn, *args))
+
+
+def tpu_host() -> bool:
+    """Whether this machine runs JAX on a TPU (libtpu installed), read without opening the device."""
+    return importlib.util.find_spec("libtpu") is not None
 
 
 # -- 1. environment ----------------------------------------------------------------------------------------------
@@ -122,17 +136,21 @@ def environment() -> str:
 # -- 2. tests on the device -----------------------------------------------------------------------------------------
 def run_tests(timeout: float, dry_run: bool, tests: list[str] | None, traceback_style: str,
               log: Path | None) -> str:
-    """The tests named (the GPU-relevant ones by default) in a fresh process; ``log`` receives pytest's whole
-    output (with ``traceback_style="short"``, each failure's assertion and values)."""
-    tests = tests or (["tests/jaxpr_rewrite/test_matmul_seed.py::test_published_examples"] if dry_run else GPU_TESTS)
+    """The tests named (the accelerator-relevant ones by default) in a fresh process; ``log`` receives pytest's
+    whole output (with ``traceback_style="short"``, each failure's assertion and values)."""
+    smoke = ["tests/jaxpr_rewrite/test_matmul_seed.py::test_published_examples"]
+    tests = tests or (smoke if dry_run else ACCELERATOR_TESTS)
     # -v prints each test's name and outcome as it finishes, so a time-out still says which ones failed
     # --tb=line: one "file:line: message" per failure, so the results say where and why each one failed
+    # each failure's reason printed as it happens (pytest_instant_failures.py): a run stopped at its time limit
+    # still says why each failed test failed
     command = [sys.executable, "-m", "pytest", "-v", f"--tb={traceback_style}", "-p", "no:cacheprovider",
-               "-o", "addopts=", *tests]
-    env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", ""))  # the suite's 8 host devices are not needed
-    if not dry_run and importlib.util.find_spec("xdist") is not None:
+               "-p", "pytest_instant_failures", "-o", "addopts=", *tests]
+    env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", ""),  # the suite's 8 host devices are not needed
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")])))
+    if not dry_run and not tpu_host() and importlib.util.find_spec("xdist") is not None:
         # compiling is most of the tests' time and the GPU machine has many cores: one worker per few cores, each
-        # taking GPU memory as it needs it (this process already holds most of it)
+        # taking GPU memory as it needs it (this process already holds most of it); a TPU chip takes one process
         command[3:3] = ["-n", str(max(1, min(8, (os.cpu_count() or 2) // 2)))]
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     try:
@@ -145,16 +163,18 @@ def run_tests(timeout: float, dry_run: bool, tests: list[str] | None, traceback_
         log.write_text(output)
     outcomes = _outcomes(output)
     failed = [name for name, outcome in outcomes if outcome in ("FAILED", "ERROR")]
-    summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed)", line)]
+    summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|errors?)\b", line)]
     counts = f"{sum(o == 'PASSED' for _, o in outcomes)} passed, {len(failed)} failed of {len(outcomes)} run"
     body = f"`{' '.join(tests)}`\n\n{counts}" + (f" ({summary[-1].strip('= ')})" if summary else "")
     if "stopped after" in output:
         body += f" -- stopped after {timeout:.0f} s"
+    if "errors during collection" in output:  # pytest ran nothing: say which modules it could not import
+        body += "\n\n" + "\n".join(f"- {line}" for line in output.splitlines() if line.startswith("ERROR "))
     if failed:
         body += "\n\n" + "\n".join(f"- FAILED {name}" for name in failed)
         reasons = _failure_lines(output)
         if reasons:
-            body += "\n\nWhere they failed (pytest --tb=line):\n\n```\n" + "\n".join(reasons) + "\n```"
+            body += "\n\nWhere they failed:\n\n```\n" + "\n".join(reasons) + "\n```"
     return body
 
 
@@ -168,9 +188,14 @@ def _outcomes(output: str) -> list[tuple[str, str]]:
 
 
 def _failure_lines(output: str, limit: int = 60, width: int = 400) -> list[str]:
-    """The ``file:line: message`` lines that ``pytest --tb=line`` prints, one per failure."""
+    """The ``file:line: message`` lines that ``pytest --tb=line`` and ``pytest_instant_failures`` print, one per
+    failure."""
     found = re.findall(r"^(\S+\.py:\d+: .*)$", output, flags=re.MULTILINE)
-    return [line.removeprefix(f"{ROOT}/")[:width] for line in found[:limit]]
+    # a --tb=short traceback's frames ("file:line: in function") are not reasons; each reason once (the plugin
+    # prints it as the test fails and --tb=line again at the end)
+    reasons = [line.removeprefix(f"{ROOT}/") for line in found
+               if not re.search(r":\d+: in [\w<>.]+$", line) and "site-packages" not in line]
+    return [line[:width] for line in dict.fromkeys(reasons)][:limit]
 
 
 # -- 3. speed -------------------------------------------------------------------------------------------------------
@@ -253,9 +278,10 @@ def _bench(name, model, params, rest, hand, rounds, reps) -> list[str]:
         "int8ify static": (dyn, (static, *rest)),
         "bare int8 dots": (bare, (bare_args,)),
     }
-    fused = jax.jit(int8ify(model, backend="int8-fused"))  # one Pallas kernel per dot of a quantized weight
-    variants["int8ify fused"] = (fused, (qparams, *rest))
-    variants["int8ify fused static"] = (fused, (static, *rest))
+    if jax.default_backend() != "tpu":  # int8-fused is the int8 backend there
+        fused = jax.jit(int8ify(model, backend="int8-fused"))  # one Pallas kernel per dot of a quantized weight
+        variants["int8ify fused"] = (fused, (qparams, *rest))
+        variants["int8ify fused static"] = (fused, (static, *rest))
     if hand is not None:
         variants["hand W8A8"] = (jax.jit(hand[0]), (hand[1], *rest))
     attention = calibrate_activation_dots(model, params, *rest)
@@ -292,12 +318,13 @@ def _drop_failing(variants: dict) -> dict:
 
 # -- 4. what the dots compile to ----------------------------------------------------------------------------------
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = \(?([a-z0-9]+)\[")
-_CALL_OPERANDS = re.compile(r"(?:dot|custom-call)\(([^)]*)\)")
+_CALL_OPERANDS = re.compile(r"(?:dot|convolution|custom-call)\(([^)]*)\)")
 
 
 def gemms(hlo: str) -> list[tuple[str, str, str]]:
     """Every GEMM of an optimized HLO module as ``(kind, lhs dtype, rhs dtype)``: each ``dot`` instruction (those
-    inside fusions, Triton GEMM fusions included, as well) and each cuBLAS/cuBLASLt custom call."""
+    inside fusions, Triton GEMM fusions included, as well), each ``convolution`` (XLA:TPU's form of a dot) and each
+    cuBLAS/cuBLASLt custom call."""
     types = {}
     for line in hlo.splitlines():
         match = _INSTRUCTION.match(line)
@@ -307,12 +334,14 @@ def gemms(hlo: str) -> list[tuple[str, str, str]]:
     for line in hlo.splitlines():
         if " dot(" in line:
             kind = "dot"
+        elif " convolution(" in line:
+            kind = "convolution"
         elif 'custom_call_target="__cublas' in line:
             kind = re.search(r'custom_call_target="([^"]+)"', line).group(1)
         else:
             continue
         operands = _CALL_OPERANDS.search(line)
-        names = [n.strip().split(" ")[-1].lstrip("%") for n in operands.group(1).split(",")] if operands else []
+        names = re.findall(r"%([\w.\-]+)", operands.group(1)) if operands else []  # with or without their types
         dtypes = [types.get(n, "?") for n in names[:2]] + ["?", "?"]
         found.append((kind, dtypes[0], dtypes[1]))
     return found
@@ -444,15 +473,17 @@ def gemm_sums_per_autotune_setting() -> str:
 
 
 STEPS = ("tests", "speed", "fused", "hlo", "blocks", "autotune")
+GPU_ONLY_STEPS = ("fused", "autotune")  # XLA:GPU's fused kernel and autotuner
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="toy sizes and one test: checks the script itself")
     parser.add_argument("--out", help="results file (default: benchmarks/results/<device>.md)")
-    parser.add_argument("--steps", default=",".join(STEPS),
-                        help=f"which steps to run after the environment, comma-separated (default: all of {STEPS})")
-    parser.add_argument("--tests", nargs="*", help="pytest node ids for the test step (default: the GPU-relevant ones)")
+    parser.add_argument("--steps", help=f"which steps to run after the environment, comma-separated (default: all of "
+                        f"{STEPS}, less {GPU_ONLY_STEPS} on a TPU)")
+    parser.add_argument("--tests", nargs="*",
+                        help="pytest node ids for the test step (default: the accelerator-relevant ones)")
     parser.add_argument("--tb", default="line", choices=["line", "short", "long"],
                         help="pytest's traceback style for the test step")
     parser.add_argument("--test-log", help="file for pytest's whole output")
@@ -464,17 +495,20 @@ def main(argv=None) -> int:
     parser.add_argument("--fused-time", type=float, default=90.0,
                         help="seconds after which the fused-kernel step starts no further shape")
     ns = parser.parse_args(argv)
-    steps = set(ns.steps.split(","))
+    default_steps = [s for s in STEPS if not (tpu_host() and s in GPU_ONLY_STEPS)]
+    steps = set(ns.steps.split(",")) if ns.steps else set(default_steps)
     if not steps <= set(STEPS):
         parser.error(f"--steps: unknown {sorted(steps - set(STEPS))}; the steps are {STEPS}")
+    # the tests' process opens the device before this one does: a TPU chip is held by one process at a time
+    tests = timed("Tests on the device", run_tests, ns.test_timeout, ns.dry_run, ns.tests, ns.tb,
+                  Path(ns.test_log) if ns.test_log else None) if "tests" in steps else None
     device = jax.devices()[0].device_kind
     slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "device"
     out = Path(ns.out) if ns.out else ROOT / "benchmarks" / "results" / f"{slug}.md"
     report = Report(out)
     step(report, "Environment", environment)
-    if "tests" in steps:
-        step(report, "Tests on the device", run_tests, ns.test_timeout, ns.dry_run, ns.tests, ns.tb,
-             Path(ns.test_log) if ns.test_log else None)
+    if tests is not None:
+        report.add(*tests)
     if "speed" in steps:
         step(report, "Speed (ms, medians of interleaved runs)", speed, ns.dry_run,
              time.perf_counter() + ns.speed_time, ns.models)

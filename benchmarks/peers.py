@@ -6,6 +6,7 @@ The model: 4 x ``nn.Dense(1024)`` + gelu (the last layer linear), float32. Varia
 timed interleaved round by round (medians after warm-up), speed printed as float32 time / variant time:
 
 * ``float32``                 the Flax model as written;
+* ``bf16``                    the same with bfloat16 weights and input, on an accelerator (a CPU's bf16 is emulated);
 * ``Qwix PTQ``                ``qwix.quantize_model`` with int8 weights and activations, weights quantized once
                               (``qwix.quantize_params``), when qwix is installed;
 * ``AQT SERVE``               ``aqt_flax.AqtDotGeneral`` (int8 ``config_v4``) in SERVE mode with weights frozen by a
@@ -232,7 +233,8 @@ def main(argv=None) -> int:
     model, params = flax_mlp()
     apply = model.apply
     peers = {name: version(name) for name in ("qwix", "aqtp", "flax")}
-    lines = [f"CPU: {cpu_model()}, {os.cpu_count()} cores; JAX {jax.__version__}; "
+    accelerator = "" if jax.default_backend() == "cpu" else f"device: {jax.devices()[0].device_kind}; "
+    lines = [f"{accelerator}CPU: {cpu_model()}, {os.cpu_count()} cores; JAX {jax.__version__}; "
              + ", ".join(f"{k} {v}" for k, v in peers.items() if v), "",
              f"Flax MLP {LAYERS} x Dense({WIDTH}) + gelu; ms per call (median of {rounds} interleaved rounds); "
              "speed = float32 time / variant time; ratios to the bare int8 dots and to the floor", "",
@@ -251,6 +253,8 @@ def main(argv=None) -> int:
         hand, hand_weights = hand_program(params)
         (floor, floor_args), (bare, bare_args) = floor_program(params, batch)
         variants = {"float32": (f32, (params, x))}
+        if jax.default_backend() != "cpu":  # an accelerator's own float baseline (a CPU's bf16 is emulated)
+            variants["bf16"] = (f32, jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), (params, x)))
         if peers["qwix"]:
             fn, qp = qwix_program(model, params, x)
             variants["Qwix PTQ"] = (fn, (qp, x))

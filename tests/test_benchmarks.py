@@ -1,6 +1,7 @@
 """The prepared GPU check runs anywhere with --dry-run (toy sizes), so it is known to work before a GPU window."""
 
 import re
+import subprocess
 import sys
 
 import jax
@@ -41,9 +42,36 @@ ENTRY %main (a: f32[4,4], b: f32[4,4]) -> (f32[4,4], f32[4,4]) {
   %a = f32[4,4]{1,0} parameter(0)
   %b = f32[4,4]{1,0} parameter(1)
   %c = (f32[4,4]{1,0}, s8[16]{0}) custom-call(%a, %b), custom_call_target="__cublas$lt$matmul"
+  %qa = s8[4,4]{1,0} convert(%a)
+  %qb = s8[4,4]{1,0} convert(%b)
+  %e = s32[4,4]{1,0} convolution(s8[4,4]{1,0} %qa, s8[4,4]{1,0} %qb), dim_labels=bf_io->bf
 }
 """
-    assert device_check.gemms(hlo) == [("dot", "s8", "s8"), ("__cublas$lt$matmul", "f32", "f32")]
+    assert device_check.gemms(hlo) == [("dot", "s8", "s8"), ("__cublas$lt$matmul", "f32", "f32"),
+                                       ("convolution", "s8", "s8")]
+
+
+def test_a_tpu_host_runs_the_tests_in_one_process_and_leaves_out_the_gpu_only_steps(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    sys.modules.pop("device_check", None)
+    import device_check
+
+    monkeypatch.setattr(device_check, "tpu_host", lambda: True)
+    commands = []
+    monkeypatch.setattr(device_check.subprocess, "run",
+                        lambda command, **kwargs: commands.append(command) or subprocess.CompletedProcess(command, 0,
+                                                                                                          "", ""))
+    monkeypatch.setattr(device_check, "speed", lambda *args: "speed ran")
+    monkeypatch.setattr(device_check, "hlo_check", lambda *args: "hlo ran")
+    monkeypatch.setattr(device_check, "block_scaled", lambda *args: "blocks ran")
+    out = tmp_path / "device.md"
+    assert device_check.main(["--out", str(out)]) == 0
+    text = out.read_text()
+    assert "speed ran" in text and "hlo ran" in text and "blocks ran" in text
+    assert "fused kernel" not in text and "autotuning" not in text
+    [pytest_command] = [c for c in commands if "pytest" in c]  # and no autotune subprocess
+    assert not [c for c in commands if "-c" in c]
+    assert "-n" not in pytest_command and device_check.ACCELERATOR_TESTS[0] in pytest_command
 
 
 def test_failure_lines_say_where_each_test_failed():
