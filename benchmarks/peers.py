@@ -45,7 +45,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-sys.path.insert(0, os.path.dirname(__file__))
+# speed.py beside this file, and the package itself where it is not installed (a checkout on an accelerator machine)
+sys.path[:0] = [os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), "..")]
 
 from speed import hand_dense, rel_error, time_interleaved  # noqa: E402
 

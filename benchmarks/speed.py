@@ -28,7 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+# the examples' models, and the package itself where it is not installed (a checkout on an accelerator machine)
+HERE = os.path.dirname(__file__)
+sys.path[:0] = [os.path.join(HERE, "..", "examples"), os.path.join(HERE, "..")]
 
 from jaxpr_rewrite import default_platform, dot_eqns, int8ify, quantize, quantize_params  # noqa: E402
 from jaxpr_rewrite.plotting import bar_chart, new_figure, save  # noqa: E402
