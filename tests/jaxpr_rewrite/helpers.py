@@ -270,8 +270,14 @@ def assert_same_bits_but_nan(got, want):
     """``got`` and ``want`` have NaN in the same places and every other value bit for bit (a NaN's sign and payload
     are whatever the arithmetic that made it gives)."""
     got, want = np.asarray(got), np.asarray(want)
-    assert np.array_equal(np.isnan(got), np.isnan(want))
-    assert got[~np.isnan(got)].tobytes() == want[~np.isnan(want)].tobytes()
+    nan_differs = np.isnan(got) != np.isnan(want)
+    assert not nan_differs.any(), f"NaN in one but not the other at {np.argwhere(nan_differs)[:5].tolist()}"
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+    bits = np.dtype(f"u{got.dtype.itemsize}")
+    differ = (got.view(bits) != want.view(bits)) & ~np.isnan(want)
+    # which values differ tells why (subnormals flushed, an ulp off, a sign of zero): the first few of them
+    assert not differ.any(), (f"{int(differ.sum())} of {got.size} values differ; got {got[differ][:5].tolist()}, "
+                              f"want {want[differ][:5].tolist()}")
 
 
 def assert_close_to_reference(got, want, rtol=1e-6, atol=0.0):
