@@ -86,6 +86,15 @@ class Report:
     def add(self, title: str, body: str) -> None:
         self.sections.append((title, body.rstrip()))
         print(f"\n## {title}\n{body.rstrip()}", flush=True)
+        self._write()
+
+    def replace_last(self, title: str, body: str) -> None:
+        """The last section replaced, and the file rewritten (a step's partial results, kept should the process
+        die in its next part: XLA:TPU's compiler once did, of a stack overflow)."""
+        self.sections[-1] = (title, body.rstrip())
+        self._write()
+
+    def _write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         text = "# int8ify device check\n\n" + "\n\n".join(f"## {t}\n\n{b}" for t, b in self.sections) + "\n"
         self.path.write_text(text)
@@ -206,10 +215,11 @@ def _cast(tree, dtype):
 SPEED_CASES = "mlp4096:1024,mlp4096:4096,minilm:128,mlp1024:16,mlp1024:1024,mlp1024:128"
 
 
-def speed(dry_run: bool, deadline: float, cases: str) -> str:
+def speed(dry_run: bool, deadline: float, cases: str, progress=None) -> str:
     """The models by what they tell, most first, each started only while ``deadline`` (``time.perf_counter()``)
     has not passed: the MLP at d 4096 and batch >= 1024 (where int8 GEMMs can beat bf16 on an H200), MiniLM at
-    batch 128, then d 1024 (batch 16, where launches dominate, is where one kernel per dot should show most)."""
+    batch 128, then d 1024 (batch 16, where launches dominate, is where one kernel per dot should show most).
+    ``progress(table)``, if given, receives the table after each model."""
     import model as minilm
     from mlp import init_mlp, mlp
     from speed import hand_mlp, hand_weights
@@ -237,10 +247,14 @@ def speed(dry_run: bool, deadline: float, cases: str) -> str:
             mlp_params, hand = mlps[width]
             x = jax.random.normal(jax.random.PRNGKey(batch), (batch, width))
             rows += _bench(name, mlp, mlp_params, (x,), (hand_mlp, hand), rounds, reps)
-    header = ["| model | batch | variant | ms | vs float32 | vs bf16 | vs bare int8 dots | rel. error vs float32 |",
-              "|---|---|---|---|---|---|---|---|"]
+        if progress is not None:
+            progress("\n".join(SPEED_HEADER + rows))
     notes = [f"\n(not run, the step's time was up: {', '.join(skipped)})"] if skipped else []
-    return "\n".join(header + rows + notes)
+    return "\n".join(SPEED_HEADER + rows + notes)
+
+
+SPEED_HEADER = ["| model | batch | variant | ms | vs float32 | vs bf16 | vs bare int8 dots | rel. error vs float32 |",
+                "|---|---|---|---|---|---|---|---|"]
 
 
 def _speed_cases(text: str) -> list[tuple[int | None, int]]:
@@ -510,8 +524,11 @@ def main(argv=None) -> int:
     if tests is not None:
         report.add(*tests)
     if "speed" in steps:
-        step(report, "Speed (ms, medians of interleaved runs)", speed, ns.dry_run,
-             time.perf_counter() + ns.speed_time, ns.models)
+        title = "Speed (ms, medians of interleaved runs)"
+        report.add(f"{title} (running)", "(no model finished yet)")
+        report.replace_last(*timed(title, speed, ns.dry_run, time.perf_counter() + ns.speed_time, ns.models,
+                                   lambda table: report.replace_last(f"{title} (models so far)", table)))
+        print(f"\n## {report.sections[-1][0]}\n{report.sections[-1][1]}", flush=True)
     if "fused" in steps:
         step(report, "The fused kernel against XLA's program", fused_kernel, ns.dry_run,
              time.perf_counter() + ns.fused_time)

@@ -13,9 +13,15 @@ def test_device_check_dry_run(tmp_path, monkeypatch):
     sys.modules.pop("device_check", None)
     import device_check
 
+    replaced = []  # (title, body) of each rewrite of the last section: the speed table after each model
+    replace_last = device_check.Report.replace_last
+    monkeypatch.setattr(device_check.Report, "replace_last",
+                        lambda self, title, body: replaced.append((title, body)) or replace_last(self, title, body))
     out = tmp_path / "device.md"
     assert device_check.main(["--dry-run", "--out", str(out)]) == 0
     text = out.read_text()
+    partial = [body for title, body in replaced if title.endswith("(models so far)")]
+    assert len(partial) == 2 and "MLP 4x64" in partial[0] and "MiniLM" not in partial[0] and "MiniLM" in partial[1]
     for step in ("Environment", "Tests on the device", "Speed", "What the dots compile to", "Block-scaled backends",
                  "XLA's int8 GEMM under each autotuning setting"):
         assert f"## {step}" in text, step
