@@ -85,8 +85,13 @@ class Report:
 
     def add(self, title: str, body: str) -> None:
         self.sections.append((title, body.rstrip()))
-        print(f"\n## {title}\n{body.rstrip()}", flush=True)
+        self.echo_last()
         self._write()
+
+    def echo_last(self) -> None:
+        """The last section, printed."""
+        title, body = self.sections[-1]
+        print(f"\n## {title}\n{body}", flush=True)
 
     def replace_last(self, title: str, body: str) -> None:
         """The last section replaced, and the file rewritten (a step's partial results, kept should the process
@@ -528,7 +533,7 @@ def main(argv=None) -> int:
         report.add(f"{title} (running)", "(no model finished yet)")
         report.replace_last(*timed(title, speed, ns.dry_run, time.perf_counter() + ns.speed_time, ns.models,
                                    lambda table: report.replace_last(f"{title} (models so far)", table)))
-        print(f"\n## {report.sections[-1][0]}\n{report.sections[-1][1]}", flush=True)
+        report.echo_last()
     if "fused" in steps:
         step(report, "The fused kernel against XLA's program", fused_kernel, ns.dry_run,
              time.perf_counter() + ns.fused_time)
