@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jax import lax
 
-from helpers import (approximate_division, assert_within_one_ulp, evaluate_as, examples, ieee_float64, platform_eqns,
-                     reference_codes, reference_scale_parts)
+from helpers import (CPU, approximate_division, assert_within_one_ulp, evaluate_as, examples, ieee_float64,
+                     platform_eqns, reference_codes, reference_scale_parts)
 from jaxpr_rewrite.exact_division import (correctly_rounded_divide, divided_by_odd, divisor_prescale, reciprocal,
                                           reciprocal_by_integers, reciprocals_in_float64, rounded_quotients_by_float64,
                                           rounded_quotients_exactly, signed_divisors, true_divide)
@@ -43,7 +43,7 @@ def test_division_by_odd_passes_nan_and_inf_and_keeps_float64():
 def _ieee_reciprocal(values):
     """``1 / values`` by XLA:CPU's IEEE division (subnormal inputs and results flushed to zero), on the CPU also where
     the default device is a GPU, whose float division is approximate."""
-    with jax.default_device(jax.devices("cpu")[0]):
+    with jax.default_device(CPU):
         return np.asarray(jax.jit(lambda v: true_divide(lax.full_like(v, 1), v))(values))
 
 
