@@ -1,9 +1,10 @@
 """int8ify against the JAX world's int8 libraries on one Flax MLP, in one process, interleaved.
 
-    python benchmarks/peers.py [--quick] [--batches 256 32 1] [--out benchmarks/results/peers.md]
+    python benchmarks/peers.py [--quick] [--batches 256 32 1] [--width 1024] [--out benchmarks/results/peers.md]
 
-The model: 4 x ``nn.Dense(1024)`` + gelu (the last layer linear), float32. Variants, all ``jax.jit``-compiled and
-timed interleaved round by round (medians after warm-up), speed printed as float32 time / variant time:
+The model: 4 x ``nn.Dense(1024)`` (``--width``) + gelu (the last layer linear), float32. Variants, all
+``jax.jit``-compiled and timed interleaved round by round (medians after warm-up), speed printed as float32 time /
+variant time:
 
 * ``float32``                 the Flax model as written;
 * ``bf16``                    the same with bfloat16 weights and input, on an accelerator (a CPU's bf16 is emulated);
@@ -56,14 +57,15 @@ WIDTH, LAYERS = 1024, 4
 
 
 class MLP(nn.Module):
-    """``LAYERS`` x Dense(WIDTH) + gelu, the last layer linear; ``dot_general`` is what the peers inject."""
+    """``LAYERS`` x Dense(width) + gelu, the last layer linear; ``dot_general`` is what the peers inject."""
 
     dot_general_cls: object = None
+    width: int = WIDTH
 
     @nn.compact
     def __call__(self, x):
         for i in range(LAYERS):
-            x = nn.Dense(WIDTH, dot_general_cls=self.dot_general_cls, name=f"dense_{i}")(x)
+            x = nn.Dense(self.width, dot_general_cls=self.dot_general_cls, name=f"dense_{i}")(x)
             if i < LAYERS - 1:
                 x = nn.gelu(x)
         return x
@@ -132,10 +134,10 @@ def version(name: str) -> str | None:
         return None
 
 
-def flax_mlp():
+def flax_mlp(width: int = WIDTH):
     """The benchmark's model and its (seeded) float32 params."""
-    model = MLP()
-    return model, model.init(jax.random.PRNGKey(0), jnp.ones((1, WIDTH)))
+    model = MLP(width=width)
+    return model, model.init(jax.random.PRNGKey(0), jnp.ones((1, width)))
 
 
 def save_table(lines: list[str], path: str | None) -> None:
@@ -172,7 +174,7 @@ def floor_program(params, batch, nan_check: bool = False):
     ``nan_check``, each dot's output rows are poisoned where a minimum over its int8 input finds the code -128."""
     codes = [quantize(layer["kernel"], (0,)).codes for layer in layers(params)]
     biases = [layer["bias"] for layer in layers(params)]
-    x = jnp.ones((batch, WIDTH), jnp.int8)
+    x = jnp.ones((batch, codes[0].shape[0]), jnp.int8)
 
     # x and the codes are int8 (made above); the linter cannot see their dtype through the lists
     def run(x, codes, biases):
@@ -216,9 +218,10 @@ def aqt_program(params, x):
         return functools.partial(aqt_flax.AqtDotGeneral, cfg, lhs_quant_mode=aqt_utils.QuantMode.TRAIN,
                                  rhs_quant_mode=mode, rhs_freeze_mode=aqt_flax.FreezerMode.CALIBRATION_AND_VALUE)
 
-    convert = MLP(dot_general_cls=dot_general(aqt_utils.QuantMode.CONVERT))
+    width = x.shape[-1]
+    convert = MLP(dot_general_cls=dot_general(aqt_utils.QuantMode.CONVERT), width=width)
     _, frozen = convert.apply(params, x, rngs={"params": jax.random.PRNGKey(0)}, mutable=True)
-    serve = MLP(dot_general_cls=dot_general(aqt_utils.QuantMode.SERVE))
+    serve = MLP(dot_general_cls=dot_general(aqt_utils.QuantMode.SERVE), width=width)
     # SERVE reads the frozen int8 weights and scales; nn.Dense still wants its float kernel passed (unused)
     return jax.jit(lambda p, x: serve.apply(p, x, rngs={"params": jax.random.PRNGKey(0)})), frozen
 
@@ -226,30 +229,33 @@ def aqt_program(params, x):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[256, 32, 1])
+    parser.add_argument("--width", type=int, default=WIDTH,
+                        help="the layers' width (4096 on an accelerator, where the kernels show)")
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     parser.add_argument("--out", help="also write the table (Markdown) here")
     args = parser.parse_args(argv)
     rounds, reps = (3, 2) if args.quick else (25, 5)
 
-    model, params = flax_mlp()
+    width = args.width
+    model, params = flax_mlp(width)
     apply = model.apply
     peers = {name: version(name) for name in ("qwix", "aqtp", "flax")}
     accelerator = "" if jax.default_backend() == "cpu" else f"device: {jax.devices()[0].device_kind}; "
     lines = [f"{accelerator}CPU: {cpu_model()}, {os.cpu_count()} cores; JAX {jax.__version__}; "
              + ", ".join(f"{k} {v}" for k, v in peers.items() if v), "",
-             f"Flax MLP {LAYERS} x Dense({WIDTH}) + gelu; ms per call (median of {rounds} interleaved rounds); "
+             f"Flax MLP {LAYERS} x Dense({width}) + gelu; ms per call (median of {rounds} interleaved rounds); "
              "speed = float32 time / variant time; ratios to the bare int8 dots and to the floor", "",
              "| batch | variant | ms | speed vs float32 | x bare int8 dots | x floor | rel. error |",
              "|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     times_by_batch = {}
     for batch in args.batches:
-        x = jax.random.normal(jax.random.PRNGKey(batch), (batch, WIDTH))
+        x = jax.random.normal(jax.random.PRNGKey(batch), (batch, width))
         f32 = jax.jit(apply)
         wrapped = jax.jit(int8ify(apply))
         dynamic = quantize_params(apply, params, x)
         static = quantize_params(apply, params, x, activations="static",
-                                 calibration=[(jax.random.normal(jax.random.PRNGKey(100 + i), (max(batch, 32), WIDTH)),)
+                                 calibration=[(jax.random.normal(jax.random.PRNGKey(100 + i), (max(batch, 32), width)),)
                                               for i in range(4)])
         hand, hand_weights = hand_program(params)
         (floor, floor_args), (bare, bare_args) = floor_program(params, batch)

@@ -1,6 +1,7 @@
 """Test configuration shared by every test module.
 
 * Eight host CPU devices, so sharding tests have a mesh (must be set before JAX initialises).
+* Float dots at float32 on every device, as the tests' numpy references compute them.
 * JAX's persistent compilation cache in a folder of this run's own (inherited by the fresh processes tests start):
   many tests compile the same program (the MiniLM encoder at one shape, a CLI command's model in a fresh
   process), and XLA:CPU's compile is most of the suite's time. A cached executable is the one XLA compiled for the
@@ -24,6 +25,9 @@ import tempfile
 from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# the tests' references are float32 matmuls (numpy's): the float dots a tested program keeps (a gradient's, a user's
+# backward rule) run at float32 on accelerators too, not at JAX's default there (TF32 on a GPU, bfloat16 on a TPU)
+os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "float32")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _compilation_cache = tempfile.mkdtemp(prefix="int8ify-tests-xla-cache-")
     atexit.register(shutil.rmtree, _compilation_cache, ignore_errors=True)

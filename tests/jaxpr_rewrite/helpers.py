@@ -379,9 +379,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run_fresh_python(code: str, *args) -> str:
     """Run ``code`` in a new Python process (this checkout importable, 8 host CPU devices) and return what it
-    printed; a failure shows its stderr."""
+    printed; a failure shows its stderr. Where this process holds a TPU chip the new one runs on the CPU: a chip
+    takes one process at a time."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    if jax.default_backend() == "tpu":
+        env["JAX_PLATFORMS"] = "cpu"
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -452,17 +455,27 @@ def ieee_float64():
         yield
 
 
+# how far a TPU's float32 division (a multiply by a refined reciprocal) was from the IEEE quotient on a v5e chip:
+# 2 ulps, on 20,000 quotients across 120 binades (README, Limitations)
+TPU_DIVISION_ULPS = 2
+
+
 def approximate_division() -> bool:
-    """Whether the default device divides float32 within an ulp rather than correctly rounded, where int8ify keeps
-    the device's own division (a smoothed weight's float value): a TPU (README, Limitations)."""
+    """Whether the default device divides float32 approximately (within :data:`TPU_DIVISION_ULPS`) rather than
+    correctly rounded, where int8ify keeps the device's own division (a smoothed weight's float value): a TPU."""
     return jax.default_backend() == "tpu"
 
 
-def assert_within_one_ulp(got, want):
-    """float32 ``got`` equal to ``want`` or one of its two neighbours (NaN where ``want`` is NaN)."""
+def assert_within_ulps(got, want, ulps: int):
+    """float32 ``got`` at most ``ulps`` float32 values away from ``want`` (NaN where ``want`` is NaN)."""
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-    near = (got == want) | (got == np.nextafter(want, np.float32(np.inf))) | (got == np.nextafter(want, -np.inf))
-    bad = ~(near | (np.isnan(got) & np.isnan(want)))
+
+    def ordinal(v):  # float32s as integers in their order: neighbours differ by one, both zeros are 0
+        bits = v.view(np.int32).astype(np.int64)
+        return np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+
+    nan = np.isnan(want)
+    bad = (nan != np.isnan(got)) | (~nan & (np.abs(ordinal(got) - ordinal(want)) > ulps))
     assert not bad.any(), (got[bad][:5], want[bad][:5])
 
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import (assert_finite_slices_quantized_as_the_contract, assert_same_bits_but_nan, evaluate_as, examples,
-                     is_max_reduction, platform_eqns, with_zero_and_non_finite_rows)
+                     ieee_float64, is_max_reduction, platform_eqns, with_zero_and_non_finite_rows)
 from jaxpr_rewrite import int8ify, quantize_params
 
 qz = importlib.import_module("jaxpr_rewrite.quantize")
@@ -53,7 +53,7 @@ def test_float64_codes_are_the_contracts_up_to_the_largest_float():
     x[2] = rng.integers(-300, 300, size=300) / 4.0  # rich in rounding ties
     x[3, 7], x[4, 0] = np.nan, -np.inf
     x[5] = 0.0
-    with jax.enable_x64(True):
+    with ieee_float64():
         codes, scales, _, _ = jax.jit(lambda v: qz.quantize_dynamic_parts(v, (1,)))(jnp.asarray(x))
     codes, scales = np.asarray(codes), np.asarray(scales)
     assert scales.dtype == np.float64

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jax import lax
 
-from helpers import (assert_finite_slices_quantized_as_the_contract, evaluate_as, examples, is_max_reduction,
+from helpers import (CPU, assert_finite_slices_quantized_as_the_contract, evaluate_as, examples, is_max_reduction,
                      platform_eqns, reference_codes, reference_scale_parts, with_zero_and_non_finite_rows)
 from jaxpr_rewrite import int8ify, quantize_params
 from jaxpr_rewrite.float64_scales import (nan_safe_magnitude_of_bits, quantize_by_float64, rounded_significands,
@@ -21,6 +21,14 @@ from jaxpr_rewrite.quantize import epilogue_factors, nan_safe_magnitude, pow2, s
 
 TINY = np.finfo(np.float32).tiny
 ALL_ONES = np.float32(2 - 2.0**-23)  # the mantissa whose scale, fl(2 / 127), is also the next binade's smallest
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _on_the_cpu():
+    """A GPU's float64 arithmetic is IEEE's, as the CPU's is: these run on the CPU also where the default device is a
+    TPU, whose float64 is a pair of float32s (XLA:TPU does not even compile some of its bit operations)."""
+    with jax.default_device(CPU):
+        yield
 
 
 @st.composite

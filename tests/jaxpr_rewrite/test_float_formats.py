@@ -20,12 +20,17 @@ EVERY_BIT_PATTERN = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
 @pytest.mark.parametrize("dtype", NARROW, ids=str)
 def test_widening_is_the_exact_conversion_for_every_bit_pattern(dtype):
     """All 65,536 values: zeros of both signs, float16's subnormals (2**-24 to 2**-14, normal float32 values),
-    normal values, Inf and NaN (NaN stays NaN)."""
+    normal values, Inf and NaN (NaN stays NaN). bfloat16's subnormals are float32's: a TPU, whose float32 has none,
+    reads them as zero, as it reads a float32 subnormal input (README)."""
     narrow = EVERY_BIT_PATTERN.view(dtype)
+    results = [jax.jit(widened)(narrow), widened(jnp.asarray(narrow)), jax.jit(to_compute)(narrow)]
     want = narrow.astype(np.float32)
-    assert_same_bits_but_nan(jax.jit(widened)(narrow), want)
-    assert_same_bits_but_nan(widened(jnp.asarray(narrow)), want)
-    assert_same_bits_but_nan(jax.jit(to_compute)(narrow), want)
+    if jax.default_backend() == "tpu":
+        subnormal = (want != 0) & (np.abs(want) < np.finfo(np.float32).tiny)
+        assert all((np.asarray(got)[subnormal] == 0).all() for got in results)
+        results, want = [np.asarray(got)[~subnormal] for got in results], want[~subnormal]
+    for got in results:
+        assert_same_bits_but_nan(got, want)
 
 
 @pytest.mark.parametrize("dtype", NARROW, ids=str)

@@ -11,10 +11,6 @@ from __future__ import annotations
 
 import functools
 
-import subprocess
-import sys
-import textwrap
-
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -24,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jax import lax
 
-from helpers import evaluate_as, examples
+from helpers import evaluate_as, examples, run_fresh_python
 from jaxpr_rewrite import Int8ifyError, int8ify
 from jaxpr_rewrite.jaxprs import sub_jaxprs
 from jaxpr_rewrite import scaled_matmul as sm
@@ -430,7 +426,7 @@ def test_int8_only_options_are_rejected():
 def test_importing_patches_nothing_and_registration_is_lazy_and_idempotent():
     """In a fresh process: importing the package leaves JAX's scaled_matmul rules alone; the first fp8 use
     registers the emulation where JAX has no rule (never replacing JAX's cuda/rocm rules), once."""
-    script = textwrap.dedent("""
+    script = """
         import jax, jax.numpy as jnp
         import jaxpr_rewrite
         from jaxpr_rewrite import _compat, int8ify, scaled_matmul as sm
@@ -445,9 +441,8 @@ def test_importing_patches_nothing_and_registration_is_lazy_and_idempotent():
         assert _compat.register_emulated_lowering(sm.emulated_scaled_matmul) == ()
         assert _compat.generalize_batchers() == ()
         print("ok")
-    """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+    """
+    assert run_fresh_python(script).strip() == "ok"
 
 
 def test_jax_nn_scaled_matmul_runs_on_cpu_with_documented_value():
