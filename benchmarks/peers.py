@@ -288,6 +288,7 @@ def main(argv=None) -> int:
                     f"{ms / times['bare int8 dots']:.2f} | {ms / times['floor']:.2f} | {error} |")
             lines.append(line)
             print(line, flush=True)
+        save_table(lines, args.out)  # each finished batch kept, should a later one not finish
     targets = ["", "Speed targets on this machine (the medians above; one run, so a ratio within a few percent of "
                "its bound can go either way):", "", *target_lines(times_by_batch)]
     print("\n".join(targets), flush=True)
