@@ -17,16 +17,19 @@ Steps, each bounded in time and each recorded even when an earlier one failed:
    activation scales (and, for MiniLM, the attention einsums' activations static too), ``backend="int8-fused"``
    (one Pallas kernel per dot of a quantized weight, dynamic and static), the hand-written W8A8 program and the
    bare int8 dots;
-4. the optimized HLO of each rewritten model: every GEMM listed with its operand types, so an int8 GEMM (cuBLASLt
+4. what exactness costs there (``benchmarks/numerics_cost.py``): the contract as int8ify computes it against the
+   plain formulas, on the MLP at d 4096 and MiniLM (on a TPU v5e XLA's cost model puts int8ify's exact codes at 2%
+   of their pass, and the chip ran the dynamic MLP at 1.3x the hand-written program's time);
+5. the optimized HLO of each rewritten model: every GEMM listed with its operand types, so an int8 GEMM (cuBLASLt
    IMMA, a Triton s8 fusion) is told apart from an upcast float GEMM;
-5. the fused kernel (``backend="int8-fused"``) against the int8 backend's XLA program on the device, bit for bit
+6. the fused kernel (``backend="int8-fused"``) against the int8 backend's XLA program on the device, bit for bit
    (one dot; sibling dots of one activation, one of them a ``DenseGeneral`` kernel);
-6. the block-scaled backends on a GPU older than Blackwell (``mxfp8``/``nvfp4`` must run, ``auto`` must pick int8);
-7. XLA's int8 GEMM under each autotuning setting, each in a fresh process: its sums against numpy's (XLA's default
+7. the block-scaled backends on a GPU older than Blackwell (``mxfp8``/``nvfp4`` must run, ``auto`` must pick int8);
+8. XLA's int8 GEMM under each autotuning setting, each in a fresh process: its sums against numpy's (XLA's default
    Triton tiling on a Hopper GPU doubles them, read in the PTX of its deviceless compile), and whether int8ify
    refuses the settings that would give it wrong sums (``jaxpr_rewrite/gpu_gemm_flags.py``).
 
-On a TPU, steps 5 and 7 are left out (the fused kernel and the autotuner are XLA:GPU's; ``int8-fused`` is the
+On a TPU, steps 6 and 8 are left out (the fused kernel and the autotuner are XLA:GPU's; ``int8-fused`` is the
 ``int8`` backend there), and the tests run first, in one process, before this one opens the chip: a TPU chip is
 held by one process at a time.
 
@@ -227,13 +230,13 @@ def speed(dry_run: bool, deadline: float, cases: str, progress=None) -> str:
     ``progress(table)``, if given, receives the table after each model."""
     import model as minilm
     from mlp import init_mlp, mlp
-    from speed import hand_mlp, hand_weights
+    from speed import hand_mlp, hand_weights, model_cases
 
     rounds, reps = (2, 1) if dry_run else (9, 10)
     rows, skipped = [], []
     mlps = {}  # width -> (weights, the hand-written program's weights): the latest width's only, to bound memory
     length = 16 if dry_run else 128
-    for width, batch in _speed_cases("mlp64:8,minilm:2" if dry_run else cases):  # width None: MiniLM
+    for width, batch in model_cases("mlp64:8,minilm:2" if dry_run else cases):  # width None: MiniLM
         name = f"MiniLM {batch}x{length}" if width is None else f"MLP 4x{width}"
         if time.perf_counter() > deadline:
             skipped.append(f"{name} at batch {batch}")
@@ -260,18 +263,6 @@ def speed(dry_run: bool, deadline: float, cases: str, progress=None) -> str:
 
 SPEED_HEADER = ["| model | batch | variant | ms | vs float32 | vs bf16 | vs bare int8 dots | rel. error vs float32 |",
                 "|---|---|---|---|---|---|---|---|"]
-
-
-def _speed_cases(text: str) -> list[tuple[int | None, int]]:
-    """``"mlp4096:1024,minilm:128"`` as ``[(4096, 1024), (None, 128)]``: the MLP's width (None for MiniLM) and the
-    batch."""
-    cases = []
-    for case in text.split(","):
-        match = re.fullmatch(r"(mlp(\d+)|minilm):(\d+)", case.strip())
-        if match is None:
-            raise ValueError(f"--models: {case!r} is neither mlpWIDTH:BATCH nor minilm:BATCH")
-        cases.append((int(match.group(2)) if match.group(2) else None, int(match.group(3))))
-    return cases
 
 
 def _minilm_params(minilm, dry_run: bool) -> dict:
@@ -335,7 +326,24 @@ def _drop_failing(variants: dict) -> dict:
     return failed
 
 
-# -- 4. what the dots compile to ----------------------------------------------------------------------------------
+# -- 4. what exactness costs --------------------------------------------------------------------------------------
+EXACTNESS_CASES = "mlp4096:4096,minilm:128"
+
+
+def exactness(dry_run: bool, cases: str, progress) -> str:
+    """``benchmarks/numerics_cost.py``'s table: int8ify's program against the same program with the plain formulas
+    (``absmax / 127``, ``x / s`` as XLA compiles them, ``(acc * s_x) * s_w``), weights quantized per call and once;
+    ``progress(table)`` receives the table after each row."""
+    from numerics_cost import TABLE_HEADER, exactness_rows
+
+    rows = []
+    for row in exactness_rows("mlp64:8" if dry_run else cases, 2 if dry_run else 9):
+        rows.append(row)
+        progress("\n".join(TABLE_HEADER + rows))
+    return "\n".join(TABLE_HEADER + rows)
+
+
+# -- 5. what the dots compile to ----------------------------------------------------------------------------------
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = \(?([a-z0-9]+)\[")
 _CALL_OPERANDS = re.compile(r"(?:dot|convolution|custom-call)\(([^)]*)\)")
 
@@ -390,7 +398,7 @@ def hlo_check(dry_run: bool) -> str:
     return "\n".join(lines)
 
 
-# -- 5. the fused kernel against XLA's program, on the device ----------------------------------------------------
+# -- 6. the fused kernel against XLA's program, on the device ----------------------------------------------------
 def fused_kernel(dry_run: bool, deadline: float) -> str:
     """``backend="int8-fused"`` (the Pallas kernel) against ``"int8"`` (XLA's kernels), both on this device, bit
     for bit: realistic shapes, both weight layouts, dynamic and static scales, rows of ties, zeros, NaN/Inf, tiny
@@ -442,7 +450,7 @@ def _siblings(params, x):
     return (x @ params["a"], x @ params["b"].T, jax.lax.dot_general(x, params["c"], (((1,), (0,)), ((), ()))))
 
 
-# -- 6. block-scaled backends on this device ----------------------------------------------------------------------
+# -- 7. block-scaled backends on this device ----------------------------------------------------------------------
 def block_scaled() -> str:
     from jaxpr_rewrite.config import RewriteConfig
 
@@ -459,7 +467,7 @@ def block_scaled() -> str:
     return "\n".join(lines)
 
 
-# -- 7. XLA's int8 GEMM under each autotuning setting -------------------------------------------------------------
+# -- 8. XLA's int8 GEMM under each autotuning setting -------------------------------------------------------------
 AUTOTUNE_SETTINGS = ("", "--xla_gpu_autotune_level=0", "--xla_gpu_autotune_level=0 --xla_gpu_enable_triton_gemm=false")
 _GEMM_SUMS = """
 import jax, jax.numpy as jnp, numpy as np
@@ -491,7 +499,7 @@ def gemm_sums_per_autotune_setting() -> str:
     return "\n".join(lines)
 
 
-STEPS = ("tests", "speed", "fused", "hlo", "blocks", "autotune")
+STEPS = ("tests", "speed", "exactness", "fused", "hlo", "blocks", "autotune")
 GPU_ONLY_STEPS = ("fused", "autotune")  # XLA:GPU's fused kernel and autotuner
 
 
@@ -509,6 +517,8 @@ def main(argv=None) -> int:
     parser.add_argument("--test-timeout", type=float, default=150.0, help="seconds for the test step")
     parser.add_argument("--models", default=SPEED_CASES, help="the speed step's models, as mlpWIDTH:BATCH and "
                         "minilm:BATCH, comma-separated, most telling first")
+    parser.add_argument("--exactness-models", default=EXACTNESS_CASES,
+                        help="the exactness step's models, as --models takes them")
     parser.add_argument("--speed-time", type=float, default=200.0,
                         help="seconds after which the speed step starts no further model")
     parser.add_argument("--fused-time", type=float, default=90.0,
@@ -532,6 +542,12 @@ def main(argv=None) -> int:
         title = "Speed (ms, medians of interleaved runs)"
         report.add(f"{title} (running)", "(no model finished yet)")
         report.replace_last(*timed(title, speed, ns.dry_run, time.perf_counter() + ns.speed_time, ns.models,
+                                   lambda table: report.replace_last(f"{title} (models so far)", table)))
+        report.echo_last()
+    if "exactness" in steps:
+        title = "What exactness costs (ms, medians of interleaved runs)"
+        report.add(f"{title} (running)", "(no model finished yet)")
+        report.replace_last(*timed(title, exactness, ns.dry_run, ns.exactness_models,
                                    lambda table: report.replace_last(f"{title} (models so far)", table)))
         report.echo_last()
     if "fused" in steps:

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/numerics_cost.py [--repeats 15] [--quick]
+    python benchmarks/numerics_cost.py [--repeats 15] [--quick] [--models mlp1024:16,mlp1024:256,minilm:32]
 
 ``int8ify(backend="int8")`` (the default) computes the scales and codes with IEEE divisions (bit-identical to the
 seed's ``absmax / 127`` and ``rint(x / s)`` under jit), a NaN-safe absmax and a range-safe epilogue. The
@@ -11,6 +11,8 @@ on CPU), ``absmax / 127`` and ``x / s`` (which XLA turns into reciprocal multipl
 and ``(acc * s_x) * s_w`` (overflows in between). Both run in one process, jit-compiled, interleaved, medians
 after warm-up, on the MLP of ``benchmarks/speed.py`` and the all-MiniLM-L6-v2 encoder of ``examples/minilm``
 (random weights: speed does not depend on them), with weights quantized per call and once (``quantize_params``).
+``benchmarks/device_check.py`` runs it on an accelerator (its ``exactness`` step), where XLA's cost model and the
+chip disagree on what the exact codes cost.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from jaxpr_rewrite import int8ify, quantize_params, register_backend  # noqa: E4
 from jaxpr_rewrite.layout import scale_to_output  # noqa: E402
 from jaxpr_rewrite.quantize import scale_values  # noqa: E402
 from jaxpr_rewrite.quantized import is_quantized  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from speed import model_cases  # noqa: E402
 
 import model as minilm  # noqa: E402  (examples/minilm/model.py)
 from mlp import init_mlp, mlp  # noqa: E402  (examples/mlp.py)
@@ -76,28 +81,27 @@ def interleaved_ms(fns: dict, args: dict, repeats: int) -> dict:
     return {name: 1e3 * statistics.median(t) for name, t in times.items()}
 
 
-def cases(quick: bool):
+DEFAULT_MODELS, QUICK_MODELS = "mlp1024:16,mlp1024:256,minilm:32", "mlp1024:16,minilm:8"
+TABLE_HEADER = ["| model | weights | plain | exact | exact / plain |", "|---|---|---|---|---|"]
+
+
+def cases(models: str):
+    """``(name, fn, params, rest)`` per model of ``models`` (``mlpWIDTH:BATCH`` and ``minilm:BATCH``)."""
     rng = np.random.default_rng(0)
-    mlp_params = init_mlp(jax.random.PRNGKey(0), 1024, 4)
-    for batch in (16,) if quick else (16, 256):
-        x = jnp.asarray(rng.normal(size=(batch, 1024)), jnp.float32)
-        yield f"MLP 4x1024, batch {batch}", mlp, mlp_params, (x,)
-    params = minilm.init_params()
-    batch = 8 if quick else 32
-    ids = jnp.asarray(rng.integers(1000, 20000, size=(batch, 128)), jnp.int32)
-    mask = jnp.ones((batch, 128), jnp.int32)
-    yield f"MiniLM encoder, batch {batch} x 128", minilm.encode, params, (ids, mask)
+    for width, batch in model_cases(models):
+        if width is None:
+            ids = jnp.asarray(rng.integers(1000, 20000, size=(batch, 128)), jnp.int32)
+            yield (f"MiniLM encoder, batch {batch} x 128", minilm.encode, minilm.init_params(),
+                   (ids, jnp.ones((batch, 128), jnp.int32)))
+        else:
+            x = jnp.asarray(rng.normal(size=(batch, width)), jnp.float32)
+            yield f"MLP 4x{width}, batch {batch}", mlp, init_mlp(jax.random.PRNGKey(0), width, 4), (x,)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--quick", action="store_true", help="smaller batches, fewer repeats")
-    ns = parser.parse_args(argv)
-    repeats = 5 if ns.quick else ns.repeats
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; medians of {repeats} interleaved runs (ms)")
-    print(f"{'model':34s} {'weights':9s} {'plain':>9s} {'exact':>9s} {'exact/plain':>12s}")
-    for name, fn, params, rest in cases(ns.quick):
+def exactness_rows(models: str, repeats: int):
+    """The table's rows (Markdown), one model at a time as each is measured: the plain and exact programs'
+    median ms, with weights quantized per call and once."""
+    for name, fn, params, rest in cases(models):
         exact, plain = jax.jit(int8ify(fn)), jax.jit(int8ify(fn, backend="int8-plain"))
         qparams = quantize_params(fn, params, *rest)
         fns = {"plain": plain, "exact": exact, "plain q": plain, "exact q": exact}
@@ -106,7 +110,22 @@ def main(argv=None) -> int:
         ms = interleaved_ms(fns, args, repeats)
         for weights, suffix in (("per call", ""), ("once", " q")):
             p, e = ms["plain" + suffix], ms["exact" + suffix]
-            print(f"{name:34s} {weights:9s} {p:9.3f} {e:9.3f} {e / p:11.2f}x")
+            yield f"| {name} | {weights} | {p:.3f} | {e:.3f} | {e / p:.2f}x |"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--quick", action="store_true", help="smaller batches, fewer repeats")
+    parser.add_argument("--models", help=f"mlpWIDTH:BATCH and minilm:BATCH, comma-separated (default "
+                        f"{DEFAULT_MODELS}; with --quick {QUICK_MODELS})")
+    ns = parser.parse_args(argv)
+    repeats = 5 if ns.quick else ns.repeats
+    models = ns.models or (QUICK_MODELS if ns.quick else DEFAULT_MODELS)
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; medians of {repeats} interleaved runs (ms)")
+    print("\n".join(TABLE_HEADER), flush=True)
+    for row in exactness_rows(models, repeats):
+        print(row, flush=True)
     return 0
 
 

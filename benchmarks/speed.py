@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 
@@ -143,6 +144,18 @@ def bare_dots(program_fn, *args, platform=None):
 
 
 # -- timing ---------------------------------------------------------------------------------------------------
+def model_cases(text: str) -> list[tuple[int | None, int]]:
+    """``"mlp4096:1024,minilm:128"`` as ``[(4096, 1024), (None, 128)]``: each model's width (the MLP's; None for
+    the MiniLM encoder) and batch."""
+    cases = []
+    for case in text.split(","):
+        match = re.fullmatch(r"(mlp(\d+)|minilm):(\d+)", case.strip())
+        if match is None:
+            raise ValueError(f"{case!r} is neither mlpWIDTH:BATCH nor minilm:BATCH")
+        cases.append((int(match.group(2)) if match.group(2) else None, int(match.group(3))))
+    return cases
+
+
 def time_interleaved(fns: dict, rounds: int, reps: int) -> dict:
     """Median ms per call of each ``name -> (fn, args)``, the variants interleaved round by round."""
     for fn, args in fns.values():

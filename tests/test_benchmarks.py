@@ -20,10 +20,14 @@ def test_device_check_dry_run(tmp_path, monkeypatch):
     out = tmp_path / "device.md"
     assert device_check.main(["--dry-run", "--out", str(out)]) == 0
     text = out.read_text()
-    partial = [body for title, body in replaced if title.endswith("(models so far)")]
+    partial = [body for title, body in replaced if title.startswith("Speed") and title.endswith("(models so far)")]
     assert len(partial) == 2 and "MLP 4x64" in partial[0] and "MiniLM" not in partial[0] and "MiniLM" in partial[1]
-    for step in ("Environment", "Tests on the device", "Speed", "What the dots compile to", "Block-scaled backends",
-                 "XLA's int8 GEMM under each autotuning setting"):
+    exactness = [body for title, body in replaced
+                 if title.startswith("What exactness costs") and title.endswith("(models so far)")]
+    assert len(exactness) == 2 and "| MLP 4x64, batch 8 | per call |" in exactness[0]
+    assert "| MLP 4x64, batch 8 | once |" in text
+    for step in ("Environment", "Tests on the device", "Speed", "What exactness costs", "What the dots compile to",
+                 "Block-scaled backends", "XLA's int8 GEMM under each autotuning setting"):
         assert f"## {step}" in text, step
     assert "FAILED" not in text
     assert "3 passed, 0 failed of 3 run" in text
