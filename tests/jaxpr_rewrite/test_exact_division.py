@@ -287,6 +287,20 @@ def test_only_cpu_trusts_the_division():
         assert products == ([(8, 64)] if platform == "cuda" else [])
 
 
+def test_ulp_distance_counts_the_float32_values_between():
+    """The TPU's tolerance (``assert_within_ulps``), itself checked: across zero, at the largest float, NaN."""
+    want = np.array([1.0, -0.0, np.finfo(np.float32).max, np.nan, -3e-38], np.float32)
+    two_up = np.nextafter(np.nextafter(want, np.float32(np.inf)), np.float32(np.inf))
+    assert_within_ulps(two_up, want, 2)
+    assert_within_ulps(np.array([0.0], np.float32), np.array([-0.0], np.float32), 0)
+    with pytest.raises(AssertionError):
+        assert_within_ulps(np.nextafter(two_up, np.float32(np.inf)), want, 2)
+    with pytest.raises(AssertionError):  # a NaN where a number is wanted
+        assert_within_ulps(np.array([np.nan], np.float32), np.array([1.0], np.float32), 2)
+    smallest = np.float32(np.finfo(np.float32).smallest_subnormal)
+    assert_within_ulps(np.array([smallest], np.float32), np.array([-smallest], np.float32), 2)
+
+
 def test_a_smoothed_weights_value_is_the_ieee_quotient_on_a_gpu():
     """``codes * scale / smooth`` of a smoothed weight, as the CUDA program computes it (its float64 quotient, here on
     the CPU's IEEE float64): the CPU's IEEE float32 quotient, bit for bit (on an H200 the float32 division was within
