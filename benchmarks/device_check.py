@@ -18,8 +18,10 @@ Steps, each bounded in time and each recorded even when an earlier one failed:
    (one Pallas kernel per dot of a quantized weight, dynamic and static), the hand-written W8A8 program and the
    bare int8 dots;
 4. what exactness costs there (``benchmarks/numerics_cost.py``): the contract as int8ify computes it against the
-   plain formulas, on the MLP at d 4096 and MiniLM (on a TPU v5e XLA's cost model puts int8ify's exact codes at 2%
-   of their pass, and the chip ran the dynamic MLP at 1.3x the hand-written program's time);
+   plain formulas, on the MLP at d 4096 and MiniLM, then one quantization pass alone (``benchmarks/quantize_pass.py``:
+   int8ify's codes, a variant with per-slice parts, the plain division, the memory floor). On a TPU v5e XLA's cost
+   model puts int8ify's exact codes at 2% of their pass, while the chip ran the dynamic MLP at 1.3x the
+   hand-written program's time;
 5. the optimized HLO of each rewritten model: every GEMM listed with its operand types, so an int8 GEMM (cuBLASLt
    IMMA, a Triton s8 fusion) is told apart from an upcast float GEMM;
 6. the fused kernel (``backend="int8-fused"``) against the int8 backend's XLA program on the device, bit for bit
@@ -334,13 +336,20 @@ def exactness(dry_run: bool, cases: str, progress) -> str:
     """``benchmarks/numerics_cost.py``'s table: int8ify's program against the same program with the plain formulas
     (``absmax / 127``, ``x / s`` as XLA compiles them, ``(acc * s_x) * s_w``), weights quantized per call and once;
     ``progress(table)`` receives the table after each row."""
+    import quantize_pass
     from numerics_cost import TABLE_HEADER, exactness_rows
 
     rows = []
     for row in exactness_rows("mlp64:8" if dry_run else cases, 2 if dry_run else 9):
         rows.append(row)
         progress("\n".join(TABLE_HEADER + rows))
-    return "\n".join(TABLE_HEADER + rows)
+    models = "\n".join(TABLE_HEADER + rows)
+    rows = []  # then one quantization pass alone (benchmarks/quantize_pass.py)
+    shapes = quantize_pass.QUICK_SHAPES if dry_run else quantize_pass.SHAPES
+    for row in quantize_pass.pass_rows(shapes, *((2, 1) if dry_run else (9, 10))):
+        rows.append(row)
+        progress(models + "\n\nOne quantization pass:\n\n" + "\n".join(quantize_pass.TABLE_HEADER + rows))
+    return models + "\n\nOne quantization pass:\n\n" + "\n".join(quantize_pass.TABLE_HEADER + rows)
 
 
 # -- 5. what the dots compile to ----------------------------------------------------------------------------------
