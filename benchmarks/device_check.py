@@ -124,6 +124,14 @@ def step(report: Report, title: str, fn, *args) -> None:
     report.add(*timed(title, fn, *args))
 
 
+def growing_step(report: Report, title: str, fn, *args) -> None:
+    """A step whose table grows as it runs: ``fn(*args, progress)`` hands ``progress`` each partial table, and the
+    file is rewritten with it, so a process that dies part-way (XLA:TPU's compiler once did) keeps what finished."""
+    report.add(f"{title} (running)", "(no model finished yet)")
+    report.replace_last(*timed(title, fn, *args, lambda table: report.replace_last(f"{title} (models so far)", table)))
+    report.echo_last()
+
+
 def tpu_host() -> bool:
     """Whether this machine runs JAX on a TPU (libtpu installed), read without opening the device."""
     return importlib.util.find_spec("libtpu") is not None
@@ -335,21 +343,27 @@ EXACTNESS_CASES = "mlp4096:4096,minilm:128"
 def exactness(dry_run: bool, cases: str, progress) -> str:
     """``benchmarks/numerics_cost.py``'s table: int8ify's program against the same program with the plain formulas
     (``absmax / 127``, ``x / s`` as XLA compiles them, ``(acc * s_x) * s_w``), weights quantized per call and once;
-    ``progress(table)`` receives the table after each row."""
+    then ``benchmarks/quantize_pass.py``'s, one quantization pass alone. ``progress(tables)`` receives the tables
+    after each row."""
     import quantize_pass
     from numerics_cost import TABLE_HEADER, exactness_rows
 
-    rows = []
+    models, passes = [], []
+
+    def tables() -> str:
+        parts = ["\n".join(TABLE_HEADER + models)]
+        if passes:
+            parts.append("One quantization pass:\n\n" + "\n".join(quantize_pass.TABLE_HEADER + passes))
+        return "\n\n".join(parts)
+
     for row in exactness_rows("mlp64:8" if dry_run else cases, 2 if dry_run else 9):
-        rows.append(row)
-        progress("\n".join(TABLE_HEADER + rows))
-    models = "\n".join(TABLE_HEADER + rows)
-    rows = []  # then one quantization pass alone (benchmarks/quantize_pass.py)
+        models.append(row)
+        progress(tables())
     shapes = quantize_pass.QUICK_SHAPES if dry_run else quantize_pass.SHAPES
     for row in quantize_pass.pass_rows(shapes, *((2, 1) if dry_run else (9, 10))):
-        rows.append(row)
-        progress(models + "\n\nOne quantization pass:\n\n" + "\n".join(quantize_pass.TABLE_HEADER + rows))
-    return models + "\n\nOne quantization pass:\n\n" + "\n".join(quantize_pass.TABLE_HEADER + rows)
+        passes.append(row)
+        progress(tables())
+    return tables()
 
 
 # -- 5. what the dots compile to ----------------------------------------------------------------------------------
@@ -548,17 +562,11 @@ def main(argv=None) -> int:
     if tests is not None:
         report.add(*tests)
     if "speed" in steps:
-        title = "Speed (ms, medians of interleaved runs)"
-        report.add(f"{title} (running)", "(no model finished yet)")
-        report.replace_last(*timed(title, speed, ns.dry_run, time.perf_counter() + ns.speed_time, ns.models,
-                                   lambda table: report.replace_last(f"{title} (models so far)", table)))
-        report.echo_last()
+        growing_step(report, "Speed (ms, medians of interleaved runs)", speed, ns.dry_run,
+                     time.perf_counter() + ns.speed_time, ns.models)
     if "exactness" in steps:
-        title = "What exactness costs (ms, medians of interleaved runs)"
-        report.add(f"{title} (running)", "(no model finished yet)")
-        report.replace_last(*timed(title, exactness, ns.dry_run, ns.exactness_models,
-                                   lambda table: report.replace_last(f"{title} (models so far)", table)))
-        report.echo_last()
+        growing_step(report, "What exactness costs (ms, medians of interleaved runs)", exactness, ns.dry_run,
+                     ns.exactness_models)
     if "fused" in steps:
         step(report, "The fused kernel against XLA's program", fused_kernel, ns.dry_run,
              time.perf_counter() + ns.fused_time)

@@ -18,9 +18,7 @@ chip disagree on what the exact codes cost.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -39,7 +37,7 @@ from jaxpr_rewrite.quantize import scale_values  # noqa: E402
 from jaxpr_rewrite.quantized import is_quantized  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from speed import model_cases  # noqa: E402
+from speed import model_cases, time_interleaved  # noqa: E402
 
 import model as minilm  # noqa: E402  (examples/minilm/model.py)
 from mlp import init_mlp, mlp  # noqa: E402  (examples/mlp.py)
@@ -68,19 +66,6 @@ def plain_backend(lhs, rhs, float_params, out_dtype, config):
     return out.astype(out_dtype)
 
 
-def interleaved_ms(fns: dict, args: dict, repeats: int) -> dict:
-    for name, fn in fns.items():
-        jax.block_until_ready(fn(*args[name]))
-        jax.block_until_ready(fn(*args[name]))
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            jax.block_until_ready(fn(*args[name]))
-            times[name].append(time.perf_counter() - start)
-    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
-
-
 DEFAULT_MODELS, QUICK_MODELS = "mlp1024:16,mlp1024:256,minilm:32", "mlp1024:16,minilm:8"
 TABLE_HEADER = ["| model | weights | plain | exact | exact / plain |", "|---|---|---|---|---|"]
 
@@ -104,10 +89,8 @@ def exactness_rows(models: str, repeats: int):
     for name, fn, params, rest in cases(models):
         exact, plain = jax.jit(int8ify(fn)), jax.jit(int8ify(fn, backend="int8-plain"))
         qparams = quantize_params(fn, params, *rest)
-        fns = {"plain": plain, "exact": exact, "plain q": plain, "exact q": exact}
-        args = {"plain": (params, *rest), "exact": (params, *rest), "plain q": (qparams, *rest),
-                "exact q": (qparams, *rest)}
-        ms = interleaved_ms(fns, args, repeats)
+        ms = time_interleaved({"plain": (plain, (params, *rest)), "exact": (exact, (params, *rest)),
+                               "plain q": (plain, (qparams, *rest)), "exact q": (exact, (qparams, *rest))}, repeats, 1)
         for weights, suffix in (("per call", ""), ("once", " q")):
             p, e = ms["plain" + suffix], ms["exact" + suffix]
             yield f"| {name} | {weights} | {p:.3f} | {e:.3f} | {e / p:.2f}x |"

@@ -86,8 +86,9 @@ def pass_rows(shapes, rounds: int, reps: int):
         parts = jax.jit(lambda v: scale_parts(jnp.max(jnp.abs(v), axis=1))[0::2])
         fns = {name: jax.jit(fn) for name, fn in VARIANTS.items()}
         for data in (ties, x):
-            want = np.asarray(fns["int8ify"](data, *parts(data)))
-            got = np.asarray(fns["exact, per-slice parts"](data, *parts(data)))
+            data_parts = parts(data)
+            want = np.asarray(fns["int8ify"](data, *data_parts))
+            got = np.asarray(fns["exact, per-slice parts"](data, *data_parts))
             if not np.array_equal(got, want):
                 raise AssertionError(f"the per-slice variant's codes differ from int8ify's in "
                                      f"{int((got != want).sum())} places")
