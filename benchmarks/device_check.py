@@ -19,7 +19,7 @@ Steps, each bounded in time and each recorded even when an earlier one failed:
    bare int8 dots;
 4. what exactness costs there (``benchmarks/numerics_cost.py``): the contract as int8ify computes it against the
    plain formulas, on the MLP at d 4096 and MiniLM, then one quantization pass alone (``benchmarks/quantize_pass.py``:
-   int8ify's codes, a variant with per-slice parts, the plain division, the memory floor). On a TPU v5e XLA's cost
+   int8ify's codes, the TPU's two exact forms, the plain division, the memory floor). On a TPU v5e XLA's cost
    model puts int8ify's exact codes at 2% of their pass, while the chip ran the dynamic MLP at 1.3x the
    hand-written program's time;
 5. the optimized HLO of each rewritten model: every GEMM listed with its operand types, so an int8 GEMM (cuBLASLt

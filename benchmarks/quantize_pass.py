@@ -9,11 +9,10 @@ at 2% over the plain one (about 8). This times the pass alone. Each slice's scal
 timed pass; every variant maps ``x`` to int8 codes under ``jax.jit``, timed interleaved (medians):
 
 * ``int8ify``: the codes int8ify computes on this platform (``exact_division.rounded_quotients``, then the clip);
-* ``exact, per-slice parts``: the TPU's exact comparison with the rounding boundary
-  (``rounded_quotients_exactly``) with the divisor, its reciprocal and its prescale per slice, broadcast into the
-  pass (int8ify derives them per element, which XLA:TPU's cost model prices lower), and a multiply by the
-  reciprocal for the approximate quotient; its codes are checked against int8ify's on this device, bit for bit,
-  on data full of rounding ties;
+* ``exact, per-slice parts`` and ``exact, per-element parts``: the TPU's two forms of the exact comparison with the
+  rounding boundary (``exact_division.tpu_quotients_per_slice_parts`` and ``tpu_quotients_per_element_parts``; a
+  TPU's int8ify takes one of them, ``tpu_per_slice_parts`` choosing by the layout); their codes are checked against
+  int8ify's on this device, bit for bit, on data full of rounding ties;
 * ``plain division``: ``clip(round(x / s))`` as XLA compiles it (off by one code on some ties);
 * ``memory floor``: ``int8(x * 2)``, the same bytes read and written with next to no arithmetic.
 
@@ -35,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from jaxpr_rewrite.exact_division import (divisor_prescale, rounded_quotients, rounded_quotients_exactly,  # noqa: E402
-                                          signed_divisors)
+from jaxpr_rewrite.exact_division import (rounded_quotients, tpu_quotients_per_element_parts,  # noqa: E402
+                                          tpu_quotients_per_slice_parts)
 from jaxpr_rewrite.quantize import clipped_codes, scale_parts  # noqa: E402
 from speed import time_interleaved  # noqa: E402
 
@@ -47,20 +46,16 @@ QUICK_SHAPES = ((256, 256),)
 TABLE_HEADER = ["| rows x length | variant | ms | x memory floor | x plain division |", "|---|---|---|---|---|"]
 
 
-def _per_row(v, shape):
-    return lax.broadcast_in_dim(v, shape, (0,))
-
-
 def int8ify_codes(x, scales, prescale):
     return clipped_codes(rounded_quotients(x, scales, prescale, (0,)))
 
 
 def exact_per_slice_codes(x, scales, prescale):
-    signed = signed_divisors(scales, prescale)
-    divisors = lax.abs(signed)
-    numerators = lax.mul(x, _per_row(divisor_prescale(signed), x.shape))
-    approximate = lax.mul(numerators, _per_row(lax.div(np.float32(1), divisors), x.shape))
-    return clipped_codes(rounded_quotients_exactly(numerators, _per_row(divisors, x.shape), approximate))
+    return clipped_codes(tpu_quotients_per_slice_parts(x, scales, prescale, (0,)))
+
+
+def exact_per_element_codes(x, scales, prescale):
+    return clipped_codes(tpu_quotients_per_element_parts(x, scales, prescale, (0,)))
 
 
 def plain_codes(x, scales, prescale):
@@ -72,13 +67,12 @@ def memory_floor(x, scales, prescale):
     return lax.convert_element_type(lax.mul(x, np.float32(2)), np.int8)
 
 
-VARIANTS = {"int8ify": int8ify_codes, "exact, per-slice parts": exact_per_slice_codes,
-            "plain division": plain_codes, "memory floor": memory_floor}
+EXACT_FORMS = {"exact, per-slice parts": exact_per_slice_codes, "exact, per-element parts": exact_per_element_codes}
+VARIANTS = {"int8ify": int8ify_codes, **EXACT_FORMS, "plain division": plain_codes, "memory floor": memory_floor}
 
 
 def pass_rows(shapes, rounds: int, reps: int):
-    """The table's rows (Markdown), one shape at a time; raises if the per-slice variant's codes are not
-    int8ify's."""
+    """The table's rows (Markdown), one shape at a time; raises if an exact form's codes are not int8ify's."""
     rng = np.random.default_rng(0)
     for rows, length in shapes:
         ties = jnp.asarray(rng.integers(-300, 300, size=(rows, length)) / 4.0, jnp.float32)  # rich in ties
@@ -88,10 +82,10 @@ def pass_rows(shapes, rounds: int, reps: int):
         for data in (ties, x):
             data_parts = parts(data)
             want = np.asarray(fns["int8ify"](data, *data_parts))
-            got = np.asarray(fns["exact, per-slice parts"](data, *data_parts))
-            if not np.array_equal(got, want):
-                raise AssertionError(f"the per-slice variant's codes differ from int8ify's in "
-                                     f"{int((got != want).sum())} places")
+            for name in EXACT_FORMS:
+                got = np.asarray(fns[name](data, *data_parts))
+                if not np.array_equal(got, want):
+                    raise AssertionError(f"{name}: codes differ from int8ify's in {int((got != want).sum())} places")
         args = (x, *parts(x))
         times = time_interleaved({name: (fn, args) for name, fn in fns.items()}, rounds, reps)
         for name, ms in times.items():

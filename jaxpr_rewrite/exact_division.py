@@ -20,12 +20,13 @@ neighbouring code. Exact forms instead:
   d))`` from an approximate quotient (the hardware's division), settled by an exact comparison of
   ``n`` with the rounding boundary nearest it; its products are of half-width factors, exact in the float format,
   so no rounding (and no fused multiply-add a compiler may form) changes the comparison. On TPU each slice's
-  divisor and prescale travel as one float (:func:`signed_divisors`).
+  divisor and prescale travel as one float (:func:`signed_divisors`), decoded per element over short slices.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import numpy as np
@@ -35,7 +36,8 @@ from .float_formats import float_format, pow2
 
 __all__ = ["correctly_rounded_divide", "divided_by_code_limit", "divided_by_odd", "divisor_prescale", "reciprocal",
            "reciprocal_by_integers", "reciprocals_in_float64", "rounded_quotients", "rounded_quotients_by_float64",
-           "rounded_quotients_exactly", "signed_divisors", "true_divide"]
+           "rounded_quotients_exactly", "signed_divisors", "tpu_per_slice_parts", "tpu_quotients_per_element_parts",
+           "tpu_quotients_per_slice_parts", "true_divide"]
 
 # Quotient bits per step of the long division: the remainder (below the significand's 2**p) shifted by this many
 # bits stays below 2**31 for float32's int32 bits (2**60 for float64's int64).
@@ -226,13 +228,14 @@ def rounded_quotients(values, scales, prescale, kept_axes: tuple):
     code limit the caller clips to), the division correctly rounded, the per-slice ``prescale = 2**-e`` and
     ``scales`` (a mantissa divided by the code limit) broadcast from ``kept_axes``; the multiply is exact.
 
-    On CPU an IEEE division (:func:`true_divide`). On TPU by :func:`rounded_quotients_exactly` from one per-slice
-    array, :func:`signed_divisors`: XLA compiles a float division there to a multiply by a refined reciprocal, not
-    correctly rounded. On GPUs (CUDA, ROCm), whose float32 division XLA compiles to ``div.full.f32`` (within 2 ulp),
-    by :func:`rounded_quotients_by_float64` with each slice's reciprocal taken in float64: four operations per
-    element instead of the exact comparison's twenty or so (the transformer block of ``benchmarks/accelerators.py``
-    launches 34 kernels on an H200 instead of 36, and no program there more). Float64 values take the exact
-    comparison there too.
+    On CPU an IEEE division (:func:`true_divide`). On TPU by :func:`rounded_quotients_exactly` (XLA compiles a float
+    division there to a multiply by a refined reciprocal, not correctly rounded), its divisor's parts broadcast per
+    slice or decoded per element from one per-slice array, whichever the layout makes cheaper
+    (:func:`tpu_per_slice_parts`). On GPUs (CUDA, ROCm), whose float32 division XLA compiles to ``div.full.f32``
+    (within 2 ulp), by :func:`rounded_quotients_by_float64` with each slice's reciprocal taken in float64: four
+    operations per element instead of the exact comparison's twenty or so (the transformer block of
+    ``benchmarks/accelerators.py`` launches 34 kernels on an H200 instead of 36, and no program there more). Float64
+    values take the exact comparison there too.
     """
     per_element = functools.partial(lax.broadcast_in_dim, shape=values.shape, broadcast_dimensions=kept_axes)
 
@@ -251,20 +254,70 @@ def rounded_quotients(values, scales, prescale, kept_axes: tuple):
         divisors = lax.add(per_element(scales), lax.mul(numerators, numerators.dtype.type(0)))
         return rounded_quotients_exactly(numerators, divisors, lax.div(numerators, divisors))
 
-    def on_tpu(values, scales, prescale):
-        # one broadcast per-slice array: XLA:TPU pays for each per slice (a transformer's attention probabilities,
-        # 128 values per slice: about 20k estimated v6e cycles per array), far more than the decoding costs
-        signed = lax.add(per_element(signed_divisors(scales, prescale)), lax.mul(values, values.dtype.type(0)))
-        numerators = lax.mul(values, divisor_prescale(signed))
-        divisors = lax.abs(signed)
-        return rounded_quotients_exactly(numerators, divisors, lax.div(numerators, divisors))
-
     def by_float64(values, scales, prescale):
         return rounded_quotients_by_float64(prescaled(values, prescale), per_element(reciprocals_in_float64(scales)))
 
     on_gpu = by_float64 if values.dtype == np.float32 else exactly
-    on_tpu = on_tpu if values.dtype == np.float32 else exactly
+    if values.dtype != np.float32:
+        on_tpu = exactly
+    else:
+        form = (tpu_quotients_per_slice_parts if tpu_per_slice_parts(values.shape, kept_axes)
+                else tpu_quotients_per_element_parts)
+        on_tpu = functools.partial(form, kept_axes=kept_axes)
     return lax.platform_dependent(values, scales, prescale, cpu=by_division, tpu=on_tpu, default=on_gpu)
+
+
+def tpu_quotients_per_element_parts(values, scales, prescale, kept_axes: tuple):
+    """The TPU's :func:`rounded_quotients` of float32 ``values`` from one broadcast per-slice array,
+    :func:`signed_divisors`, its prescale and divisor decoded per element and the approximate quotient a division:
+    for short slices along the last axis (:func:`tpu_per_slice_parts`), where XLA:TPU pays for each broadcast array
+    per slice (a transformer's attention probabilities, 128 values per slice: about 20k estimated v6e cycles per
+    array), far more than the decoding costs."""
+    per_slice = lax.broadcast_in_dim(signed_divisors(scales, prescale), values.shape, kept_axes)
+    # adding ``values * 0`` (0, NaN for NaN and Inf, whose codes are then NaN) keeps XLA from moving the decoding
+    # before the broadcast, where each decoded part would be a per-slice array of its own that the pass broadcasts
+    signed = lax.add(per_slice, lax.mul(values, values.dtype.type(0)))
+    numerators = lax.mul(values, divisor_prescale(signed))
+    divisors = lax.abs(signed)
+    return rounded_quotients_exactly(numerators, divisors, lax.div(numerators, divisors))
+
+
+def tpu_quotients_per_slice_parts(values, scales, prescale, kept_axes: tuple):
+    """The TPU's :func:`rounded_quotients` of float32 ``values`` with the divisor, its prescale and its reciprocal
+    each a broadcast per-slice array, the approximate quotient a multiply by the reciprocal (within a few ulp, as
+    :func:`rounded_quotients_exactly` allows): fewer vector instructions per element than
+    :func:`tpu_quotients_per_element_parts`, where the broadcasts are cheap (:func:`tpu_per_slice_parts`)."""
+    per_element = functools.partial(lax.broadcast_in_dim, shape=values.shape, broadcast_dimensions=kept_axes)
+    signed = signed_divisors(scales, prescale)
+    divisors = lax.abs(signed)
+    numerators = lax.mul(values, per_element(divisor_prescale(signed)))
+    approximate = lax.mul(numerators, per_element(lax.div(np.float32(1), divisors)))
+    return rounded_quotients_exactly(numerators, per_element(divisors), approximate)
+
+
+# Slices along the last axis at least this long take their divisor's parts per slice on TPU (tpu_per_slice_parts)
+TPU_PER_SLICE_PARTS_FROM = 256
+
+
+def tpu_per_slice_parts(shape, kept_axes: tuple) -> bool:
+    """Whether the TPU's quantization pass over an array of ``shape`` with one scale per index of ``kept_axes``
+    broadcasts its divisor's parts per slice (fewer vector instructions per element) rather than one per-slice
+    array it decodes per element.
+
+    XLA:TPU lays an array's last axis along the vector lanes. A per-slice array kept along it broadcasts down the
+    sublanes, cheaply; one constant along it (the last axis reduced) is spread across the lanes, a cost per slice
+    that only long slices amortize. XLA:TPU's final machine code for a pass over 2**24 values, per-slice parts
+    against per-element: 0.62-0.69x the bundles wherever the last axis is kept, or reduced over 512 values or
+    more; 0.89x over 256; 1.13-1.6x over 128. On a v5e chip: 0.81x the time over 4096-long rows, 1.7x over 128-long
+    ones (``benchmarks/results/tpu-v5-lite.md``).
+    """
+    if not shape:
+        return False
+    if len(shape) - 1 in kept_axes:
+        return True
+    slice_length = math.prod(size for axis, size in enumerate(shape) if axis not in kept_axes)
+    # a symbolic slice length (an exported program's dimension variable) keeps the form that is never far off
+    return isinstance(slice_length, int) and slice_length >= TPU_PER_SLICE_PARTS_FROM
 
 
 # A tiny slice's divisor and values, both scaled up by this power of two (:func:`signed_divisors`)

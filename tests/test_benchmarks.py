@@ -24,11 +24,12 @@ def test_device_check_dry_run(tmp_path, monkeypatch):
     assert len(partial) == 2 and "MLP 4x64" in partial[0] and "MiniLM" not in partial[0] and "MiniLM" in partial[1]
     exactness = [body for title, body in replaced
                  if title.startswith("What exactness costs") and title.endswith("(models so far)")]
-    # a partial table after each row: the model's two, then the quantization pass's four
-    assert len(exactness) == 6 and "| MLP 4x64, batch 8 | per call |" in exactness[0] and "256 x 256" in exactness[2]
+    # a partial table after each row: the model's two, then the quantization pass's five
+    assert len(exactness) == 7 and "| MLP 4x64, batch 8 | per call |" in exactness[0] and "256 x 256" in exactness[2]
     assert "| MLP 4x64, batch 8 | once |" in text
-    # the quantization pass alone; its per-slice variant's codes were checked against int8ify's on this device
-    assert "| 256 x 256 | exact, per-slice parts |" in text and "| 256 x 256 | memory floor | " in text
+    # the quantization pass alone; the TPU's two exact forms' codes were checked against int8ify's on this device
+    pass_variants = ("exact, per-slice parts", "exact, per-element parts", "memory floor")
+    assert all(f"| 256 x 256 | {name} |" in text for name in pass_variants)
     for step in ("Environment", "Tests on the device", "Speed", "What exactness costs", "What the dots compile to",
                  "Block-scaled backends", "XLA's int8 GEMM under each autotuning setting"):
         assert f"## {step}" in text, step

@@ -13,9 +13,11 @@ from jax import lax
 
 from helpers import (CPU, TPU_DIVISION_ULPS, approximate_division, assert_within_ulps, evaluate_as, examples,
                      ieee_float64, platform_eqns, reference_codes, reference_scale_parts)
+from jaxpr_rewrite import exact_division
 from jaxpr_rewrite.exact_division import (correctly_rounded_divide, divided_by_odd, divisor_prescale, reciprocal,
                                           reciprocal_by_integers, reciprocals_in_float64, rounded_quotients_by_float64,
-                                          rounded_quotients_exactly, signed_divisors, true_divide)
+                                          rounded_quotients_exactly, signed_divisors, tpu_per_slice_parts,
+                                          true_divide)
 from jaxpr_rewrite.operands import smoothed_activation
 from jaxpr_rewrite.quantize import quantize_parts, smoothing_inverse
 from jaxpr_rewrite.static_scales import StaticScale
@@ -224,12 +226,41 @@ def test_tpu_codes_broadcast_one_per_slice_array():
     assert len(multiplies_by_zero) == 1
 
 
+@pytest.mark.parametrize("shape, kept_axes, per_slice", [
+    ((64, 4096), (0,), True), ((64, 256), (0,), True), ((64, 255), (0,), False), ((64, 128), (0,), False),
+    ((4096, 128), (1,), True), ((8, 64, 32), (0, 2), True), ((4, 12, 128, 128), (0, 1, 2), False),
+    ((4, 2, 128), (0,), True), ((128,), (), False), ((512,), (), True)])
+def test_tpu_pass_takes_per_slice_parts_where_they_pay(shape, kept_axes, per_slice):
+    """The TPU's pass broadcasts its divisor's parts per slice (divisor, prescale, reciprocal: three arrays) where
+    the last axis is kept or the slices hold at least 256 values; otherwise one per-slice array it decodes per
+    element (:func:`test_tpu_codes_broadcast_one_per_slice_array`)."""
+    assert tpu_per_slice_parts(shape, kept_axes) == per_slice
+    reduce_axes = tuple(a for a in range(len(shape)) if a not in kept_axes)
+    jaxpr = jax.make_jaxpr(lambda v: quantize_parts(v, reduce_axes))(jnp.ones(shape))
+    kept_shape = tuple(shape[a] for a in kept_axes)
+    broadcasts = [e for e in platform_eqns(jaxpr, "tpu") if e.primitive.name == "broadcast_in_dim"
+                  and e.invars[0].aval.shape == kept_shape and e.outvars[0].aval.shape == shape
+                  and not hasattr(e.invars[0], "val")]  # a constant's broadcast (a literal's) is not per slice
+    assert len(broadcasts) == (3 if per_slice else 1)
+
+
+def test_tpu_pass_form_with_symbolic_dimensions():
+    """An exported program's dimension variables: a symbolic batch leaves the choice to the slices' length; a
+    symbolic slice length keeps the per-element form (never more than 1.3x the pass's memory time on a v5e)."""
+    batch, length = jax.export.symbolic_shape("b, t")
+    assert tpu_per_slice_parts((batch, 4096), (0,)) and not tpu_per_slice_parts((batch, 128), (0,))
+    assert not tpu_per_slice_parts((4, length), (0,)) and tpu_per_slice_parts((length, 4), (1,))
+
+
+@pytest.mark.parametrize("per_slice_parts", [True, False])
 @pytest.mark.parametrize("limit", [127, 7])
-def test_tpu_codes_exact_in_every_binade(limit):
+def test_tpu_codes_exact_in_every_binade(limit, per_slice_parts, monkeypatch):
     """The TPU's codes (its ``platform_dependent`` branch, evaluated here) for one slice per power of two of the
     absmax, from the smallest normal to the top binade, with every value within two ulp of a rounding boundary of
     its slice's scale or on one: the reference's codes bit for bit, on both sides of the exponents (-64, -65) where
-    :func:`signed_divisors` switches to a tiny slice's shifted divisor."""
+    :func:`signed_divisors` switches to a tiny slice's shifted divisor; with the divisor's parts per slice (the
+    approximate quotient a multiply by its reciprocal) and per element."""
+    monkeypatch.setattr(exact_division, "TPU_PER_SLICE_PARTS_FROM", 1 if per_slice_parts else 2**62)
     rng = np.random.default_rng(limit)
     exponents = np.arange(-126, 128)
     amax = (rng.uniform(1, 2, exponents.size) * 2.0**exponents).astype(np.float32)
