@@ -297,6 +297,8 @@ def tpu_quotients_per_slice_parts(values, scales, prescale, kept_axes: tuple):
 
 # Slices along the last axis at least this long take their divisor's parts per slice on TPU (tpu_per_slice_parts)
 TPU_PER_SLICE_PARTS_FROM = 256
+# A TPU vector register's lanes: a kept last axis at least this wide takes the divisor's parts per slice
+_TPU_LANES = 128
 
 
 def tpu_per_slice_parts(shape, kept_axes: tuple) -> bool:
@@ -304,17 +306,19 @@ def tpu_per_slice_parts(shape, kept_axes: tuple) -> bool:
     broadcasts its divisor's parts per slice (fewer vector instructions per element) rather than one per-slice
     array it decodes per element.
 
-    XLA:TPU lays an array's last axis along the vector lanes. A per-slice array kept along it broadcasts down the
-    sublanes, cheaply; one constant along it (the last axis reduced) is spread across the lanes, a cost per slice
-    that only long slices amortize. XLA:TPU's final machine code for a pass over 2**24 values, per-slice parts
-    against per-element: 0.62-0.69x the bundles wherever the last axis is kept, or reduced over 512 values or
-    more; 0.89x over 256; 1.13-1.6x over 128. On a v5e chip: 0.81x the time over 4096-long rows, 1.7x over 128-long
-    ones (``benchmarks/results/tpu-v5-lite.md``).
+    XLA:TPU lays an array's last axis along the vector lanes. A per-slice array constant along it (the last axis
+    reduced) is spread across the lanes, a cost per slice that only long slices amortize; one kept along it
+    broadcasts down the sublanes, cheaply where it fills the lanes. XLA:TPU's final machine code (v5e) for a pass,
+    per-slice parts against per-element ones: 0.61-0.73x the bundles over slices of 192 values and more along the
+    last axis (a Dense layer's activation), 0.89x over 256 in one shape, 1.05-1.8x over 128 (attention's
+    probabilities); 0.62-0.63x with the last axis kept and 128 wide or more (a weight's columns), 1.19-1.26x for
+    attention's values (kept, 64 wide, batch and heads in front). On a v5e chip: 0.85x the time over 4096-long rows,
+    1.7x over 128-long ones (``benchmarks/results/tpu-v5-lite.md``).
     """
     if not shape:
         return False
     if len(shape) - 1 in kept_axes:
-        return True
+        return isinstance(shape[-1], int) and shape[-1] >= _TPU_LANES
     slice_length = math.prod(size for axis, size in enumerate(shape) if axis not in kept_axes)
     # a symbolic slice length (an exported program's dimension variable) keeps the form that is never far off
     return isinstance(slice_length, int) and slice_length >= TPU_PER_SLICE_PARTS_FROM

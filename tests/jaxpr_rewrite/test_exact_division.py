@@ -228,12 +228,12 @@ def test_tpu_codes_broadcast_one_per_slice_array():
 
 @pytest.mark.parametrize("shape, kept_axes, per_slice", [
     ((64, 4096), (0,), True), ((64, 256), (0,), True), ((64, 255), (0,), False), ((64, 128), (0,), False),
-    ((4096, 128), (1,), True), ((8, 64, 32), (0, 2), True), ((4, 12, 128, 128), (0, 1, 2), False),
-    ((4, 2, 128), (0,), True), ((128,), (), False), ((512,), (), True)])
+    ((4096, 128), (1,), True), ((8, 64, 256), (0, 2), True), ((4, 12, 128, 128), (0, 1, 2), False),
+    ((4, 6, 128, 64), (0, 1, 3), False), ((4, 2, 128), (0,), True), ((128,), (), False), ((512,), (), True)])
 def test_tpu_pass_takes_per_slice_parts_where_they_pay(shape, kept_axes, per_slice):
     """The TPU's pass broadcasts its divisor's parts per slice (divisor, prescale, reciprocal: three arrays) where
-    the last axis is kept or the slices hold at least 256 values; otherwise one per-slice array it decodes per
-    element (:func:`test_tpu_codes_broadcast_one_per_slice_array`)."""
+    the last axis is kept and fills the 128 lanes, or the slices hold at least 256 values; otherwise one per-slice
+    array it decodes per element (:func:`test_tpu_codes_broadcast_one_per_slice_array`)."""
     assert tpu_per_slice_parts(shape, kept_axes) == per_slice
     reduce_axes = tuple(a for a in range(len(shape)) if a not in kept_axes)
     jaxpr = jax.make_jaxpr(lambda v: quantize_parts(v, reduce_axes))(jnp.ones(shape))
@@ -249,7 +249,8 @@ def test_tpu_pass_form_with_symbolic_dimensions():
     symbolic slice length keeps the per-element form (never more than 1.3x the pass's memory time on a v5e)."""
     batch, length = jax.export.symbolic_shape("b, t")
     assert tpu_per_slice_parts((batch, 4096), (0,)) and not tpu_per_slice_parts((batch, 128), (0,))
-    assert not tpu_per_slice_parts((4, length), (0,)) and tpu_per_slice_parts((length, 4), (1,))
+    assert not tpu_per_slice_parts((4, length), (0,)) and tpu_per_slice_parts((length, 128), (1,))
+    assert not tpu_per_slice_parts((128, length), (1,))
 
 
 @pytest.mark.parametrize("per_slice_parts", [True, False])
