@@ -3,6 +3,7 @@
 scales for a slice holding NaN or Inf."""
 
 import importlib
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from helpers import (assert_finite_slices_quantized_as_the_contract, assert_same_bits_but_nan, evaluate_as, examples,
                      ieee_float64, is_max_reduction, platform_eqns, with_zero_and_non_finite_rows)
-from jaxpr_rewrite import int8ify, quantize_params
+from jaxpr_rewrite import exact_division, int8ify, quantize_params
 
 qz = importlib.import_module("jaxpr_rewrite.quantize")
 
@@ -41,6 +42,26 @@ def test_codes_and_scales_match_the_contract_on_finite_slices(case, transposed):
     x = x.T if transposed else x
     scales, factor, finite = assert_finite_slices_quantized_as_the_contract(
         qz.quantize_dynamic_parts, x, bad_rows, 0 if transposed else 1)
+    assert np.isnan(scales[~finite]).all() and np.isnan(factor[~finite]).all()
+
+
+@examples(60)
+@given(operands(), st.booleans(), st.booleans())
+def test_the_tpu_programs_codes_in_either_form_match_the_contract(case, transposed, per_slice_parts):
+    """The TPU's program (its ``platform_dependent`` branches, evaluated here) with its pass in either form (the
+    divisor's parts broadcast per slice, the approximate quotient a multiply by the reciprocal; or one per-slice
+    array decoded per element), whichever ``tpu_per_slice_parts`` would choose: the contract's codes and scales on
+    every finite slice, tiny, huge and tied ones included; NaN scales for a slice holding NaN or Inf."""
+    x, bad_rows = case
+    x = x.T if transposed else x
+
+    def on_tpu(v, axes):
+        codes, scales, exponents, factor, power = evaluate_as("tpu", lambda w: qz.quantize_dynamic_parts(w, axes), v)
+        return codes, scales, exponents, (factor, power)
+
+    with mock.patch.object(exact_division, "tpu_per_slice_parts", lambda shape, kept_axes: per_slice_parts):
+        scales, factor, finite = assert_finite_slices_quantized_as_the_contract(on_tpu, x, bad_rows,
+                                                                                0 if transposed else 1)
     assert np.isnan(scales[~finite]).all() and np.isnan(factor[~finite]).all()
 
 
