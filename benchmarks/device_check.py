@@ -22,16 +22,18 @@ Steps, each bounded in time and each recorded even when an earlier one failed:
    int8ify's codes, the TPU's two exact forms, the plain division, the memory floor). On a TPU v5e XLA's cost
    model puts int8ify's exact codes at 2% of their pass, while the chip ran the dynamic MLP at 1.3x the
    hand-written program's time;
-5. the optimized HLO of each rewritten model: every GEMM listed with its operand types, so an int8 GEMM (cuBLASLt
+5. where the device time goes (``benchmarks/kernel_profile.py``): the MLP at d 4096 and batch 4096 in bf16, written
+   by hand in W8A8, and int8ify'd with dynamic and static scales, each kernel's time from a profile of 20 calls;
+6. the optimized HLO of each rewritten model: every GEMM listed with its operand types, so an int8 GEMM (cuBLASLt
    IMMA, a Triton s8 fusion) is told apart from an upcast float GEMM;
-6. the fused kernel (``backend="int8-fused"``) against the int8 backend's XLA program on the device, bit for bit
+7. the fused kernel (``backend="int8-fused"``) against the int8 backend's XLA program on the device, bit for bit
    (one dot; sibling dots of one activation, one of them a ``DenseGeneral`` kernel);
-7. the block-scaled backends on a GPU older than Blackwell (``mxfp8``/``nvfp4`` must run, ``auto`` must pick int8);
-8. XLA's int8 GEMM under each autotuning setting, each in a fresh process: its sums against numpy's (XLA's default
+8. the block-scaled backends on a GPU older than Blackwell (``mxfp8``/``nvfp4`` must run, ``auto`` must pick int8);
+9. XLA's int8 GEMM under each autotuning setting, each in a fresh process: its sums against numpy's (XLA's default
    Triton tiling on a Hopper GPU doubles them, read in the PTX of its deviceless compile), and whether int8ify
    refuses the settings that would give it wrong sums (``jaxpr_rewrite/gpu_gemm_flags.py``).
 
-On a TPU, steps 6 and 8 are left out (the fused kernel and the autotuner are XLA:GPU's; ``int8-fused`` is the
+On a TPU, steps 7 and 9 are left out (the fused kernel and the autotuner are XLA:GPU's; ``int8-fused`` is the
 ``int8`` backend there), and the tests run first, in one process, before this one opens the chip: a TPU chip is
 held by one process at a time.
 
@@ -366,7 +368,22 @@ def exactness(dry_run: bool, cases: str, progress) -> str:
     return tables()
 
 
-# -- 5. what the dots compile to ----------------------------------------------------------------------------------
+# -- 5. where the device time goes ----------------------------------------------------------------------------------
+def kernel_profile(dry_run: bool, progress) -> str:
+    """``benchmarks/kernel_profile.py``'s table: the MLP at d 4096 and batch 4096 (bf16, hand W8A8, int8ify with
+    dynamic and static scales), each kernel's device time from a profile of 20 calls. ``progress(table)``
+    receives the table after each row."""
+    import kernel_profile as profiler
+
+    width, batch, calls = (64, 8, 2) if dry_run else (4096, 4096, 20)
+    rows = [f"MLP 4x{width}, batch {batch}, {calls} calls profiled", "", *profiler.TABLE_HEADER]
+    for row in profiler.profile_rows(profiler.mlp_variants(width, batch), calls):
+        rows.append(row)
+        progress("\n".join(rows))
+    return "\n".join(rows)
+
+
+# -- 6. what the dots compile to ------------------------------------------------------------------------------------
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = \(?([a-z0-9]+)\[")
 _CALL_OPERANDS = re.compile(r"(?:dot|convolution|custom-call)\(([^)]*)\)")
 
@@ -421,7 +438,7 @@ def hlo_check(dry_run: bool) -> str:
     return "\n".join(lines)
 
 
-# -- 6. the fused kernel against XLA's program, on the device ----------------------------------------------------
+# -- 7. the fused kernel against XLA's program, on the device -------------------------------------------------------
 def fused_kernel(dry_run: bool, deadline: float) -> str:
     """``backend="int8-fused"`` (the Pallas kernel) against ``"int8"`` (XLA's kernels), both on this device, bit
     for bit: realistic shapes, both weight layouts, dynamic and static scales, rows of ties, zeros, NaN/Inf, tiny
@@ -473,7 +490,7 @@ def _siblings(params, x):
     return (x @ params["a"], x @ params["b"].T, jax.lax.dot_general(x, params["c"], (((1,), (0,)), ((), ()))))
 
 
-# -- 7. block-scaled backends on this device ----------------------------------------------------------------------
+# -- 8. block-scaled backends on this device ------------------------------------------------------------------------
 def block_scaled() -> str:
     from jaxpr_rewrite.config import RewriteConfig
 
@@ -490,7 +507,7 @@ def block_scaled() -> str:
     return "\n".join(lines)
 
 
-# -- 8. XLA's int8 GEMM under each autotuning setting -------------------------------------------------------------
+# -- 9. XLA's int8 GEMM under each autotuning setting ---------------------------------------------------------------
 AUTOTUNE_SETTINGS = ("", "--xla_gpu_autotune_level=0", "--xla_gpu_autotune_level=0 --xla_gpu_enable_triton_gemm=false")
 _GEMM_SUMS = """
 import jax, jax.numpy as jnp, numpy as np
@@ -522,7 +539,7 @@ def gemm_sums_per_autotune_setting() -> str:
     return "\n".join(lines)
 
 
-STEPS = ("tests", "speed", "exactness", "fused", "hlo", "blocks", "autotune")
+STEPS = ("tests", "speed", "exactness", "profile", "fused", "hlo", "blocks", "autotune")
 GPU_ONLY_STEPS = ("fused", "autotune")  # XLA:GPU's fused kernel and autotuner
 
 
@@ -567,6 +584,8 @@ def main(argv=None) -> int:
     if "exactness" in steps:
         growing_step(report, "What exactness costs (ms, medians of interleaved runs)", exactness, ns.dry_run,
                      ns.exactness_models)
+    if "profile" in steps:
+        growing_step(report, "Where the device time goes (profiled kernels)", kernel_profile, ns.dry_run)
     if "fused" in steps:
         step(report, "The fused kernel against XLA's program", fused_kernel, ns.dry_run,
              time.perf_counter() + ns.fused_time)

@@ -30,8 +30,11 @@ def test_device_check_dry_run(tmp_path, monkeypatch):
     # the quantization pass alone; the TPU's two exact forms' codes were checked against int8ify's on this device
     pass_variants = ("exact, per-slice parts", "exact, per-element parts", "memory floor")
     assert all(f"| 256 x 256 | {name} |" in text for name in pass_variants)
-    for step in ("Environment", "Tests on the device", "Speed", "What exactness costs", "What the dots compile to",
-                 "Block-scaled backends", "XLA's int8 GEMM under each autotuning setting"):
+    # the profile: every variant's row, on a CPU without a device timeline
+    assert all(f"| {name} | (no device timeline on cpu) |" in text
+               for name in ("bf16", "hand W8A8", "int8ify+qparams", "int8ify static"))
+    for step in ("Environment", "Tests on the device", "Speed", "What exactness costs", "Where the device time goes",
+                 "What the dots compile to", "Block-scaled backends", "XLA's int8 GEMM under each autotuning setting"):
         assert f"## {step}" in text, step
     assert "FAILED" not in text
     assert "3 passed, 0 failed of 3 run" in text
@@ -40,6 +43,30 @@ def test_device_check_dry_run(tmp_path, monkeypatch):
     assert "4 GEMM(s), 4 with s8 x s8 operands" in text
     assert "`auto` resolves to `int8`" in text and "`nvfp4`: ran" in text
     assert text.count("512x512 @ 512x512: exact") == 3 and text.count("int8ify: runs") == 3  # a CPU: no tiling
+
+
+def test_kernel_profile_reads_the_device_timeline_of_a_trace():
+    """Each kernel's launches and time per call from the device processes of a Perfetto trace: their ``XLA Ops``
+    threads where they have them (the modules' thread nests the same time), every thread of a device without
+    them, nothing of the host's."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import kernel_profile
+
+    def meta(kind, pid, name, tid=0):
+        return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": {"name": name}}
+
+    def op(pid, tid, name, dur):
+        return {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": 0, "dur": dur}
+
+    events = [meta("process_name", 1, "/host:CPU"), meta("process_name", 2, "/device:TPU:0"),
+              meta("thread_name", 2, "XLA Ops", 7), meta("thread_name", 2, "XLA Modules", 8),
+              meta("process_name", 3, "/device:GPU:0"), meta("thread_name", 3, "Stream #1", 1),
+              op(1, 0, "PjitFunction(mlp)", 500.0), op(2, 8, "jit_mlp", 90.0),
+              op(2, 7, "fusion.25", 30.0), op(2, 7, "fusion.25", 34.0), op(2, 7, "convolution.3", 20.0),
+              op(3, 1, "gemm_fusion", 8.0)]
+    assert kernel_profile.device_kernel_times(events, calls=2) == {
+        "fusion.25": (1.0, 32.0), "convolution.3": (0.5, 10.0), "gemm_fusion": (0.5, 4.0)}
+    assert kernel_profile.device_kernel_times(events[:1] + events[6:7], calls=1) == {}
 
 
 def test_gemm_reader_tells_int8_from_float():
