@@ -138,8 +138,7 @@ def main(argv=None) -> int:
     to_bf16 = lambda tree: jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), tree)  # noqa: E731
     models = {
         f"MLP 4x{width}, batch {batch}": (
-            mlp, mlp_params, mlp_x, speed.hand_mlp,
-            [{"w": speed.hand_weights(layer, ["w"])["w"], "b": layer["b"]} for layer in mlp_params]),
+            mlp, mlp_params, mlp_x, speed.hand_mlp, speed.hand_mlp_weights(mlp_params)),
         f"transformer block d {d}, batch {block_batch}x{seq}": (
             block, block_params, block_x, hand_block,
             speed.hand_weights(block_params, ["wq", "wk", "wv", "wo", "w1", "w2"])),

@@ -242,7 +242,7 @@ def speed(dry_run: bool, deadline: float, cases: str, progress=None) -> str:
     ``progress(table)``, if given, receives the table after each model."""
     import model as minilm
     from mlp import init_mlp, mlp
-    from speed import hand_mlp, hand_weights, model_cases
+    from speed import hand_mlp, hand_mlp_weights, model_cases
 
     rounds, reps = (2, 1) if dry_run else (9, 10)
     rows, skipped = [], []
@@ -262,8 +262,7 @@ def speed(dry_run: bool, deadline: float, cases: str, progress=None) -> str:
             if width not in mlps:  # one set of weights per width, for every batch of it
                 mlp_params = init_mlp(jax.random.PRNGKey(0), width, 4)
                 mlps.clear()
-                mlps[width] = mlp_params, [{"w": hand_weights(layer, ["w"])["w"], "b": layer["b"]}
-                                           for layer in mlp_params]
+                mlps[width] = mlp_params, hand_mlp_weights(mlp_params)
             mlp_params, hand = mlps[width]
             x = jax.random.normal(jax.random.PRNGKey(batch), (batch, width))
             rows += _bench(name, mlp, mlp_params, (x,), (hand_mlp, hand), rounds, reps)

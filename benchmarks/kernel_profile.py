@@ -83,15 +83,14 @@ def mlp_variants(width: int, batch: int) -> dict:
     """``name -> (jitted fn, args)``: the MLP of ``benchmarks/speed.py`` in bf16, written by hand in W8A8, and
     int8ify'd with weights quantized once, dynamic and static activation scales."""
     from mlp import init_mlp, mlp
-    from speed import hand_mlp, hand_weights
+    from speed import hand_mlp, hand_mlp_weights
 
     params = init_mlp(jax.random.PRNGKey(0), width, 4)
     x = jax.random.normal(jax.random.PRNGKey(1), (batch, width))
     bf16 = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), (params, x))
-    hand = [{"w": hand_weights(layer, ["w"])["w"], "b": layer["b"]} for layer in params]
     rewritten = jax.jit(int8ify(mlp))
     return {"bf16": (jax.jit(mlp), bf16),
-            "hand W8A8": (jax.jit(hand_mlp), (hand, x)),
+            "hand W8A8": (jax.jit(hand_mlp), (hand_mlp_weights(params), x)),
             "int8ify+qparams": (rewritten, (quantize_params(mlp, params, x), x)),
             "int8ify static": (rewritten, (quantize_params(mlp, params, x, activations="static"), x))}
 

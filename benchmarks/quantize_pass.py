@@ -74,20 +74,19 @@ VARIANTS = {"int8ify": int8ify_codes, **EXACT_FORMS, "plain division": plain_cod
 def pass_rows(shapes, rounds: int, reps: int):
     """The table's rows (Markdown), one shape at a time; raises if an exact form's codes are not int8ify's."""
     rng = np.random.default_rng(0)
+    parts = jax.jit(lambda v: scale_parts(jnp.max(jnp.abs(v), axis=1))[0::2])
+    fns = {name: jax.jit(fn) for name, fn in VARIANTS.items()}
     for rows, length in shapes:
         ties = jnp.asarray(rng.integers(-300, 300, size=(rows, length)) / 4.0, jnp.float32)  # rich in ties
         x = jnp.asarray(rng.normal(size=(rows, length)), jnp.float32)
-        parts = jax.jit(lambda v: scale_parts(jnp.max(jnp.abs(v), axis=1))[0::2])
-        fns = {name: jax.jit(fn) for name, fn in VARIANTS.items()}
-        for data in (ties, x):
-            data_parts = parts(data)
+        x_parts = parts(x)
+        for data, data_parts in ((ties, parts(ties)), (x, x_parts)):
             want = np.asarray(fns["int8ify"](data, *data_parts))
             for name in EXACT_FORMS:
                 got = np.asarray(fns[name](data, *data_parts))
                 if not np.array_equal(got, want):
                     raise AssertionError(f"{name}: codes differ from int8ify's in {int((got != want).sum())} places")
-        args = (x, *parts(x))
-        times = time_interleaved({name: (fn, args) for name, fn in fns.items()}, rounds, reps)
+        times = time_interleaved({name: (fn, (x, *x_parts)) for name, fn in fns.items()}, rounds, reps)
         for name, ms in times.items():
             yield (f"| {rows} x {length} | {name} | {ms:.3f} | {ms / times['memory floor']:.2f} | "
                    f"{ms / times['plain division']:.2f} |")

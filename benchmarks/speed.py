@@ -94,6 +94,11 @@ def hand_weights(params, names):
     return out
 
 
+def hand_mlp_weights(params):
+    """The hand-written MLP's weights (:func:`hand_mlp`): each layer's ``w`` quantized, its bias as it is."""
+    return [hand_weights(layer, ["w"]) for layer in params]
+
+
 def hand_mlp(qparams, x):
     for i, layer in enumerate(qparams):
         x = hand_dense(x, layer["w"]) + layer["b"]
@@ -237,7 +242,7 @@ def main(argv=None):
     ratios = []
     key = jax.random.PRNGKey(0)
     mlp_params = init_mlp(key, 1024, 4)
-    mlp_hand = [{"w": hand_weights(layer, ["w"])["w"], "b": layer["b"]} for layer in mlp_params]
+    mlp_hand = hand_mlp_weights(mlp_params)
     blk_params = init_block(key)
     blk_hand = hand_weights(blk_params, ["wq", "wk", "wv", "wo", "w1", "w2"])
     for batch in (1, 16, 256):

@@ -261,7 +261,7 @@ def test_tpu_codes_exact_in_every_binade(limit, per_slice_parts, monkeypatch):
     its slice's scale or on one: the reference's codes bit for bit, on both sides of the exponents (-64, -65) where
     :func:`signed_divisors` switches to a tiny slice's shifted divisor; with the divisor's parts per slice (the
     approximate quotient a multiply by its reciprocal) and per element."""
-    monkeypatch.setattr(exact_division, "TPU_PER_SLICE_PARTS_FROM", 1 if per_slice_parts else 2**62)
+    monkeypatch.setattr(exact_division, "tpu_per_slice_parts", lambda shape, kept_axes: per_slice_parts)
     rng = np.random.default_rng(limit)
     exponents = np.arange(-126, 128)
     amax = (rng.uniform(1, 2, exponents.size) * 2.0**exponents).astype(np.float32)
