@@ -1,6 +1,7 @@
 """Where a program's device time goes, kernel by kernel: int8ify against the hand-written W8A8 program.
 
-    python benchmarks/kernel_profile.py [--width 4096] [--batch 4096] [--calls 20] [--hlo-dir DIR] [--quick]
+    python benchmarks/kernel_profile.py [--model mlp|minilm] [--width 4096] [--batch N] [--calls 20] [--hlo-dir DIR]
+        [--trace-dir DIR] [--top 12] [--kinds] [--quick]
 
 On a TPU v5e chip the MLP at d 4096 with dynamic scales took 1.17x the hand-written program's time, which neither
 XLA's cost model (the two within 1%) nor the machine code of their kernels (within 3% per dot, the quantization
@@ -19,6 +20,7 @@ import argparse
 import collections
 import gzip
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -30,8 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "examples" / "minilm"))
 
-from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
+from jaxpr_rewrite import calibrate_activation_dots, int8ify, quantize_params  # noqa: E402
 
 TABLE_HEADER = ["| variant | kernel | launches per call | us per call | share of the device time |",
                 "|---|---|---|---|---|"]
@@ -68,63 +71,119 @@ def trace_events(log_dir: Path) -> list[dict]:
     return trace["traceEvents"] if isinstance(trace, dict) else trace
 
 
-def profile(fn, args, calls: int) -> dict[str, tuple[float, float]]:
-    """:func:`device_kernel_times` of ``calls`` calls of ``fn(*args)`` (compiled and warmed up first)."""
+def profile(fn, args, calls: int, trace_dir: Path | None = None) -> dict[str, tuple[float, float]]:
+    """:func:`device_kernel_times` of ``calls`` calls of ``fn(*args)`` (compiled and warmed up first). The trace is
+    kept in ``trace_dir`` when given (to open in Perfetto or TensorBoard), in a temporary folder otherwise."""
     jax.block_until_ready(fn(*args))
-    with tempfile.TemporaryDirectory() as log_dir:
-        with jax.profiler.trace(log_dir, create_perfetto_trace=True):
+    with tempfile.TemporaryDirectory() as scratch:
+        log_dir = trace_dir if trace_dir is not None else Path(scratch)
+        with jax.profiler.trace(str(log_dir), create_perfetto_trace=True):
             for _ in range(calls):
                 out = fn(*args)
             jax.block_until_ready(out)
-        return device_kernel_times(trace_events(Path(log_dir)), calls)
+        return device_kernel_times(trace_events(log_dir), calls)
 
 
 def mlp_variants(width: int, batch: int) -> dict:
     """``name -> (jitted fn, args)``: the MLP of ``benchmarks/speed.py`` in bf16, written by hand in W8A8, and
-    int8ify'd with weights quantized once, dynamic and static activation scales."""
+    int8ify'd with weights quantized once: dynamic activation scales computed as the contract says and with the
+    plain formulas (``benchmarks/numerics_cost.py``'s backend), and static activation scales."""
     from mlp import init_mlp, mlp
+    from numerics_cost import plain_backend  # noqa: F401  (registers the "int8-plain" backend)
     from speed import hand_mlp, hand_mlp_weights
 
     params = init_mlp(jax.random.PRNGKey(0), width, 4)
     x = jax.random.normal(jax.random.PRNGKey(1), (batch, width))
     bf16 = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), (params, x))
-    rewritten = jax.jit(int8ify(mlp))
+    rewritten, qparams = jax.jit(int8ify(mlp)), quantize_params(mlp, params, x)
     return {"bf16": (jax.jit(mlp), bf16),
             "hand W8A8": (jax.jit(hand_mlp), (hand_mlp_weights(params), x)),
-            "int8ify+qparams": (rewritten, (quantize_params(mlp, params, x), x)),
+            "int8ify+qparams": (rewritten, (qparams, x)),
+            "int8ify plain formulas": (jax.jit(int8ify(mlp, backend="int8-plain")), (qparams, x)),
             "int8ify static": (rewritten, (quantize_params(mlp, params, x, activations="static"), x))}
 
 
-def profile_rows(variants: dict, calls: int, top: int = 12, hlo_dir: Path | None = None):
-    """The table's rows (Markdown), one variant at a time: its ``top`` kernels by time and its whole device time
-    per call."""
+def minilm_variants(batch: int) -> dict:
+    """``name -> (jitted fn, args)``: the all-MiniLM-L6-v2 encoder of ``examples/minilm`` (random weights) on
+    ``batch`` sequences of 128 tokens in bf16, int8ify'd with weights quantized once (dynamic scales, static
+    scales, and static scales for the attention einsums' activations too), and its bare int8 dots."""
+    import numpy as np
+
+    import model as minilm
+    from speed import bare_dots
+
+    params = minilm.init_params()
+    ids = jnp.asarray(np.random.default_rng(0).integers(1000, 20000, size=(batch, 128)), jnp.int32)
+    rest = (ids, jnp.ones((batch, 128), jnp.int32))
+    bf16 = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16) if a.dtype == jnp.float32 else a, params)
+    rewritten = jax.jit(int8ify(minilm.encode))
+    static = quantize_params(minilm.encode, params, *rest, activations="static")
+    attention = calibrate_activation_dots(minilm.encode, params, *rest)
+    bare, bare_args = bare_dots(minilm.encode, params, *rest)
+    return {"bf16": (jax.jit(minilm.encode), (bf16, *rest)),
+            "int8ify+qparams": (rewritten, (quantize_params(minilm.encode, params, *rest), *rest)),
+            "int8ify static": (rewritten, (static, *rest)),
+            "int8ify static+attn": (jax.jit(int8ify(minilm.encode, activation_scales=attention)), (static, *rest)),
+            "bare int8 dots": (bare, (bare_args,))}
+
+
+def by_kind(times: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+    """:func:`device_kernel_times` summed over the kernels of one kind: names less their numeric suffix
+    (``clamp_convert_fusion.3`` and ``clamp_convert_fusion`` are both ``clamp_convert_fusion``), for programs
+    with a kernel per layer."""
+    kinds = collections.defaultdict(lambda: [0.0, 0.0])
+    for name, (launches, us) in times.items():
+        kind = kinds[re.sub(r"\.\d+$", "", name)]
+        kind[0] += launches
+        kind[1] += us
+    return {kind: (launches, us) for kind, (launches, us) in kinds.items()}
+
+
+def profile_rows(variants: dict, calls: int, top: int = 12, hlo_dir: Path | None = None,
+                 trace_dir: Path | None = None, kinds: bool = False):
+    """The table's rows (Markdown), one variant at a time: its ``top`` kernels by time (kinds of kernels with
+    ``kinds``: :func:`by_kind`) and its whole device time per call. ``hlo_dir`` receives each variant's optimized
+    HLO, ``trace_dir`` its profile (one folder each)."""
     for name, (fn, args) in variants.items():
+        slug = "".join(c if c.isalnum() else "-" for c in name)
         if hlo_dir is not None:
             hlo_dir.mkdir(parents=True, exist_ok=True)
-            slug = "".join(c if c.isalnum() else "-" for c in name)
             (hlo_dir / f"{slug}.hlo.txt").write_text(fn.lower(*args).compile().as_text())
-        times = profile(fn, args, calls)
+        times = profile(fn, args, calls, None if trace_dir is None else trace_dir / slug)
         if not times:
             yield f"| {name} | (no device timeline on {jax.default_backend()}) | | | |"
             continue
         total = sum(us for _, us in times.values())
+        count = len(times)
+        if kinds:
+            times = by_kind(times)
         for kernel, (launches, us) in sorted(times.items(), key=lambda item: -item[1][1])[:top]:
             yield f"| {name} | {kernel} | {launches:g} | {us:.1f} | {us / total:.1%} |"
-        yield f"| {name} | **all {len(times)} kernels** | | **{total:.1f}** | 100% |"
+        yield f"| {name} | **all {count} kernels** | | **{total:.1f}** | 100% |"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--width", type=int, default=4096)
-    parser.add_argument("--batch", type=int, default=4096)
+    parser.add_argument("--model", choices=["mlp", "minilm"], default="mlp")
+    parser.add_argument("--width", type=int, default=4096, help="the MLP's width")
+    parser.add_argument("--batch", type=int, help="default: 4096 for the MLP, 128 for MiniLM")
     parser.add_argument("--calls", type=int, default=20, help="calls profiled per variant")
     parser.add_argument("--hlo-dir", type=Path, help="save each variant's optimized HLO here")
-    parser.add_argument("--quick", action="store_true", help="a small MLP, two calls")
+    parser.add_argument("--trace-dir", type=Path, help="keep each variant's profile here")
+    parser.add_argument("--top", type=int, default=12, help="kernels listed per variant, the longest first")
+    parser.add_argument("--kinds", action="store_true",
+                        help="sum the kernels of one kind (their names less the numeric suffix)")
+    parser.add_argument("--quick", action="store_true", help="a small model, two calls")
     ns = parser.parse_args(argv)
-    width, batch, calls = (64, 8, 2) if ns.quick else (ns.width, ns.batch, ns.calls)
-    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; MLP 4x{width}, batch {batch}, {calls} calls")
+    default_batch = 128 if ns.model == "minilm" else 4096
+    width, batch, calls = (64, 8, 2) if ns.quick else (ns.width, ns.batch or default_batch, ns.calls)
+    if ns.model == "minilm":
+        title, variants = f"MiniLM encoder, batch {batch} x 128", minilm_variants(batch)
+    else:
+        title, variants = f"MLP 4x{width}, batch {batch}", mlp_variants(width, batch)
+    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; {title}, {calls} calls")
     print("\n".join(TABLE_HEADER), flush=True)
-    for row in profile_rows(mlp_variants(width, batch), calls, hlo_dir=ns.hlo_dir):
+    for row in profile_rows(variants, calls, ns.top, ns.hlo_dir, ns.trace_dir, ns.kinds):
         print(row, flush=True)
     return 0
 

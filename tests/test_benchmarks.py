@@ -67,6 +67,9 @@ def test_kernel_profile_reads_the_device_timeline_of_a_trace():
     assert kernel_profile.device_kernel_times(events, calls=2) == {
         "fusion.25": (1.0, 32.0), "convolution.3": (0.5, 10.0), "gemm_fusion": (0.5, 4.0)}
     assert kernel_profile.device_kernel_times(events[:1] + events[6:7], calls=1) == {}
+    times = kernel_profile.device_kernel_times(events, calls=2)
+    assert kernel_profile.by_kind({**times, "fusion": (1.0, 5.0)}) == {
+        "fusion": (2.0, 37.0), "convolution": (0.5, 10.0), "gemm_fusion": (0.5, 4.0)}
 
 
 def test_gemm_reader_tells_int8_from_float():
