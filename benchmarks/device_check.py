@@ -24,6 +24,7 @@ Steps, each bounded in time and each recorded even when an earlier one failed:
    hand-written program's time;
 5. where the device time goes (``benchmarks/kernel_profile.py``): the MLP at d 4096 and batch 4096 in bf16, written
    by hand in W8A8, and int8ify'd with dynamic and static scales, each kernel's time from a profile of 20 calls;
+   the MiniLM encoder at batch 128 likewise, its kernels summed by kind;
 6. the optimized HLO of each rewritten model: every GEMM listed with its operand types, so an int8 GEMM (cuBLASLt
    IMMA, a Triton s8 fusion) is told apart from an upcast float GEMM;
 7. the fused kernel (``backend="int8-fused"``) against the int8 backend's XLA program on the device, bit for bit
@@ -369,14 +370,23 @@ def exactness(dry_run: bool, cases: str, progress) -> str:
 
 # -- 5. where the device time goes ----------------------------------------------------------------------------------
 def kernel_profile(dry_run: bool, progress) -> str:
-    """``benchmarks/kernel_profile.py``'s table: the MLP at d 4096 and batch 4096 (bf16, hand W8A8, int8ify with
-    dynamic and static scales), each kernel's device time from a profile of 20 calls. ``progress(table)``
-    receives the table after each row."""
+    """``benchmarks/kernel_profile.py``'s tables: the MLP at d 4096 and batch 4096 (bf16, hand W8A8, int8ify with
+    dynamic scales by the contract's formulas and the plain ones, and with static scales), each kernel's device
+    time from a profile of 20 calls; then the MiniLM encoder at batch 128 (bf16, int8ify's three modes, its bare
+    int8 dots), its kernels summed by kind over 10 calls. ``progress(tables)`` receives the tables after each
+    row."""
     import kernel_profile as profiler
 
     width, batch, calls = (64, 8, 2) if dry_run else (4096, 4096, 20)
+    minilm_batch, minilm_layers, minilm_calls = (8, 1, 2) if dry_run else (128, None, 10)
     rows = [f"MLP 4x{width}, batch {batch}, {calls} calls profiled", "", *profiler.TABLE_HEADER]
     for row in profiler.profile_rows(profiler.mlp_variants(width, batch), calls):
+        rows.append(row)
+        progress("\n".join(rows))
+    rows += ["", f"MiniLM encoder, batch {minilm_batch} x 128, {minilm_calls} calls profiled, kernels by kind", "",
+             *profiler.TABLE_HEADER]
+    for row in profiler.profile_rows(profiler.minilm_variants(minilm_batch, minilm_layers), minilm_calls, top=10,
+                                     kinds=True):
         rows.append(row)
         progress("\n".join(rows))
     return "\n".join(rows)

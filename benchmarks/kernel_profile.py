@@ -3,15 +3,19 @@
     python benchmarks/kernel_profile.py [--model mlp|minilm] [--width 4096] [--batch N] [--calls 20] [--hlo-dir DIR]
         [--trace-dir DIR] [--top 12] [--kinds] [--quick]
 
-On a TPU v5e chip the MLP at d 4096 with dynamic scales took 1.17x the hand-written program's time, which neither
-XLA's cost model (the two within 1%) nor the machine code of their kernels (within 3% per dot, the quantization
-pass within 10% of the plain division's) explains. This asks the device. Each variant of the MLP of
-``benchmarks/speed.py`` (bf16, hand W8A8, ``int8ify`` + ``quantize_params``, ``int8ify`` static) is called
-``calls`` times under ``jax.profiler.trace``; the device's timeline in the Perfetto trace it writes (the processes
-named ``/device:...``, their ``XLA Ops`` threads where they have them) gives each kernel's time, summed by name
-and divided by the calls. Kernel names are the optimized HLO's (``fusion.25``, ``convolution.3``): ``--hlo-dir``
-saves each variant's (``jax.jit(f).lower(...).compile().as_text()``) to read them beside. A CPU has no device
-timeline; there the table says so. ``benchmarks/device_check.py`` runs this in its ``profile`` step.
+XLA's cost model prices a TPU program's kernels by their memory traffic, and the chip disagreed with it: the MLP
+at d 4096 with dynamic scales took 1.17x the hand-written program's time on a v5e, where the model put the two
+within 1%. This asks the device. Each variant of the MLP of ``benchmarks/speed.py`` (bf16, hand W8A8, ``int8ify`` +
+``quantize_params`` with the contract's formulas and with the plain ones, ``int8ify`` static) or of the MiniLM
+encoder (``--model minilm``: bf16, ``int8ify`` + ``quantize_params``, static, static attention too, the bare int8
+dots) is called ``calls`` times under ``jax.profiler.trace``; the device's timeline in the Perfetto trace it writes
+(the processes named ``/device:...``, their ``XLA Ops`` threads where they have them) gives each kernel's time,
+summed by name (or by kind, ``--kinds``: the name less its numeric suffix) and divided by the calls. Kernel names
+are the optimized HLO's (``fusion.25``, ``convolution.3``): ``--hlo-dir`` saves each variant's
+(``jax.jit(f).lower(...).compile().as_text()``) to read them beside. On the chip it found the activations kept in
+VMEM between kernels, so the exact quantization pass was bound by its vector instructions (96 us per layer against
+the hand-written pass's 17), not by memory (``benchmarks/results/tpu-v5-lite.md``, the fourth run). A CPU has no
+device timeline; there the table says so. ``benchmarks/device_check.py`` runs this in its ``profile`` step.
 """
 
 from __future__ import annotations
@@ -103,16 +107,18 @@ def mlp_variants(width: int, batch: int) -> dict:
             "int8ify static": (rewritten, (quantize_params(mlp, params, x, activations="static"), x))}
 
 
-def minilm_variants(batch: int) -> dict:
-    """``name -> (jitted fn, args)``: the all-MiniLM-L6-v2 encoder of ``examples/minilm`` (random weights) on
-    ``batch`` sequences of 128 tokens in bf16, int8ify'd with weights quantized once (dynamic scales, static
-    scales, and static scales for the attention einsums' activations too), and its bare int8 dots."""
+def minilm_variants(batch: int, layers: int | None = None) -> dict:
+    """``name -> (jitted fn, args)``: the all-MiniLM-L6-v2 encoder of ``examples/minilm`` (random weights; its first
+    ``layers`` encoder layers, all six by default) on ``batch`` sequences of 128 tokens in bf16, int8ify'd with
+    weights quantized once (dynamic scales, static scales, and static scales for the attention einsums'
+    activations too), and its bare int8 dots."""
     import numpy as np
 
     import model as minilm
     from speed import bare_dots
 
     params = minilm.init_params()
+    params = {**params, "layers": params["layers"][:layers]}
     ids = jnp.asarray(np.random.default_rng(0).integers(1000, 20000, size=(batch, 128)), jnp.int32)
     rest = (ids, jnp.ones((batch, 128), jnp.int32))
     bf16 = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16) if a.dtype == jnp.float32 else a, params)

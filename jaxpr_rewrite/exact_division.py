@@ -318,8 +318,10 @@ def tpu_per_slice_parts(shape, kept_axes: tuple) -> bool:
     per-slice parts against per-element ones: 0.61-0.73x the bundles over slices of 192 values and more along the
     last axis (a Dense layer's activation), 0.89x over 256 in one shape, 1.05-1.8x over 128 (attention's
     probabilities); 0.62-0.63x with the last axis kept and 128 wide or more (a weight's columns), 1.19-1.26x for
-    attention's values (kept, 64 wide, batch and heads in front). On a v5e chip: 0.85x the time over 4096-long rows,
-    1.7x over 128-long ones (``benchmarks/results/tpu-v5-lite.md``).
+    attention's values (kept, 64 wide, batch and heads in front). Since the codes' rounding joined the conversion
+    to int8 (:func:`rounded_quotients_exactly`), both forms have 13 operations per vreg fewer: 0.56x over 4096-long
+    rows, 1.9x over 128-long ones. On a v5e chip, through HBM: 0.96x the time over 4096-long rows, 1.9x over
+    128-long ones (``benchmarks/results/tpu-v5-lite.md``, the fourth run).
     """
     if not shape:
         return False
