@@ -229,10 +229,6 @@ def _failure_lines(output: str, limit: int = 60, width: int = 400) -> list[str]:
 
 
 # -- 3. speed -------------------------------------------------------------------------------------------------------
-def _cast(tree, dtype):
-    return jax.tree_util.tree_map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
-
-
 SPEED_CASES = "mlp4096:1024,mlp4096:4096,minilm:128,mlp1024:16,mlp1024:1024,mlp1024:128"
 
 
@@ -285,12 +281,12 @@ def _minilm_params(minilm, dry_run: bool) -> dict:
 
 
 def _bench(name, model, params, rest, hand, rounds, reps) -> list[str]:
-    from speed import bare_dots, rel_error, time_interleaved
+    from speed import bare_dots, cast_floats, rel_error, time_interleaved
 
     qparams = quantize_params(model, params, *rest)
     static = quantize_params(model, params, *rest, activations="static")
     f32, dyn = jax.jit(model), jax.jit(int8ify(model))
-    bf16_params, bf16_rest = _cast(params, jnp.bfloat16), _cast(rest, jnp.bfloat16)
+    bf16_params, bf16_rest = cast_floats(params, jnp.bfloat16), cast_floats(rest, jnp.bfloat16)
     bare, bare_args = bare_dots(model, params, *rest)
     variants = {
         "float32": (f32, (params, *rest)),

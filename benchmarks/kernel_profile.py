@@ -31,6 +31,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -112,16 +113,14 @@ def minilm_variants(batch: int, layers: int | None = None) -> dict:
     ``layers`` encoder layers, all six by default) on ``batch`` sequences of 128 tokens in bf16, int8ify'd with
     weights quantized once (dynamic scales, static scales, and static scales for the attention einsums'
     activations too), and its bare int8 dots."""
-    import numpy as np
-
     import model as minilm
-    from speed import bare_dots
+    from speed import bare_dots, cast_floats
 
     params = minilm.init_params()
     params = {**params, "layers": params["layers"][:layers]}
     ids = jnp.asarray(np.random.default_rng(0).integers(1000, 20000, size=(batch, 128)), jnp.int32)
     rest = (ids, jnp.ones((batch, 128), jnp.int32))
-    bf16 = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16) if a.dtype == jnp.float32 else a, params)
+    bf16 = cast_floats(params, jnp.bfloat16)
     rewritten = jax.jit(int8ify(minilm.encode))
     static = quantize_params(minilm.encode, params, *rest, activations="static")
     attention = calibrate_activation_dots(minilm.encode, params, *rest)

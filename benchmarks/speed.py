@@ -177,6 +177,11 @@ def time_interleaved(fns: dict, rounds: int, reps: int) -> dict:
     return {name: float(np.median(s)) for name, s in samples.items()}
 
 
+def cast_floats(tree, dtype):
+    """``tree`` with its floating arrays cast to ``dtype`` (token ids and masks as they are): a model's bf16 run."""
+    return jax.tree_util.tree_map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
+
+
 def rel_error(a, b) -> float:
     return float(jnp.linalg.norm((a - b).ravel()) / jnp.linalg.norm(b.ravel()))
 
