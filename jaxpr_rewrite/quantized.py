@@ -28,6 +28,7 @@ and runs the same int8 x int8 -> int32 dot.
 
 from __future__ import annotations
 
+import operator
 from typing import Mapping, Sequence
 
 import jax
@@ -55,6 +56,11 @@ __all__ = [
     "is_quantized",
     "materialise",
 ]
+
+
+# A QuantizedArray's children and its metadata (pytree aux data), in the layout's order
+_children_of = operator.attrgetter(*ARRAY_FIELDS)
+_metadata_of = operator.attrgetter(*METADATA_FIELDS)
 
 
 @jax.tree_util.register_pytree_with_keys_class
@@ -285,14 +291,15 @@ class QuantizedArray:
 
     # -- pytree and serialization (all from ARRAY_FIELDS and METADATA_FIELDS) ---------------------------------
     def tree_flatten(self):
-        return tuple(getattr(self, name) for name in ARRAY_FIELDS), self._aux()
+        # jax.jit flattens every QuantizedArray argument on every call: attrgetters read the fields in C
+        return _children_of(self), _metadata_of(self)
 
     def tree_flatten_with_keys(self):
         children = tuple((jax.tree_util.GetAttrKey(name), getattr(self, name)) for name in ARRAY_FIELDS)
         return children, self._aux()
 
     def _aux(self) -> tuple:
-        return tuple(getattr(self, name) for name in METADATA_FIELDS)
+        return _metadata_of(self)
 
     def replace(self, **changes) -> "QuantizedArray":
         """A copy with some children or metadata replaced (every other field, present or future, carried over).
