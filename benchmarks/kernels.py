@@ -34,7 +34,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from peers import WIDTH, cpu_model, flax_mlp, floor_program, hand_program, save_table  # noqa: E402
+from peers import WIDTH, flax_mlp, floor_program, hand_program, save_table  # noqa: E402
+from speed import cpu_model  # noqa: E402
 
 from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
 

@@ -37,7 +37,7 @@ from jaxpr_rewrite.quantize import scale_values  # noqa: E402
 from jaxpr_rewrite.quantized import is_quantized  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from speed import model_cases, time_interleaved  # noqa: E402
+from speed import cpu_model, model_cases, time_interleaved  # noqa: E402
 
 import model as minilm  # noqa: E402  (examples/minilm/model.py)
 from mlp import init_mlp, mlp  # noqa: E402  (examples/mlp.py)
@@ -105,7 +105,8 @@ def main(argv=None) -> int:
     ns = parser.parse_args(argv)
     repeats = 5 if ns.quick else ns.repeats
     models = ns.models or (QUICK_MODELS if ns.quick else DEFAULT_MODELS)
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; medians of {repeats} interleaved runs (ms)")
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform} (CPU: {cpu_model()}); medians of {repeats} "
+          "interleaved runs (ms)")
     print("\n".join(TABLE_HEADER), flush=True)
     for row in exactness_rows(models, repeats):
         print(row, flush=True)

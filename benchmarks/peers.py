@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import os
-import platform
 import sys
 from typing import NamedTuple
 
@@ -49,7 +48,7 @@ from jax import lax
 # speed.py beside this file, and the package itself where it is not installed (a checkout on an accelerator machine)
 sys.path[:0] = [os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), "..")]
 
-from speed import hand_dense, rel_error, time_interleaved  # noqa: E402
+from speed import cpu_model, hand_dense, rel_error, time_interleaved  # noqa: E402
 
 from jaxpr_rewrite import int8ify, quantize, quantize_params  # noqa: E402
 
@@ -112,19 +111,6 @@ def target_lines(times_by_batch: dict) -> list[str]:
                 holds = "yes" if ratio <= target.factor else "no"
                 lines.append(f"| {target.text} | {batch} | {ratio:.2f} x {baseline} | {holds} |")
     return lines
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    flags = open("/proc/cpuinfo").read()
-                    amx = " (AMX-INT8)" if "amx_int8" in flags else " (no AMX)"
-                    return line.split(":", 1)[1].strip() + amx
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def version(name: str) -> str | None:
