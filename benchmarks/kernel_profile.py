@@ -7,15 +7,16 @@ XLA's cost model prices a TPU program's kernels by their memory traffic, and the
 at d 4096 with dynamic scales took 1.17x the hand-written program's time on a v5e, where the model put the two
 within 1%. This asks the device. Each variant of the MLP of ``benchmarks/speed.py`` (bf16, hand W8A8, ``int8ify`` +
 ``quantize_params`` with the contract's formulas and with the plain ones, ``int8ify`` static) or of the MiniLM
-encoder (``--model minilm``: bf16, ``int8ify`` + ``quantize_params``, static, static attention too, the bare int8
-dots) is called ``calls`` times under ``jax.profiler.trace``; the device's timeline in the Perfetto trace it writes
-(the processes named ``/device:...``, their ``XLA Ops`` threads where they have them) gives each kernel's time,
-summed by name (or by kind, ``--kinds``: the name less its numeric suffix) and divided by the calls. Kernel names
-are the optimized HLO's (``fusion.25``, ``convolution.3``): ``--hlo-dir`` saves each variant's
-(``jax.jit(f).lower(...).compile().as_text()``) to read them beside. On the chip it found the activations kept in
-VMEM between kernels, so the exact quantization pass was bound by its vector instructions (96 us per layer against
-the hand-written pass's 17), not by memory (``benchmarks/results/tpu-v5-lite.md``, the fourth run). A CPU has no
-device timeline; there the table says so. ``benchmarks/device_check.py`` runs this in its ``profile`` step.
+encoder (``--model minilm``: bf16, ``int8ify`` + ``quantize_params``, static, static attention too, each from the
+float32 params and from the bf16 ones, the bare int8 dots) is called ``calls`` times under ``jax.profiler.trace``;
+the device's timeline in the Perfetto trace it writes (the processes named ``/device:...``, their ``XLA Ops``
+threads where they have them) gives each kernel's time, summed by name (or by kind, ``--kinds``: the name less its
+numeric suffix) and divided by the calls. Kernel names are the optimized HLO's (``fusion.25``, ``convolution.3``):
+``--hlo-dir`` saves each variant's (``jax.jit(f).lower(...).compile().as_text()``) to read them beside. On the chip
+it found the activations kept in VMEM between kernels, so the exact quantization pass was bound by its vector
+instructions (96 us per layer against the hand-written pass's 17), not by memory
+(``benchmarks/results/tpu-v5-lite.md``, the fourth run). A CPU has no device timeline; there the table says so.
+``benchmarks/device_check.py`` runs this in its ``profile`` step.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def minilm_variants(batch: int, layers: int | None = None) -> dict:
     """``name -> (jitted fn, args)``: the all-MiniLM-L6-v2 encoder of ``examples/minilm`` (random weights; its first
     ``layers`` encoder layers, all six by default) on ``batch`` sequences of 128 tokens in bf16, int8ify'd with
     weights quantized once (dynamic scales, static scales, and static scales for the attention einsums'
-    activations too), and its bare int8 dots."""
+    activations too) from its float32 params and from its bf16 ones (the model's own operations then run in bf16,
+    as in the bf16 program), and its bare int8 dots."""
     import model as minilm
     from speed import bare_dots, cast_floats
 
@@ -125,10 +127,16 @@ def minilm_variants(batch: int, layers: int | None = None) -> dict:
     static = quantize_params(minilm.encode, params, *rest, activations="static")
     attention = calibrate_activation_dots(minilm.encode, params, *rest)
     bare, bare_args = bare_dots(minilm.encode, params, *rest)
+    static_bf16 = quantize_params(minilm.encode, bf16, *rest, activations="static")
+    attention_bf16 = calibrate_activation_dots(minilm.encode, bf16, *rest)
     return {"bf16": (jax.jit(minilm.encode), (bf16, *rest)),
             "int8ify+qparams": (rewritten, (quantize_params(minilm.encode, params, *rest), *rest)),
             "int8ify static": (rewritten, (static, *rest)),
             "int8ify static+attn": (jax.jit(int8ify(minilm.encode, activation_scales=attention)), (static, *rest)),
+            "int8ify+qparams, bf16 model": (rewritten, (quantize_params(minilm.encode, bf16, *rest), *rest)),
+            "int8ify static, bf16 model": (rewritten, (static_bf16, *rest)),
+            "int8ify static+attn, bf16 model": (jax.jit(int8ify(minilm.encode, activation_scales=attention_bf16)),
+                                                (static_bf16, *rest)),
             "bare int8 dots": (bare, (bare_args,))}
 
 

@@ -33,7 +33,8 @@ def test_device_check_dry_run(tmp_path, monkeypatch):
     # the profile: every variant's row, on a CPU without a device timeline
     assert all(f"| {name} | (no device timeline on cpu) |" in text
                for name in ("bf16", "hand W8A8", "int8ify+qparams", "int8ify plain formulas", "int8ify static",
-                            "int8ify static+attn", "bare int8 dots"))
+                            "int8ify static+attn", "int8ify+qparams, bf16 model", "int8ify static+attn, bf16 model",
+                            "bare int8 dots"))
     assert "MiniLM encoder, batch 8 x 128, 2 calls profiled, kernels by kind" in text
     for step in ("Environment", "Tests on the device", "Speed", "What exactness costs", "Where the device time goes",
                  "What the dots compile to", "Block-scaled backends", "XLA's int8 GEMM under each autotuning setting"):
