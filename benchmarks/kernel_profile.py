@@ -124,20 +124,19 @@ def minilm_variants(batch: int, layers: int | None = None) -> dict:
     rest = (ids, jnp.ones((batch, 128), jnp.int32))
     bf16 = cast_floats(params, jnp.bfloat16)
     rewritten = jax.jit(int8ify(minilm.encode))
-    static = quantize_params(minilm.encode, params, *rest, activations="static")
-    attention = calibrate_activation_dots(minilm.encode, params, *rest)
+    variants = {"bf16": (jax.jit(minilm.encode), (bf16, *rest))}
+    for suffix, weights in (("", params), (", bf16 model", bf16)):
+        static = quantize_params(minilm.encode, weights, *rest, activations="static")
+        attention = calibrate_activation_dots(minilm.encode, weights, *rest)
+        variants.update({
+            f"int8ify+qparams{suffix}": (rewritten, (quantize_params(minilm.encode, weights, *rest), *rest)),
+            f"int8ify static{suffix}": (rewritten, (static, *rest)),
+            f"int8ify static+attn{suffix}": (jax.jit(int8ify(minilm.encode, activation_scales=attention)),
+                                             (static, *rest)),
+        })
     bare, bare_args = bare_dots(minilm.encode, params, *rest)
-    static_bf16 = quantize_params(minilm.encode, bf16, *rest, activations="static")
-    attention_bf16 = calibrate_activation_dots(minilm.encode, bf16, *rest)
-    return {"bf16": (jax.jit(minilm.encode), (bf16, *rest)),
-            "int8ify+qparams": (rewritten, (quantize_params(minilm.encode, params, *rest), *rest)),
-            "int8ify static": (rewritten, (static, *rest)),
-            "int8ify static+attn": (jax.jit(int8ify(minilm.encode, activation_scales=attention)), (static, *rest)),
-            "int8ify+qparams, bf16 model": (rewritten, (quantize_params(minilm.encode, bf16, *rest), *rest)),
-            "int8ify static, bf16 model": (rewritten, (static_bf16, *rest)),
-            "int8ify static+attn, bf16 model": (jax.jit(int8ify(minilm.encode, activation_scales=attention_bf16)),
-                                                (static_bf16, *rest)),
-            "bare int8 dots": (bare, (bare_args,))}
+    variants["bare int8 dots"] = (bare, (bare_args,))
+    return variants
 
 
 def by_kind(times: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
