@@ -10,6 +10,7 @@ from .gpu_gemm_flags import check_int8_gemm_flags
 from .int8_dot import Scheme, fits_sibling_kernel, int8_dot_general_impl, int8_sibling_dots_impl
 from .operands import checks_codes
 from .quantize import MAX_INT32_SAFE_CONTRACTION
+from .quantized import is_quantized
 from .ragged_dot import int8_ragged_dot_general_impl, ragged_dot_float
 from .straight_through import straight_through, straight_through_group
 
@@ -26,6 +27,20 @@ def _checks_codes_beside_the_dot(lhs, rhs, float_params, out_dtype, scheme) -> b
     MiniLM encoder with static scales 13%; ``docs/performance.md``). A block-scaled dot quantizes blocks, not
     matrices."""
     return scheme.block_size is None and (checks_codes(lhs, rhs) or checks_codes(rhs, lhs))
+
+
+def _as_dots_read_it(x):
+    """A pre-quantized operand with only the arrays the int8 programs read (its codes, its stored epilogue factors or
+    else its scales and exponents, its static activation scale): the other operand was smoothed before the dot, and
+    a jitted call pays for every array its program is handed, read or not (a 4-layer MLP's weights with their
+    ``scales`` and ``exponents`` too, 25 inputs instead of 17: up to 15% more time per call at batch 1 on CPU, 1-5% on
+    a TPU v5e at d 1024; ``docs/performance.md``, "Only what a dot reads"). Any other operand as it is."""
+    if not is_quantized(x):
+        return x
+    unread = dict(smooth=None, smooth_inverse=None)
+    if x.epilogue_factor is not None:  # the program's epilogue and the straight-through value read only these
+        unread.update(scales=None, exponents=None)
+    return x.replace(**unread)
 
 
 _dot_impl.__name__ = "int8_dot_general_impl"
@@ -61,19 +76,20 @@ def _fits_fused_siblings(lhs, rhs, float_params, out_dtype, config: RewriteConfi
 
 
 def _fused_siblings(lhs, rhss, float_params, out_dtypes, config: RewriteConfig) -> tuple:
-    return int8_sibling_dots(lhs, tuple(rhss), tuple(float_params), tuple(out_dtypes),
-                             _scheme(config, fused_gpu_kernel=True))
+    return int8_sibling_dots(_as_dots_read_it(lhs), tuple(map(_as_dots_read_it, rhss)), tuple(float_params),
+                             tuple(out_dtypes), _scheme(config, fused_gpu_kernel=True))
 
 
 def _int8_ragged_backend(lhs, rhs, group_sizes, float_params, out_dtype, config: RewriteConfig):
-    return int8_ragged_dot_general(lhs, rhs, group_sizes, float_params, out_dtype, _scheme(config))
+    return int8_ragged_dot_general(_as_dots_read_it(lhs), _as_dots_read_it(rhs), group_sizes, float_params, out_dtype,
+                                   _scheme(config))
 
 
 @register_backend("int8", ragged_dot=_int8_ragged_backend, takes_prequantized=True,
                   max_symbolic_contraction=MAX_INT32_SAFE_CONTRACTION)
 def int8_backend(lhs, rhs, float_params, out_dtype, config: RewriteConfig):
     """The int8 contract (the default backend)."""
-    return int8_dot_general(lhs, rhs, float_params, out_dtype, _scheme(config))
+    return int8_dot_general(_as_dots_read_it(lhs), _as_dots_read_it(rhs), float_params, out_dtype, _scheme(config))
 
 
 @register_backend("int8-fused", ragged_dot=_int8_ragged_backend, takes_prequantized=True,
@@ -84,4 +100,5 @@ def int8_fused_backend(lhs, rhs, float_params, out_dtype, config: RewriteConfig)
     GPU (:mod:`~jaxpr_rewrite.fused_gpu_dot`), and sibling dots of one activation (attention's query, key and
     value projections) as one kernel for all of them: the same numbers, fewer kernels; elsewhere the ``"int8"``
     backend."""
-    return int8_dot_general(lhs, rhs, float_params, out_dtype, _scheme(config, fused_gpu_kernel=True))
+    return int8_dot_general(_as_dots_read_it(lhs), _as_dots_read_it(rhs), float_params, out_dtype,
+                            _scheme(config, fused_gpu_kernel=True))

@@ -70,7 +70,7 @@ def _scaled(acc, operands, placements):
 def _common_dtype(lhs_q, rhs_q, out_dtype=np.float32):
     """The epilogue's dtype: float64 when either operand's scales or the output are float64 (float32 operands
     with ``preferred_element_type=float64`` would overflow or flush in a float32 epilogue), float32 otherwise."""
-    return _epilogue_dtype(lhs_q.scales.dtype, rhs_q.scales.dtype, out_dtype)
+    return _epilogue_dtype(lhs_q.scale_dtype, rhs_q.scale_dtype, out_dtype)
 
 
 def _epilogue_dtype(lhs_scales_dtype, rhs_scales_dtype, out_dtype):
@@ -182,7 +182,7 @@ def _fits_fused_kernel(lhs, rhs, dimension_numbers, out_dtype) -> bool:
         return False
     if not (is_quantized(rhs) or has_dynamic_scales(rhs, lhs)):
         return False
-    rhs_scales = rhs.scales.dtype if is_quantized(rhs) else compute_dtype(rhs.dtype)
+    rhs_scales = rhs.scale_dtype if is_quantized(rhs) else compute_dtype(rhs.dtype)
     return (_epilogue_dtype(compute_dtype(lhs.dtype), rhs_scales, out_dtype) == np.float32
             and fits_fused_kernel(lhs, rhs, dimension_numbers))
 
@@ -197,7 +197,7 @@ def _placements(lhs_q, rhs_q, dimension_numbers, out_shape):
 def _takes_float64_epilogue(lhs, rhs, out_dtype) -> bool:
     """Whether a GPU's epilogue of this dot is :func:`~jaxpr_rewrite.float64_scales.scale_product_in_float64`: a
     float32 epilogue with at least one operand on dynamic scales."""
-    scales_dtypes = [x.scales.dtype if is_quantized(x)
+    scales_dtypes = [x.scale_dtype if is_quantized(x)
                      else compute_dtype(jnp.result_type(x.value if isinstance(x, ScaledActivation) else x))
                      for x in (lhs, rhs)]
     return (_epilogue_dtype(*scales_dtypes, out_dtype) == np.float32

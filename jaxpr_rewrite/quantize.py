@@ -63,7 +63,7 @@ __all__ = [
     "absmax",
     "clipped_codes",
     "compute_dtype",
-    "dequantize_codes",
+    "dequantize_by_factors",
     "epilogue_factors",
     "epilogue_window",
     "float_format",
@@ -267,11 +267,12 @@ def smoothing_inverse(smooth):
     return reciprocal(to_compute(smooth, np.float32))
 
 
-def dequantize_codes(codes, scales, exponents, kept_axes: Sequence[int]):
-    """``codes * scales * 2**exponents`` in the scales' dtype, the per-slice values broadcast from ``kept_axes``."""
+def dequantize_by_factors(codes, factor, power, kept_axes: Sequence[int]):
+    """``codes * scales * 2**exponents`` from the scales' :func:`epilogue_factors` ``(factor, power)``: ``(codes *
+    factor) * power`` in the factors' dtype, the per-slice values broadcast from ``kept_axes``."""
     kept_axes = tuple(kept_axes)
-    scale, power = (lax.broadcast_in_dim(f, codes.shape, kept_axes) for f in epilogue_factors(scales, exponents))
-    return lax.mul(lax.mul(lax.convert_element_type(codes, scale.dtype), scale), power)
+    factor, power = (lax.broadcast_in_dim(f, codes.shape, kept_axes) for f in (factor, power))
+    return lax.mul(lax.mul(lax.convert_element_type(codes, factor.dtype), factor), power)
 
 
 def scale_values(scales, exponents):

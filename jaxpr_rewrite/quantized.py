@@ -39,7 +39,7 @@ from .errors import Int8ifyError
 from .exact_division import correctly_rounded_divide
 from .blocks import from_blocks, n_blocks, to_blocks
 from .int4 import unpack_int4
-from .quantize import dequantize_codes, epilogue_factors, scale_values, smoothing_inverse, to_compute
+from .quantize import dequantize_by_factors, epilogue_factors, scale_values, smoothing_inverse, to_compute
 from .quantized_layout import (ARRAY_FIELDS, CODE_LIMITS, FIELD_AXES, LAYOUT_VERSION, METADATA_FIELDS,
                                OPTIONAL_ARRAY_FIELDS, layout_problems, metadata_problems, read_metadata,
                                register_export)
@@ -184,6 +184,10 @@ class QuantizedArray:
             return to_compute(self.smooth_inverse, np.float32)
         return smoothing_inverse(self.smooth)
 
+    @property
+    def scale_dtype(self) -> np.dtype:  # the scales' dtype, their epilogue factors' too
+        return np.dtype((self.scales if self.scales is not None else self.epilogue_factor).dtype)
+
     def epilogue_factors(self, dtype):
         """The scales' factors for the dot's epilogue in ``dtype`` (see
         :func:`jaxpr_rewrite.quantize.epilogue_factors`): the stored ones when there are."""
@@ -215,11 +219,11 @@ class QuantizedArray:
     def dot_value(self):
         """The float value this operand has inside a dot: ``codes * scales`` (for a smoothed weight that is
         ``smooth * w``, matching the other operand, which the dot divides by ``smooth``)."""
-        codes = self.unpacked().codes
+        codes, factors = self.unpacked().codes, self.epilogue_factors(self.scale_dtype)
         if self.block_size is None:
-            return dequantize_codes(codes, self.scales, self.exponents, self.kept_axes)
+            return dequantize_by_factors(codes, *factors, self.kept_axes)
         blocked = to_blocks(codes, self.kept_axes, self.contracting, self.block_size)
-        values = dequantize_codes(blocked, self.scales, self.exponents, tuple(range(blocked.ndim - 1)))
+        values = dequantize_by_factors(blocked, *factors, tuple(range(blocked.ndim - 1)))
         return from_blocks(values, self.shape, self.kept_axes, self.contracting)
 
     def dot_operand(self, contracting: Sequence[int]) -> "QuantizedArray | None":

@@ -1,6 +1,7 @@
 """Weights quantized once (quantize_params / QuantizedArray): same numbers as the dynamic path, bit for bit."""
 
 import functools
+import re
 import warnings
 
 import jax
@@ -11,6 +12,7 @@ import pytest
 from helpers import (TPU_DIVISION_ULPS, approximate_division, assert_all_dots_int8, assert_close_to_reference,
                      assert_within_ulps, evaluate_as, is_max_reduction, platform_eqns, reference_dot)
 from jaxpr_rewrite import Int8ifyError, QuantizationWarning, QuantizedArray, int8ify, quantize_params
+from jaxpr_rewrite import int8_backend
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +54,39 @@ def test_program_quantizes_only_activations(mlp):
         assert sum(is_max_reduction(e) for e in platform_eqns(jaxpr, platform)) == 3
     int8_inputs = [v for v in jaxpr.jaxpr.invars if v.aval.dtype == jnp.int8]
     assert len(int8_inputs) == 3
+
+
+def _main_inputs(lowered) -> int:
+    """How many inputs the lowered program's entry computation takes."""
+    (signature,) = [line for line in lowered.as_text().splitlines() if "func.func public @main(" in line]
+    return len(re.findall(r"%arg\d+: ", signature))
+
+
+@pytest.mark.parametrize("options", [{}, {"activations": "static", "calibration": [(X,)]}, {"smooth_alpha": 0.5}],
+                         ids=["dynamic", "static", "smoothed"])
+def test_compiled_program_takes_only_the_arrays_its_dots_read(mlp, monkeypatch, options):
+    """The int8 dots read a weight's codes, stored epilogue factors and static scale (the other operand is multiplied
+    by a smoothed weight's stored reciprocals before its dot): its scales, exponents and smoothing factors are not
+    inputs of the compiled program, whose outputs and straight-through gradient are those of the program handed
+    every array, bit for bit."""
+    q = quantize_params(mlp, PARAMS, X, **options)
+    paths = [path for path, _ in jax.tree_util.tree_flatten_with_path((q, X))[0]]
+    unread_fields = ("scales", "exponents", "smooth")
+    unread = [path for path in paths if getattr(path[-1], "name", None) in unread_fields]
+    assert len(unread) == (9 if "smooth_alpha" in options else 6)
+
+    def compiled():  # a new wrapper each time: int8ify of the same function would be the cached one
+        f = int8ify(lambda p, x: mlp(p, x))
+        return (_main_inputs(jax.jit(f).lower(q, X)), np.asarray(jax.jit(f)(q, X)),
+                np.asarray(jax.grad(lambda x: f(q, x).sum())(X)))
+
+    inputs, out, grad = compiled()
+    assert inputs == len(paths) - len(unread)
+    monkeypatch.setattr(int8_backend, "_as_dots_read_it", lambda x: x)  # every array handed to the dots
+    every_inputs, every_out, every_grad = compiled()
+    assert every_inputs == len(paths)
+    np.testing.assert_array_equal(out, every_out)
+    np.testing.assert_array_equal(grad, every_grad)
 
 
 def test_memory_is_about_a_quarter(mlp):
