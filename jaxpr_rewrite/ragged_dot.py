@@ -53,7 +53,9 @@ def int8_ragged_dot_general_impl(lhs, rhs, group_sizes, float_params, out_dtype,
         raise Int8ifyError("ragged_dot_general is rewritten with per-channel scales only (no granularity or "
                            "block_size); skip it with skip_if to keep it float")
     lhs_q, rhs_q = quantize_operand(lhs, lc, None), quantize_operand(rhs, rc, None)  # dynamic scales
-    int_params = {**params, "preferred_element_type": np.int32, "precision": None}
+    # an explicit default precision: under jax_default_matmul_precision="float32" (a common setting) XLA:TPU's ragged
+    # dot kernel (Mosaic) was asked for an fp32 contraction of int8 codes and refused to compile ("Bad lhs type")
+    int_params = {**params, "preferred_element_type": np.int32, "precision": lax.Precision.DEFAULT}
     sums = ragged_dot_float(lhs_q.codes, rhs_q.codes, group_sizes, **int_params)
     acc = lax.convert_element_type(sums, _common_dtype(lhs_q, rhs_q, out_dtype))
     lhs_dims = ragged.dot_dimension_numbers

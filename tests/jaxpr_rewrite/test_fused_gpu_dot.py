@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import examples, iter_eqns, reference_dot, with_zero_and_non_finite_rows
+from helpers import CPU, examples, iter_eqns, reference_dot, with_zero_and_non_finite_rows
 from jaxpr_rewrite import Int8ifyError, int8ify, quantize_params
 from jaxpr_rewrite.fused_gpu_dot import fused_dot, fused_dots
 
@@ -52,6 +52,14 @@ def cases(draw):
     w = np.array(rng.normal(size=(n, k) if transposed else (k, n)), np.float32)
     w[:, 0] = 0  # an all-zero weight column (or row of the transposed layout): scale 1
     return x, w, transposed, bad_rows
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _on_the_cpu_where_the_default_device_is_a_tpu():
+    """The kernel is a GPU's, run here in Pallas' interpreter, whose float64 and unsigned arithmetic XLA:TPU does not
+    compile (``Binary op add with different element types: s32 and u32``): on a TPU host the tests run on the CPU."""
+    with jax.default_device(CPU if jax.default_backend() == "tpu" else None):
+        yield
 
 
 # Pallas' interpreter fills the out-of-bounds part of a float64 block with NaN after the kernel's x64 context

@@ -32,6 +32,16 @@ def reference_ragged(x, w, group_sizes):
     return np.concatenate(out + [np.zeros((x.shape[0] - start, w.shape[2]))])
 
 
+def test_the_int8_ragged_dot_keeps_the_default_precision_under_a_float32_default():
+    """XLA:TPU's ragged dot kernel refuses an fp32 contraction of int8 codes: under
+    ``jax_default_matmul_precision="float32"`` the int8 ragged dot asks for the default precision itself."""
+    f = int8ify(lambda x, w, g: lax.ragged_dot(x, w, g))
+    with jax.default_matmul_precision("float32"):
+        (ragged,) = dot_eqns(jax.make_jaxpr(f)(MOE_X, MOE_W, MOE_GROUPS))
+    assert [str(v.aval.dtype) for v in ragged.invars[:2]] == ["int8", "int8"]
+    assert ragged.params["precision"] == (lax.Precision.DEFAULT, lax.Precision.DEFAULT)  # None reads as HIGHEST here
+
+
 @pytest.mark.parametrize("sizes", [(40, 0, 60, 28), (128, 0, 0, 0), (10, 20, 30, 40)])
 def test_moe_grouped_matmul_matches_the_reference(sizes):
     x = away_from_ties(rng.normal(size=(128, 64)), (1,))
