@@ -109,12 +109,13 @@ def test_a_tpu_host_runs_the_tests_in_one_process_and_leaves_out_the_gpu_only_st
                         lambda command, **kwargs: commands.append(command) or subprocess.CompletedProcess(command, 0,
                                                                                                           "", ""))
     # every step that measures is stubbed (the dry run covers them): at full size they took minutes on a CPU
-    for name in ("speed", "exactness", "kernel_profile", "hlo_check", "block_scaled"):
+    measuring = ("speed", "exactness", "kernel_profile", "hlo_check", "block_scaled")
+    for name in measuring:
         monkeypatch.setattr(device_check, name, lambda *args, name=name: f"{name} ran")
     out = tmp_path / "device.md"
     assert device_check.main(["--out", str(out)]) == 0
     text = out.read_text()
-    assert all(f"{name} ran" in text for name in ("speed", "exactness", "kernel_profile", "hlo_check", "block_scaled"))
+    assert all(f"{name} ran" in text for name in measuring)
     assert "fused kernel" not in text and "autotuning" not in text
     [pytest_command] = [c for c in commands if "pytest" in c]  # and no autotune subprocess
     assert not [c for c in commands if "-c" in c]
