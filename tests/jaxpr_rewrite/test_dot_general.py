@@ -173,3 +173,18 @@ def test_preferred_float32_output_from_bf16_operands():
     assert out.dtype == jnp.float32
     want = reference_dot(np.asarray(a, np.float32), np.asarray(a, np.float32).T, (((1,), (0,)), ((), ())))
     np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("lhs_shape", [(8, 64), (1, 64), (2, 140_000)], ids=["rows", "one-row", "chunked"])
+def test_int8_dots_keep_the_default_precision_under_a_float32_default(lhs_shape):
+    """An int8 dot's sums are exact at any precision; without an explicit one, ``jax_default_matmul_precision=
+    "float32"`` (a common setting) would ask XLA for an fp32 contraction of int8 codes, which XLA:TPU's ragged dot
+    refused (test_ragged.py). The one-row and chunked (overflow-safe) forms ask for the default too."""
+    x = jax.ShapeDtypeStruct(lhs_shape, jnp.float32)
+    w = jax.ShapeDtypeStruct((lhs_shape[1], 16), jnp.float32)
+    with jax.default_matmul_precision("float32"):
+        dots = dot_eqns(jax.make_jaxpr(int8ify(jnp.matmul))(x, w))
+        lowered = jax.jit(int8ify(jnp.matmul)).lower(x, w).as_text()
+    assert dots and all(str(d.invars[0].aval.dtype) == "int8" for d in dots)
+    assert all(d.params["precision"] == (jax.lax.Precision.DEFAULT,) * 2 for d in dots)
+    assert "HIGHEST" not in lowered
