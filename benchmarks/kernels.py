@@ -115,7 +115,7 @@ def main(argv=None) -> int:
         x = jax.random.normal(jax.random.PRNGKey(batch), (batch, WIDTH))
         wrapped = jax.jit(int8ify(apply))
         hand, hand_weights = hand_program(params)
-        (floor, floor_args), _ = floor_program(params, batch)
+        (floor, floor_args), _ = floor_program(params, x)
         calibration = [(jax.random.normal(jax.random.PRNGKey(100 + i), (max(batch, 32), WIDTH)),) for i in range(4)]
         variants = {
             "floor": (floor, floor_args),

@@ -21,8 +21,11 @@ variant time:
 * ``int8ify closed over``     ``jax.jit(int8ify(lambda x: model.apply(params, x)))``: weights the function closes
                               over are quantized once, when its program is traced;
 * ``bare int8 dots``          only the model's int8 x int8 -> int32 dots;
-* ``floor``                   the int8 dots plus the model's own bias and gelu on their int32 results (what any int8
-                              program of this model must pay: no quantization or scale pass);
+* ``floor``                   the int8 dots plus the model's own bias and gelu on their int32 results, each dot's
+                              input a cast to int8, the float input's too (what any int8 program of this model must
+                              pay: no reduction or scale pass);
+* ``floor, int8 input``       the floor handed its input as int8 codes (the floor of earlier runs): no program of a
+                              float model gets that, and XLA:CPU's runtime can run it faster or slower than the floor;
 * ``floor + NaN check``       the floor with what NaN propagation adds to it: a minimum over each dot's int8 input,
                               beside the dot, poisoning the rows it marks. More work, yet XLA:CPU runs it faster
                               than the floor, whose kernels form a chain (docs/performance.md).
@@ -155,22 +158,26 @@ def hand_program(params):
     return jax.jit(run), weights
 
 
-def floor_program(params, batch, nan_check: bool = False):
+def floor_program(params, x, nan_check: bool = False):
     """The int8 dots of the model with its own bias and gelu applied to their (converted) int32 results; with
-    ``nan_check``, each dot's output rows are poisoned where a minimum over its int8 input finds the code -128."""
+    ``nan_check``, each dot's output rows are poisoned where a minimum over its int8 input finds the code -128.
+
+    Every dot's int8 input is a cast, standing in for any quantization (no reduction, no scale): the model's float
+    input ``x`` too, as any int8 program of a float model must convert it, in a pass of its own. The bare dots are
+    handed int8 inputs and codes of their own (copies), so that neither program finds the other's weights in the
+    cache when they are timed one after the other."""
     codes = [quantize(layer["kernel"], (0,)).codes for layer in layers(params)]
     biases = [layer["bias"] for layer in layers(params)]
-    x = jnp.ones((batch, codes[0].shape[0]), jnp.int8)
 
-    # x and the codes are int8 (made above); the linter cannot see their dtype through the lists
+    # the codes are int8 (made above); the linter cannot see their dtype through the lists
     def run(x, codes, biases):
+        x = x.astype(jnp.int8)
         for i, (w, b) in enumerate(zip(codes, biases)):
             h = lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)  # noqa: JX101
             h = h.astype(jnp.float32) + b
             if nan_check:
                 h = h + jnp.where(jnp.min(x, axis=1) == -128, jnp.nan, 0.0)[:, None]
             h = nn.gelu(h) if i < LAYERS - 1 else h
-            # the next dot's input: a cast, standing in for any quantization (no reduction, no scale)
             x = h.astype(jnp.int8) if i < LAYERS - 1 else h
         return x
 
@@ -178,7 +185,8 @@ def floor_program(params, batch, nan_check: bool = False):
         return [lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)  # noqa: JX101
                 for w in codes]
 
-    return (jax.jit(run), (x, codes, biases)), (jax.jit(bare), (x, codes))
+    bare_args = (x.astype(jnp.int8), [jnp.array(c, copy=True) for c in codes])
+    return (jax.jit(run), (x, codes, biases)), (jax.jit(bare), bare_args)
 
 
 def qwix_program(model, params, x):
@@ -244,7 +252,7 @@ def main(argv=None) -> int:
                                  calibration=[(jax.random.normal(jax.random.PRNGKey(100 + i), (max(batch, 32), width)),)
                                               for i in range(4)])
         hand, hand_weights = hand_program(params)
-        (floor, floor_args), (bare, bare_args) = floor_program(params, batch)
+        (floor, floor_args), (bare, bare_args) = floor_program(params, x)
         variants = {"float32": (f32, (params, x))}
         if jax.default_backend() != "cpu":  # an accelerator's own float baseline (a CPU's bf16 is emulated)
             variants["bf16"] = (f32, jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), (params, x)))
@@ -263,7 +271,8 @@ def main(argv=None) -> int:
             "int8ify closed over": (jax.jit(int8ify(lambda v: apply(params, v))), (x,)),
             "bare int8 dots": (bare, bare_args),
             "floor": (floor, floor_args),
-            "floor + NaN check": floor_program(params, batch, nan_check=True)[0],
+            "floor + NaN check": floor_program(params, x, nan_check=True)[0],
+            "floor, int8 input": floor_program(params, x.astype(jnp.int8))[0],
         })
         times = times_by_batch[batch] = time_interleaved(variants, rounds, reps)
         reference = f32(params, x)

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 from conftest import ROOT
 
 
@@ -152,11 +153,35 @@ def test_peers_benchmark_runs_and_names_the_machine(tmp_path, monkeypatch):
     text = out.read_text()
     assert text.startswith("CPU: ") and f"JAX {jax.__version__}" in text
     for variant in ("float32", "hand W8A8", "int8ify+qparams", "int8ify static", "int8ify eager",
-                    "int8ify closed over", "floor", "floor + NaN check"):
+                    "int8ify closed over", "floor", "floor + NaN check", "floor, int8 input"):
         assert f"| 1 | {variant} |" in text, variant
     # at batch 1 only the targets for every batch are read: against the hand-written program (and the peers)
     assert "| weights quantized once: at most the hand-written program's time | 1 | " in text
     assert "within 1.25x of the floor" not in text and "at least float32's speed" not in text
+
+
+def test_the_floor_converts_the_float_input_and_owns_its_weights(monkeypatch):
+    """The floor is the model's int8 dots with its bias and gelu, every dot's input a cast to int8 (the float input's
+    too); the bare dots get copies of the codes, so neither finds the other's weights warm in the cache."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    sys.modules.pop("peers", None)
+    import peers
+
+    model, params = peers.flax_mlp(64)
+    x = jax.random.normal(jax.random.PRNGKey(1), (8, 64)) * 3
+    (floor, (fx, codes, biases)), (bare, (bx, bare_codes)) = peers.floor_program(params, x)
+    assert fx.dtype == np.float32 and bx.dtype == np.int8
+    assert all(a is not b and np.array_equal(a, b) for a, b in zip(codes, bare_codes))
+
+    def cast(v):  # XLA's float -> int8 conversion: toward zero, saturating
+        return np.clip(np.trunc(v), -128, 127)
+
+    h = cast(np.asarray(x, np.float64))
+    for i, (w, b) in enumerate(zip(codes, biases)):
+        h = h @ np.asarray(w, np.float64) + np.asarray(b, np.float64)
+        if i < peers.LAYERS - 1:
+            h = cast(np.asarray(jax.nn.gelu(h.astype(np.float32)), np.float64))
+    np.testing.assert_allclose(np.asarray(floor(fx, codes, biases)), h, rtol=1e-5, atol=1e-3)
 
 
 def test_peers_speed_targets_compare_with_the_fastest_baseline_measured(monkeypatch):
