@@ -210,9 +210,9 @@ def run_tests(timeout: float, dry_run: bool, tests: list[str] | None, traceback_
 
 def _outcomes(output: str) -> list[tuple[str, str]]:
     """``(test, outcome)`` for each test ``pytest -v`` reported: ``test PASSED`` alone, ``[gw0] [ 5%] PASSED test``
-    under pytest-xdist."""
-    serial = re.findall(r"^(tests/\S+) (PASSED|FAILED|ERROR|SKIPPED)", output, flags=re.MULTILINE)
-    parallel = re.findall(r"^\[gw\d+\] \[\s*\d+%\] (PASSED|FAILED|ERROR|SKIPPED) (tests/\S+)", output,
+    under pytest-xdist. A parametrized test's id may hold spaces (``test_entry_points[jnp.einsum attention]``)."""
+    serial = re.findall(r"^(tests/.+?) (PASSED|FAILED|ERROR|SKIPPED)(?= |$)", output, flags=re.MULTILINE)
+    parallel = re.findall(r"^\[gw\d+\] \[\s*\d+%\] (PASSED|FAILED|ERROR|SKIPPED) (tests/.+?)\s*$", output,
                           flags=re.MULTILINE)
     return serial + [(name, outcome) for outcome, name in parallel]
 

@@ -266,12 +266,19 @@ def test_test_outcomes_are_read_with_and_without_xdist():
     output = """
 tests/jaxpr_rewrite/test_ragged.py::test_a PASSED                        [ 50%]
 tests/jaxpr_rewrite/test_ragged.py::test_b FAILED                        [100%]
+tests/jaxpr_rewrite/test_dot_general.py::test_e[jnp.einsum attention] FAILED [ 60%]
+tests/jaxpr_rewrite/test_dot_general.py::test_f[a b] PASSED
 [gw0] [ 33%] PASSED tests/jaxpr_rewrite/test_api.py::test_c
 [gw3] [100%] ERROR tests/jaxpr_rewrite/test_api.py::test_d
+[gw1] [ 40%] FAILED tests/jaxpr_rewrite/test_dot_general.py::test_e[matmul @]
 """
+    # a parametrized test's id may hold spaces: each such test is counted, a failure named
     assert device_check._outcomes(output) == [
         ("tests/jaxpr_rewrite/test_ragged.py::test_a", "PASSED"),
         ("tests/jaxpr_rewrite/test_ragged.py::test_b", "FAILED"),
+        ("tests/jaxpr_rewrite/test_dot_general.py::test_e[jnp.einsum attention]", "FAILED"),
+        ("tests/jaxpr_rewrite/test_dot_general.py::test_f[a b]", "PASSED"),
         ("tests/jaxpr_rewrite/test_api.py::test_c", "PASSED"),
         ("tests/jaxpr_rewrite/test_api.py::test_d", "ERROR"),
+        ("tests/jaxpr_rewrite/test_dot_general.py::test_e[matmul @]", "FAILED"),
     ]
