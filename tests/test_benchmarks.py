@@ -149,7 +149,7 @@ def test_peers_benchmark_runs_and_names_the_machine(tmp_path, monkeypatch):
     import peers
 
     out = tmp_path / "peers.md"
-    assert peers.main(["--quick", "--batches", "1", "--out", str(out)]) == 0
+    assert peers.main(["--quick", "--batches", "1", "--repeats", "2", "--out", str(out)]) == 0
     text = out.read_text()
     assert text.startswith("CPU: ") and f"JAX {jax.__version__}" in text
     for variant in ("float32", "hand W8A8", "int8ify+qparams", "int8ify static", "int8ify eager",
@@ -157,6 +157,7 @@ def test_peers_benchmark_runs_and_names_the_machine(tmp_path, monkeypatch):
         assert f"| 1 | {variant} |" in text, variant
     # at batch 1 only the targets for every batch are read: against the hand-written program (and the peers)
     assert "| weights quantized once: at most the hand-written program's time | 1 | " in text
+    assert "the median of 2 such measurements" in text and " of 2 |" in text  # --repeats 2: a count per target
     assert "within 1.25x of the floor" not in text and "at least float32's speed" not in text
 
 
@@ -189,9 +190,9 @@ def test_peers_speed_targets_compare_with_the_fastest_baseline_measured(monkeypa
     sys.modules.pop("peers", None)
     import peers
 
-    times = {256: {"float32": 6.0, "Qwix PTQ": 4.2, "AQT SERVE": 4.0, "hand W8A8": 4.1, "int8ify+qparams": 4.4,
-                   "int8ify static": 4.3, "int8ify (weights/call)": 5.0, "floor": 4.0},
-             1: {"float32": 0.4, "hand W8A8": 0.7, "int8ify+qparams": 0.35, "floor": 0.7}}
+    times = {256: [{"float32": 6.0, "Qwix PTQ": 4.2, "AQT SERVE": 4.0, "hand W8A8": 4.1, "int8ify+qparams": 4.4,
+                    "int8ify static": 4.3, "int8ify (weights/call)": 5.0, "floor": 4.0}],
+             1: [{"float32": 0.4, "hand W8A8": 0.7, "int8ify+qparams": 0.35, "floor": 0.7}]}
     rows = [line.split(" | ") for line in peers.target_lines(times)[2:]]
     table = {(row[0].lstrip("| "), int(row[1])): (row[2], row[3].rstrip(" |")) for row in rows}
     assert table[("weights quantized once: at most the best peer's time", 256)] == ("1.10 x AQT SERVE", "no")
@@ -203,6 +204,22 @@ def test_peers_speed_targets_compare_with_the_fastest_baseline_measured(monkeypa
     assert table[(hand, 1)] == ("0.50 x hand W8A8", "yes")
     # batch 1: no peer measured, below the floor targets' and the per-call target's batches
     assert {key for key in table if key[1] == 1} == {(hand, 1)}
+
+
+def test_peers_speed_targets_over_repeated_measurements_give_range_median_and_count(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    sys.modules.pop("peers", None)
+    import peers
+
+    runs = [{"Qwix PTQ": 4.0, "AQT SERVE": 4.4, "hand W8A8": 4.1, "int8ify+qparams": 3.9, "floor": 3.0},
+            {"Qwix PTQ": 4.4, "AQT SERVE": 4.0, "hand W8A8": 4.0, "int8ify+qparams": 4.2, "floor": 3.5},
+            {"Qwix PTQ": 4.0, "AQT SERVE": 4.2, "hand W8A8": 4.0, "int8ify+qparams": 4.1, "floor": 3.4}]
+    rows = [line.split(" | ") for line in peers.target_lines({256: runs})[2:]]
+    table = {row[0].lstrip("| "): (row[2], row[3].rstrip(" |")) for row in rows}
+    # 3.9 / 4.0, 4.2 / 4.0, 4.1 / 4.0: the fastest peer of each measurement, both named
+    assert table["weights quantized once: at most the best peer's time"] == (
+        "0.97-1.05 (median 1.02) x Qwix PTQ / AQT SERVE", "1 of 3")
+    assert table["weights quantized once: within 1.25x of the floor"] == ("1.20-1.30 (median 1.21) x floor", "2 of 3")
 
 
 def test_kernels_benchmark_splits_each_variant_into_its_int8_dots_and_the_rest(tmp_path, monkeypatch):
