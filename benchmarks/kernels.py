@@ -10,7 +10,8 @@ the calls, then splits it into the int8 dots (a fusion whose computation holds a
 runs independent kernels at once (the quantization of each weight when the weights come per call, a reduction
 over the codes beside its dot), and then kernel times overlap: their sum exceeds the call's wall time, printed
 beside it (the median of a timed loop), so compare such a variant's passes with care.
-Variants: ``floor`` (the dots plus the model's own bias and gelu), ``hand W8A8``, ``int8ify+qparams``,
+Variants: ``floor`` (the dots plus the model's own bias and gelu, each dot's input a cast to int8, the model's
+float input's too: ``peers.floor_program``), ``hand W8A8``, ``int8ify+qparams``,
 ``int8ify static`` and ``int8ify (weights/call)`` (the weights quantized in the program, under ``jit``). The
 passes are printed in microseconds per call and as a ratio to the floor's (what the model itself must run
 besides its dots).
