@@ -13,7 +13,7 @@ from jax import lax
 from .layout import blocked, blocked_dimension_numbers, contraction_size, decided, free_axes, is_static
 from .quantize import MAX_INT32_SAFE_CONTRACTION
 
-__all__ = ["int32_dot"]
+__all__ = ["INT8_PRECISION", "int32_dot"]
 
 # XLA's GPU int8 GEMM (the Triton emitter, JAX 0.11) returns doubled sums when the contraction length is not a
 # multiple of 4 and the lhs has more than one row; zero padding to a multiple of 4 keeps the sums exact there.
@@ -73,16 +73,16 @@ def _matrix_vector_safe_dot(lhs_codes, rhs_codes, dimension_numbers):
                     functools.partial(_int32_sums, dimension_numbers=dimension_numbers), lhs_codes, rhs_codes)
 
 
-# An explicit default precision, as the int8 ragged dot asks (ragged_dot.py): without one, a user's
+# The precision every int8 dot asks for (the ragged dot's too): without an explicit one, a user's
 # jax_default_matmul_precision="float32" asks XLA for an fp32 contraction of int8 codes. The sums are exact either
 # way; XLA:CPU, XLA:GPU (deviceless H200) and XLA:TPU (a v5e: the same convolution, the same time) compile such a
-# dot_general alike, but XLA:TPU's ragged dot kernel refuses one, so no int8 dot asks for it.
-_INT8_PRECISION = lax.Precision.DEFAULT
+# dot_general alike, but XLA:TPU's ragged dot kernel (Mosaic) refuses one ("Bad lhs type").
+INT8_PRECISION = lax.Precision.DEFAULT
 
 
 def _int32_sums(lhs_codes, rhs_codes, dimension_numbers):
     # int8 codes, which the linter cannot tell from the arguments' names
-    return lax.dot_general(lhs_codes, rhs_codes, dimension_numbers, precision=_INT8_PRECISION,  # noqa: JX101
+    return lax.dot_general(lhs_codes, rhs_codes, dimension_numbers, precision=INT8_PRECISION,  # noqa: JX101
                            preferred_element_type=np.int32)
 
 
@@ -114,7 +114,7 @@ def int32_dot(lhs_codes, rhs_codes, dimension_numbers, dtype):
     rhs3 = blocked(rhs_codes, rc, rb, n_chunks, chunk)
     acc = lax.dot_general(
         lhs3, rhs3, blocked_dimension_numbers(dimension_numbers, lhs_codes.ndim, rhs_codes.ndim),
-        precision=_INT8_PRECISION, preferred_element_type=np.int32,
+        precision=INT8_PRECISION, preferred_element_type=np.int32,
     )
     # acc is (batch..., chunk, lhs free..., rhs free...): sum the chunks in the compute dtype.
     return lax.reduce_sum(lax.convert_element_type(acc, dtype), (len(lb),))

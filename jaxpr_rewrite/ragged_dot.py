@@ -10,6 +10,7 @@ import numpy as np
 from jax import lax
 
 from .errors import Int8ifyError
+from .int32_dot import INT8_PRECISION
 from .int8_dot import PER_CHANNEL, Scheme, _common_dtype, _scaled  # the dot's own epilogue, shared
 from .layout import free_axes, scale_to_output
 from .operands import quantize_operand
@@ -53,9 +54,7 @@ def int8_ragged_dot_general_impl(lhs, rhs, group_sizes, float_params, out_dtype,
         raise Int8ifyError("ragged_dot_general is rewritten with per-channel scales only (no granularity or "
                            "block_size); skip it with skip_if to keep it float")
     lhs_q, rhs_q = quantize_operand(lhs, lc, None), quantize_operand(rhs, rc, None)  # dynamic scales
-    # an explicit default precision: under jax_default_matmul_precision="float32" (a common setting) XLA:TPU's ragged
-    # dot kernel (Mosaic) was asked for an fp32 contraction of int8 codes and refused to compile ("Bad lhs type")
-    int_params = {**params, "preferred_element_type": np.int32, "precision": lax.Precision.DEFAULT}
+    int_params = {**params, "preferred_element_type": np.int32, "precision": INT8_PRECISION}
     sums = ragged_dot_float(lhs_q.codes, rhs_q.codes, group_sizes, **int_params)
     acc = lax.convert_element_type(sums, _common_dtype(lhs_q, rhs_q, out_dtype))
     lhs_dims = ragged.dot_dimension_numbers
