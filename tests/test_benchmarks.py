@@ -6,6 +6,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 from conftest import ROOT
 
 
@@ -143,11 +144,17 @@ FAILED tests/jaxpr_rewrite/test_ragged.py::test_a - AssertionError: x was 1
     ]
 
 
-def test_peers_benchmark_runs_and_names_the_machine(tmp_path, monkeypatch):
+@pytest.fixture
+def peers(monkeypatch):
+    """``benchmarks/peers.py``, imported afresh from beside this checkout's benchmarks."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     sys.modules.pop("peers", None)
     import peers
 
+    return peers
+
+
+def test_peers_benchmark_runs_and_names_the_machine(tmp_path, peers):
     out = tmp_path / "peers.md"
     assert peers.main(["--quick", "--batches", "1", "--repeats", "2", "--out", str(out)]) == 0
     text = out.read_text()
@@ -161,13 +168,9 @@ def test_peers_benchmark_runs_and_names_the_machine(tmp_path, monkeypatch):
     assert "within 1.25x of the floor" not in text and "at least float32's speed" not in text
 
 
-def test_the_floor_converts_the_float_input_and_owns_its_weights(monkeypatch):
+def test_the_floor_converts_the_float_input_and_owns_its_weights(peers):
     """The floor is the model's int8 dots with its bias and gelu, every dot's input a cast to int8 (the float input's
     too); the bare dots get copies of the codes, so neither finds the other's weights warm in the cache."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    sys.modules.pop("peers", None)
-    import peers
-
     model, params = peers.flax_mlp(64)
     x = jax.random.normal(jax.random.PRNGKey(1), (8, 64)) * 3
     (floor, (fx, codes, biases)), (bare, (bx, bare_codes)) = peers.floor_program(params, x)
@@ -185,11 +188,7 @@ def test_the_floor_converts_the_float_input_and_owns_its_weights(monkeypatch):
     np.testing.assert_allclose(np.asarray(floor(fx, codes, biases)), h, rtol=1e-5, atol=1e-3)
 
 
-def test_peers_speed_targets_compare_with_the_fastest_baseline_measured(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    sys.modules.pop("peers", None)
-    import peers
-
+def test_peers_speed_targets_compare_with_the_fastest_baseline_measured(peers):
     times = {256: [{"float32": 6.0, "Qwix PTQ": 4.2, "AQT SERVE": 4.0, "hand W8A8": 4.1, "int8ify+qparams": 4.4,
                     "int8ify static": 4.3, "int8ify (weights/call)": 5.0, "floor": 4.0}],
              1: [{"float32": 0.4, "hand W8A8": 0.7, "int8ify+qparams": 0.35, "floor": 0.7}]}
@@ -206,11 +205,7 @@ def test_peers_speed_targets_compare_with_the_fastest_baseline_measured(monkeypa
     assert {key for key in table if key[1] == 1} == {(hand, 1)}
 
 
-def test_peers_speed_targets_over_repeated_measurements_give_range_median_and_count(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    sys.modules.pop("peers", None)
-    import peers
-
+def test_peers_speed_targets_over_repeated_measurements_give_range_median_and_count(peers):
     runs = [{"Qwix PTQ": 4.0, "AQT SERVE": 4.4, "hand W8A8": 4.1, "int8ify+qparams": 3.9, "floor": 3.0},
             {"Qwix PTQ": 4.4, "AQT SERVE": 4.0, "hand W8A8": 4.0, "int8ify+qparams": 4.2, "floor": 3.5},
             {"Qwix PTQ": 4.0, "AQT SERVE": 4.2, "hand W8A8": 4.0, "int8ify+qparams": 4.1, "floor": 3.4}]
