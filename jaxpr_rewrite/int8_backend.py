@@ -8,7 +8,7 @@ from .backends import SiblingDots, register_backend
 from .config import RewriteConfig
 from .gpu_gemm_flags import check_int8_gemm_flags
 from .int8_dot import Scheme, fits_sibling_kernel, int8_dot_general_impl, int8_sibling_dots_impl
-from .operands import checks_codes
+from .operands import inlines_early_on_cpu
 from .quantize import MAX_INT32_SAFE_CONTRACTION
 from .quantized import is_quantized
 from .ragged_dot import int8_ragged_dot_general_impl, ragged_dot_float
@@ -21,12 +21,13 @@ def _dot_impl(lhs, rhs, float_params, out_dtype, scheme):
     return int8_dot_general_impl(lhs, rhs, dict(float_params)["dimension_numbers"], out_dtype, scheme)
 
 
-def _checks_codes_beside_the_dot(lhs, rhs, float_params, out_dtype, scheme) -> bool:
-    """Whether the program checks an operand's int8 codes for NaN beside its dot (on CPU): XLA:CPU runs such a
-    program faster inlined early (JAX 0.12: the Flax MLP 5-16% with dynamic scales, 7-10% with static ones, the
+def _inlines_early(lhs, rhs, float_params, out_dtype, scheme) -> bool:
+    """Whether XLA:CPU gets the dot's program inlined early: where it quantizes a matrix or takes a static scale
+    (:func:`~jaxpr_rewrite.operands.inlines_early_on_cpu`), whose int8 codes it checks for NaN beside the dot,
+    XLA:CPU runs it faster so (JAX 0.12: the Flax MLP 5-16% with dynamic scales, 7-10% with static ones, the
     MiniLM encoder with static scales 13%; ``docs/performance.md``). A block-scaled dot quantizes blocks, not
     matrices."""
-    return scheme.block_size is None and (checks_codes(lhs, rhs) or checks_codes(rhs, lhs))
+    return scheme.block_size is None and (inlines_early_on_cpu(lhs, rhs) or inlines_early_on_cpu(rhs, lhs))
 
 
 def _as_dots_read_it(x):
@@ -44,7 +45,7 @@ def _as_dots_read_it(x):
 
 
 _dot_impl.__name__ = "int8_dot_general_impl"
-int8_dot_general = straight_through(_dot_impl, early_when=_checks_codes_beside_the_dot)
+int8_dot_general = straight_through(_dot_impl, early_when=_inlines_early)
 """``int8_dot_general(lhs, rhs, float_params, out_dtype, scheme)``: one float ``dot_general`` computed in int8
 under :class:`Scheme` ``scheme``, as ``int32_sum * lhs_scale * rhs_scale`` in ``out_dtype``, with a
 straight-through gradient. ``lhs``/``rhs`` may be :class:`QuantizedArray` (pre-quantized weights, no gradient)."""
@@ -56,7 +57,7 @@ int8_ragged_dot_general = straight_through(int8_ragged_dot_general_impl, ragged_
 
 int8_sibling_dots = straight_through_group(
     int8_sibling_dots_impl, early_when=lambda lhs, rhss, float_params, out_dtypes, scheme: any(
-        _checks_codes_beside_the_dot(lhs, rhs, params, out_dtype, scheme)
+        _inlines_early(lhs, rhs, params, out_dtype, scheme)
         for rhs, params, out_dtype in zip(rhss, float_params, out_dtypes)))
 """``int8_sibling_dots(lhs, rhss, float_params, out_dtypes, scheme)``: several float ``dot_general`` s of one
 activation in int8, one kernel on an NVIDIA GPU, each with a straight-through gradient."""

@@ -16,12 +16,13 @@ from .blocks import from_blocks, to_blocks
 from .errors import Int8ifyError
 from .float64_scales import quantize_by_float64, quantize_with_float64_scales
 from .int4 import pack_int4
+from .layout import contraction_size, is_static
 from .quantize import compute_dtype, epilogue_factors, quantize_dynamic_parts, quantize_parts
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
 from .static_activations import ScaledActivation
 from .static_scales import quantize_static_parts
 
-__all__ = ["checks_codes", "has_dynamic_scales", "quantize", "quantize_operand", "quantize_operand_in_float64",
+__all__ = ["has_dynamic_scales", "inlines_early_on_cpu", "quantize", "quantize_operand", "quantize_operand_in_float64",
            "smoothed_activation"]
 
 
@@ -112,7 +113,9 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     the same codes and scale values for every finite slice either way. On CPU,
     :func:`~jaxpr_rewrite.quantize.quantize_dynamic_parts`: XLA:CPU's reduction cannot fuse
     :func:`~jaxpr_rewrite.quantize.absmax`'s NaN-to-Inf select, which then writes a temporary as large as the
-    operand, so NaN and Inf are caught on the int8 codes instead. On GPUs,
+    operand, so NaN and Inf are caught on the int8 codes instead; but a matrix of one slice (a matrix-vector
+    product's vector) takes that select, because XLA:CPU writes a one-row ``|x|`` out as a kernel of its own
+    anyway and the check on the codes would add three kernels (the Flax MLP at batch 1: 28 instead of 44). On GPUs,
     :func:`~jaxpr_rewrite.float64_scales.quantize_by_float64`: the scale taken inside the absmax reduction, so no
     kernel of its own computes it (a ragged dot's; a dot's dynamic scales on a GPU are
     :func:`quantize_operand_in_float64`'s, read by its float64 epilogue). On TPU, and for operands of higher rank,
@@ -141,8 +144,9 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     else:
         on_gpu = (functools.partial(quantize_by_float64, reduce_axes=reduce_axes)
                   if compute_dtype(x.dtype) == np.float32 else by_contract)
-        parts = lax.platform_dependent(x, cpu=functools.partial(quantize_dynamic_parts, reduce_axes=reduce_axes),
-                                       tpu=on_tpu, default=on_gpu)
+        on_cpu = _by_slice_count(x.shape, reduce_axes, one=by_contract,
+                                 more=functools.partial(quantize_dynamic_parts, reduce_axes=reduce_axes))
+        parts = lax.platform_dependent(x, cpu=on_cpu, tpu=on_tpu, default=on_gpu)
     codes, scales, exponents, (factor, power) = parts
     return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, epilogue_factor=factor,
                           epilogue_power=power)
@@ -172,11 +176,26 @@ def has_dynamic_scales(x, partner) -> bool:
     return not (is_quantized(x) or isinstance(x, ScaledActivation) or _has_static_scale(partner))
 
 
-def checks_codes(x, partner) -> bool:
-    """Whether :func:`quantize_operand` ``(x, ..., partner)`` finds NaN and Inf with a minimum over ``x``'s int8
-    codes on CPU: with a static scale, and with dynamic scales of a matrix."""
+def inlines_early_on_cpu(x, partner) -> bool:
+    """Whether :func:`quantize_operand` ``(x, ..., partner)`` quantizes ``x`` in a form XLA:CPU runs faster inlined
+    early: with a static scale or dynamic scales of a matrix, which find NaN and Inf with a minimum over ``x``'s
+    int8 codes (a matrix with a single slice, whose ``|x|`` XLA:CPU writes out anyway, by the NaN-to-Inf absmax:
+    as fast or faster early too, ``docs/performance.md``)."""
     return not is_quantized(x) and (isinstance(x, ScaledActivation) or _has_static_scale(partner)
                                     or getattr(x, "ndim", 0) <= 2)
+
+
+def _by_slice_count(shape, reduce_axes: tuple, one, more):
+    """``one`` for an operand of ``shape`` with a single slice over ``reduce_axes`` (a matrix-vector product's
+    vector), else ``more``; for a symbolic count (``jax.export``), a ``lax.cond`` of the two, which XLA settles
+    once the exported program's shapes are refined at a call (as the one-row dot's padding, ``int32_dot``)."""
+    kept_axes = [a for a in range(len(shape)) if a not in reduce_axes]
+    kept = [shape[a] for a in kept_axes]
+    if any(is_static(d) and d != 1 for d in kept):
+        return more
+    if all(is_static(d) for d in kept):
+        return one
+    return lambda x: lax.cond(jnp.asarray(contraction_size(x.shape, kept_axes)) == 1, one, more, x)
 
 
 def _has_static_scale(partner) -> bool:

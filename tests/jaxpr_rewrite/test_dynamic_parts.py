@@ -103,6 +103,38 @@ def test_cpu_absmax_of_a_matrix_reads_the_operand_directly():
     assert _absmax_producers(batched, "cpu") == ["select_n", "abs"]  # the (4, 16, 256) activation, the weight
 
 
+@pytest.mark.parametrize("rows", [1, 2])
+def test_cpu_quantizes_a_single_row_with_the_nan_safe_absmax(rows):
+    """A matrix with one slice (a matrix-vector product's vector) takes the NaN-to-Inf absmax on CPU, whose ``|x|``
+    XLA:CPU writes out as a kernel of its own for one row anyway, and no minimum over its codes beside the dot
+    (three kernels more per dot); two rows take the codes' check."""
+    weights = quantize_params(lambda w, a: a @ w, np.ones((256, 128), np.float32), jnp.ones((rows, 256)))
+    jaxpr = jax.make_jaxpr(int8ify(lambda w, a: a @ w))(weights, jnp.ones((rows, 256)))
+    code_minimums = sum(e.primitive.name == "reduce_min" for e in platform_eqns(jaxpr, "cpu"))
+    assert (_absmax_producers(jaxpr, "cpu"), code_minimums) == ((["select_n"], 0) if rows == 1 else (["abs"], 1))
+
+
+def test_a_single_row_gets_the_outputs_it_gets_among_other_rows():
+    """The single row's program (the NaN-safe absmax, no check on the codes) gives each row the outputs the many-row
+    program gives it, bit for bit where they are finite, and non-finite outputs (Inf or NaN) for a row holding NaN
+    or Inf, at a realistic width and with rows rich in rounding ties."""
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((512, 384)) / 20).astype(np.float32)
+    x = rng.standard_normal((6, 512)).astype(np.float32)
+    x[1] = rng.integers(-300, 300, size=512) / 4.0
+    x[2] = 0.0
+    x[3, 17], x[4, 0], x[5, 511] = np.nan, np.inf, -np.inf
+    weights = quantize_params(lambda w, a: a @ w, w, jnp.asarray(x))
+    matmul = jax.jit(int8ify(lambda w, a: a @ w))
+    many = np.asarray(matmul(weights, x))
+    for row in range(len(x)):
+        one = np.asarray(matmul(weights, x[row:row + 1]))[0]
+        if np.isfinite(x[row]).all():
+            assert_same_bits_but_nan(one, many[row])
+        else:
+            assert not np.isfinite(one).any() and not np.isfinite(many[row]).any()
+
+
 def _two_layers(params, x):
     return jax.nn.gelu(x @ params["w1"] + params["b"]) @ params["w2"]
 

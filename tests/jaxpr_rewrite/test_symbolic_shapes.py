@@ -249,3 +249,26 @@ def test_a_symbolic_batch_keeps_the_two_row_dot_of_one_row():
         assert _dot_shapes(jax.jit(exported.call), qparams, x) == traced_dots
         assert traced_dots == sorted([f"s32[{max(rows, 2)},{D}]{{1,0}}", f"s32[{max(rows, 2)},{4 * D}]{{1,0}}"])
         np.testing.assert_array_equal(np.asarray(exported.call(qparams, x)), np.asarray(program(qparams, x)))
+
+
+def _code_minimums(program, *args) -> int:
+    """The int8 reductions (minimums over codes, the NaN check beside a dot) in ``program``'s optimized HLO."""
+    return len(re.findall(r"= s8\[[^\]]*\]\S* reduce\(", program.lower(*args).compile().as_text()))
+
+
+def test_a_symbolic_batch_quantizes_one_row_as_the_traced_program_does():
+    """A single row is quantized with the NaN-safe absmax on CPU and several rows with a check on their codes
+    (``operands.quantize_operand``). Exported for any batch, the program decides that when it runs: no codes'
+    minimum at one row, one per dot at five, as in the program traced at each batch, and the same outputs."""
+    params, x = _block_params()
+    qparams = quantize_params(_attention_block, params, x)
+    program = jax.jit(int8ify(lambda p, x: jnp.tanh(x @ p["wq"]) @ p["w1"]))
+    batch, = jax.export.symbolic_shape("batch")
+    exported = jax.export.export(program)(qparams, jax.ShapeDtypeStruct((batch, D), jnp.float32))
+    for rows, minimums in ((1, 0), (5, 2)):
+        x = np.random.default_rng(rows).standard_normal((rows, D)).astype(np.float32)
+        x[-1, 3] = np.nan
+        assert _code_minimums(jax.jit(exported.call), qparams, x) == _code_minimums(program, qparams, x) == minimums
+        got, want = np.asarray(exported.call(qparams, x)), np.asarray(program(qparams, x))
+        np.testing.assert_array_equal(got, want)
+        assert np.isnan(got[-1]).all() and (rows == 1 or np.isfinite(got[:-1]).all())
