@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import functools
 
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .layout import blocked, blocked_dimension_numbers, contraction_size, decided, free_axes, is_static
+from .layout import (blocked, blocked_dimension_numbers, contraction_size, decided, free_axes, is_static,
+                     one_or_more)
 from .quantize import MAX_INT32_SAFE_CONTRACTION
 
 __all__ = ["INT8_PRECISION", "int32_dot"]
@@ -58,19 +58,14 @@ def _matrix_vector_safe_dot(lhs_codes, rhs_codes, dimension_numbers):
     lhs_codes, rhs_codes = _pad_contraction(lhs_codes, rhs_codes, dimension_numbers)
     lhs_free = free_axes(lhs_codes.ndim, lc, lb)
     rhs_free = free_axes(rhs_codes.ndim, rc, rb)
-    rows = [lhs_codes.shape[a] for a in lhs_free]
     # (a symbolic column count, from jax.export, may be more than one: the padded row is sliced off either way)
-    if (not lhs_free or any(is_static(n) and n != 1 for n in rows)
-            or decided(lambda: contraction_size(rhs_codes.shape, rhs_free) <= 1)):
+    if not lhs_free or decided(lambda: contraction_size(rhs_codes.shape, rhs_free) <= 1):
         return _int32_sums(lhs_codes, rhs_codes, dimension_numbers)
-    if all(is_static(n) for n in rows):
-        return _int32_sums_of_two_rows(lhs_codes, rhs_codes, dimension_numbers, lhs_free[0])
-    # a symbolic row count (jax.export): one row or more is known when the program runs, and XLA keeps the one
-    # branch once the exported program's shapes are refined at a call
-    one_row = jnp.asarray(contraction_size(lhs_codes.shape, lhs_free)) == 1
-    return lax.cond(one_row, functools.partial(_int32_sums_of_two_rows, dimension_numbers=dimension_numbers,
-                                               row_axis=lhs_free[0]),
-                    functools.partial(_int32_sums, dimension_numbers=dimension_numbers), lhs_codes, rhs_codes)
+    # a symbolic row count (jax.export): one row or more is decided when the program runs
+    return one_or_more([lhs_codes.shape[a] for a in lhs_free],
+                       functools.partial(_int32_sums_of_two_rows, dimension_numbers=dimension_numbers,
+                                         row_axis=lhs_free[0]),
+                       functools.partial(_int32_sums, dimension_numbers=dimension_numbers), lhs_codes, rhs_codes)
 
 
 # The precision every int8 dot asks for (the ragged dot's too): without an explicit one, a user's

@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 
 from ._compat import InconclusiveDimension
 
 __all__ = ["blocked", "blocked_dimension_numbers", "contraction_size", "decided", "free_axes", "is_static",
-           "scale_to_output"]
+           "one_or_more", "scale_to_output"]
 
 
 def contraction_size(shape, contracting):
@@ -37,6 +38,17 @@ def decided(comparison: Callable[[], bool]) -> bool | None:
         return bool(comparison())
     except InconclusiveDimension:
         return None
+
+
+def one_or_more(sizes: Sequence, one: Callable, more: Callable, *operands):
+    """``one(*operands)`` where the product of ``sizes`` is 1, ``more(*operands)`` where it is not; where a size is
+    one of ``jax.export``'s symbolic dims that leave it open, a ``lax.cond`` of the two, which XLA settles once the
+    exported program's shapes are refined at a call (it keeps the one branch)."""
+    if any(is_static(n) and n != 1 for n in sizes):
+        return more(*operands)
+    if all(is_static(n) for n in sizes):
+        return one(*operands)
+    return lax.cond(jnp.asarray(contraction_size(sizes, range(len(sizes)))) == 1, one, more, *operands)
 
 
 def free_axes(ndim: int, contracting: Sequence[int], batch: Sequence[int]) -> tuple[int, ...]:

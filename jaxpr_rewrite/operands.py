@@ -16,7 +16,7 @@ from .blocks import from_blocks, to_blocks
 from .errors import Int8ifyError
 from .float64_scales import quantize_by_float64, quantize_with_float64_scales
 from .int4 import pack_int4
-from .layout import contraction_size, is_static
+from .layout import one_or_more
 from .quantize import compute_dtype, epilogue_factors, quantize_dynamic_parts, quantize_parts
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
 from .static_activations import ScaledActivation
@@ -144,8 +144,10 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     else:
         on_gpu = (functools.partial(quantize_by_float64, reduce_axes=reduce_axes)
                   if compute_dtype(x.dtype) == np.float32 else by_contract)
-        on_cpu = _by_slice_count(x.shape, reduce_axes, one=by_contract,
-                                 more=functools.partial(quantize_dynamic_parts, reduce_axes=reduce_axes))
+        # a matrix of one slice (a matrix-vector product's vector) by the contract's NaN-to-Inf absmax (above)
+        kept_sizes = [d for a, d in enumerate(x.shape) if a not in reduce_axes]
+        on_cpu = functools.partial(one_or_more, kept_sizes, by_contract,
+                                   functools.partial(quantize_dynamic_parts, reduce_axes=reduce_axes))
         parts = lax.platform_dependent(x, cpu=on_cpu, tpu=on_tpu, default=on_gpu)
     codes, scales, exponents, (factor, power) = parts
     return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, epilogue_factor=factor,
@@ -183,19 +185,6 @@ def inlines_early_on_cpu(x, partner) -> bool:
     as fast or faster early too, ``docs/performance.md``)."""
     return not is_quantized(x) and (isinstance(x, ScaledActivation) or _has_static_scale(partner)
                                     or getattr(x, "ndim", 0) <= 2)
-
-
-def _by_slice_count(shape, reduce_axes: tuple, one, more):
-    """``one`` for an operand of ``shape`` with a single slice over ``reduce_axes`` (a matrix-vector product's
-    vector), else ``more``; for a symbolic count (``jax.export``), a ``lax.cond`` of the two, which XLA settles
-    once the exported program's shapes are refined at a call (as the one-row dot's padding, ``int32_dot``)."""
-    kept_axes = [a for a in range(len(shape)) if a not in reduce_axes]
-    kept = [shape[a] for a in kept_axes]
-    if any(is_static(d) and d != 1 for d in kept):
-        return more
-    if all(is_static(d) for d in kept):
-        return one
-    return lambda x: lax.cond(jnp.asarray(contraction_size(x.shape, kept_axes)) == 1, one, more, x)
 
 
 def _has_static_scale(partner) -> bool:
