@@ -17,7 +17,10 @@ Prints, each a median of ``--repeats`` runs on fresh function objects (so no JAX
   the int8 program's own first call is its floor;
 * the first call of a 4 x 1024 MLP that closes over its weights, ``jax.jit(int8ify(lambda x: mlp(params, x)))``,
   against the float closure's (target: at most 1.5x): int8ify quantizes the weights once when it traces the
-  program, where XLA would fold their quantization at compile time (seconds per million weights).
+  program, where XLA would fold their quantization at compile time (seconds per million weights);
+* what ``jax.jit`` takes per call to dispatch the 4 x 1024 MLP's ``quantize_params`` output (four QuantizedArrays,
+  the biases) to a program that ignores it, over the same call without it, beside the same arrays passed as a list:
+  the flattening of the QuantizedArrays (microseconds; a serving loop at batch 1 pays it on every call).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jaxpr_rewrite import int8ify, report  # noqa: E402
+from jaxpr_rewrite import int8ify, quantize_params, report  # noqa: E402
 from speed import quantize_plain  # noqa: E402  (benchmarks/speed.py: the hand-written quantization)
 
 
@@ -97,6 +100,28 @@ def hand_w8a8_flax_mlp(layers: int):
     return apply
 
 
+def dispatch_us(params, x, repeats: int, calls: int = 5000) -> tuple[float, float]:
+    """Microseconds per call ``jax.jit`` spends on ``params`` (as they are, then as a list of their leaves) in a
+    program that ignores them, over the same call without them: medians of ``repeats`` interleaved rounds."""
+    ignoring = jax.jit(lambda params, x: x * 2)
+
+    def per_call(params) -> float:
+        for _ in range(200):
+            ignoring(params, x)
+        start = time.perf_counter()
+        for _ in range(calls):
+            out = ignoring(params, x)
+        jax.block_until_ready(out)
+        return (time.perf_counter() - start) / calls * 1e6
+
+    leaves = jax.tree_util.tree_leaves(params)
+    rounds = []
+    for _ in range(repeats):
+        without = per_call(())
+        rounds.append((per_call(params) - without, per_call(leaves) - without))
+    return tuple(float(v) for v in np.median(np.array(rounds), axis=0))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -132,11 +157,16 @@ def main(argv=None) -> int:
     int8_first = median(lambda: jax.jit(int8ify(closing_over(fresh_mlp(), params)))(x), ns.repeats)
     rows.append(("4x1024 MLP, closed-over weights: first call", float_first, int8_first, 1.5))
 
+    quantized = quantize_params(fresh_mlp(), params, x)
+    quantized_us, list_us = dispatch_us(quantized, x, ns.repeats)
+
     print(f"jax {jax.__version__}, {jax.devices()[0].platform}, median of {ns.repeats} runs on fresh functions")
     print(f"{'what':44s} {'base s':>9s} {'measured s':>10s} {'ratio':>7s} {'target':>7s}")
     for what, base, ours, target in rows:
         target = "" if target is None else f"{target:6.1f}x"
         print(f"{what:44s} {base:9.3f} {ours:10.3f} {ours / base:6.2f}x {target:>7s}")
+    print(f"jit dispatch per call of the 4x1024 MLP's quantized params: {quantized_us:.1f} us; the same "
+          f"{len(jax.tree_util.tree_leaves(quantized))} arrays as a list: {list_us:.1f} us")
     return 0
 
 

@@ -305,6 +305,7 @@ def test_python_branch_on_a_traced_value_names_the_users_line():
 
 def test_clear_errors_for_bad_inputs():
     from jaxpr_rewrite import QuantizedArray, quantize, quantize_params, verify
+    from jaxpr_rewrite.quantized import ARRAY_FIELDS, METADATA_FIELDS
 
     q = quantize(jnp.asarray(W), (0,))
     bad = QuantizedArray(q.codes, q.scales[:2], q.exponents[:2], (0,), np.float32)
@@ -316,6 +317,15 @@ def test_clear_errors_for_bad_inputs():
     apply(q, X)
     with pytest.raises(Int8ifyError, match=r"passed to <lambda> \(QuantizedArray\(i8\[8, 5\].*malformed: scales"):
         apply(bad, X)
+    with pytest.raises(Int8ifyError, match=r"needs its dtype and either contracting \(axes\) or from_end .*got "
+                                           r"contracting=None, from_end=None, dtype=<class 'numpy.float32'>"):
+        QuantizedArray(q.codes, q.scales, q.exponents, dtype=np.float32)
+    with pytest.raises(Int8ifyError, match=r"got contracting=\(0,\), from_end=\(-2,\), dtype=None"):
+        QuantizedArray(q.codes, q.scales, q.exponents, (0,), from_end=(-2,))
+    # what the pytree unflattening passes: every field by name, from_end as it is stored
+    children, metadata = q.tree_flatten()
+    rebuilt = QuantizedArray(**dict(zip(ARRAY_FIELDS, children)), **dict(zip(METADATA_FIELDS, metadata)))
+    assert (rebuilt.from_end, rebuilt.contracting, rebuilt.dtype) == ((-2,), (0,), np.float32)
     with pytest.raises(Int8ifyError, match="verify expects the model function as its first argument, got int"):
         verify(42)
     with pytest.raises(Int8ifyError, match="quantize_params expects the model function as its first argument, "

@@ -2,11 +2,13 @@
 and gives bit-identical outputs (exported for one batch size or any), and the exported module holds only int8
 dots."""
 
+import dataclasses
 import re
 
 import jax
 import numpy as np
 import pytest
+from jax.tree_util import PyTreeDef, default_registry
 
 from helpers import deploy_model, run_fresh_python
 from jaxpr_rewrite import QuantizedArray, int8ify, quantize_params
@@ -60,6 +62,36 @@ def test_deserialized_structure_keeps_the_metadata():
     rebuilt = jax.tree_util.tree_unflatten(again.in_tree, jax.tree_util.tree_leaves(((qparams, x), {})))
     head = rebuilt[0][0]["head"]
     assert isinstance(head, QuantizedArray) and (head.shape, head.contracting, head.bits) == ((256, 65), (0,), 4)
+    np.testing.assert_array_equal(np.asarray(again.call(qparams, x)), expected)
+
+
+def test_a_program_exported_with_layout_version_1_deserializes():
+    """Version 1 had seven children (no ``smooth_inverse``): an exported program's structure of that layout
+    deserializes to QuantizedArrays whose ``smooth_inverse`` is None, which the program runs as it is."""
+    exported, qparams, x, expected = _exported(8)
+
+    def is_quantized(tree):
+        return tree.node_data() is not None and tree.node_data()[0] is QuantizedArray
+
+    def seven_children(tree):
+        if is_quantized(tree):
+            return PyTreeDef.from_node_data_and_children(default_registry, tree.node_data(), tree.children()[:-1])
+        if tree.node_data() is None:  # a leaf
+            return tree
+        return PyTreeDef.from_node_data_and_children(default_registry, tree.node_data(),
+                                                    [seven_children(child) for child in tree.children()])
+
+    def quantized_child_counts(tree):
+        if is_quantized(tree):
+            return [len(tree.children())]
+        return [n for child in (tree.children() if tree.node_data() else ()) for n in quantized_child_counts(child)]
+
+    old = dataclasses.replace(exported, in_tree=seven_children(exported.in_tree))
+    assert quantized_child_counts(exported.in_tree) == [8] * 4 and quantized_child_counts(old.in_tree) == [7] * 4
+    again = jax.export.deserialize(old.serialize())
+    rebuilt = jax.tree_util.tree_unflatten(again.in_tree, jax.tree_util.tree_leaves(((qparams, x), {})))
+    head = rebuilt[0][0]["head"]
+    assert isinstance(head, QuantizedArray) and head.smooth_inverse is None and head.codes.dtype == np.int8
     np.testing.assert_array_equal(np.asarray(again.call(qparams, x)), expected)
 
 
