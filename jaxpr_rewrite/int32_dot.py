@@ -5,9 +5,7 @@ worked around."""
 from __future__ import annotations
 
 import functools
-import re
 
-import jax.lib
 import numpy as np
 from jax import lax
 
@@ -20,10 +18,6 @@ __all__ = ["INT8_PRECISION", "int32_dot"]
 # XLA's GPU int8 GEMM (the Triton emitter, JAX 0.11) returns doubled sums when the contraction length is not a
 # multiple of 4 and the lhs has more than one row; zero padding to a multiple of 4 keeps the sums exact there.
 _CONTRACTION_MULTIPLE = 4
-
-# Whether a one-row lhs is padded to two rows (see _matrix_vector_safe_dot): the slow one-row path is that of
-# XLA:CPU before jaxlib 0.12.1 (jax.lib.__version__ is jaxlib's).
-PADS_ONE_ROW = tuple(int(part) for part in re.findall(r"\d+", jax.lib.__version__)[:3]) < (0, 12, 1)
 
 
 def _pad_contraction(lhs_codes, rhs_codes, dimension_numbers):
@@ -51,22 +45,24 @@ def _pad_contraction(lhs_codes, rhs_codes, dimension_numbers):
 
 
 def _matrix_vector_safe_dot(lhs_codes, rhs_codes, dimension_numbers):
-    """The int8 x int8 -> int32 dot, with a one-row lhs padded to two rows where XLA needs it (``PADS_ONE_ROW``).
+    """The int8 x int8 -> int32 dot, with a one-row lhs padded to two rows.
 
-    XLA's CPU backend before jaxlib 0.12.1 runs an s8 x s8 -> s32 dot with a single lhs row (batch-1 inference) on
-    a slow matrix-vector path (it converts the weight to int32), about 3x slower than the same dot with two rows
-    (benchmarks/speed.py). Padding the row with zeros and slicing it off again keeps one int8 dot and exact sums. A
-    program exported for any batch size makes that choice when it runs (benchmarks/deploy.py: without it, 5x the
-    traced program's time at batch 1). From jaxlib 0.12.1 XLA keeps a one-row int8 dot fast and the padding only
-    costs (the MLP at batch 1: 4-6% of its time, docs/performance.md), so there one row stays one row; a program
-    exported there runs there or on a newer JAX (``jax.export`` keeps older programs running, not newer ones).
+    XLA's CPU backend runs an s8 x s8 -> s32 dot with a single lhs row (batch-1 inference) on a slow
+    matrix-vector path, about 3x slower than the same dot with two rows (benchmarks/speed.py). Padding the row
+    with zeros and slicing it off again keeps one int8 dot and exact sums. A program exported for any batch size
+    makes that choice when it runs (benchmarks/deploy.py: without it, 5x the traced program's time at batch 1).
+    From jaxlib 0.12.1 XLA keeps a one-row int8 dot fast and the padding costs 4-6% of an MLP's time at batch 1,
+    but it stays there: that XLA:CPU fails to compile a one-row s8 dot whose other operand's codes are transposed in
+    the program (``x @ w.T`` of a pre-quantized weight: "Failed to translate module to LLVM IR", an i32 added to an
+    i8 in the fusion it emits for the transpose and the vector-matrix dot), and a program exported there may run on
+    an older XLA.
     """
     (lc, rc), (lb, rb) = dimension_numbers
     lhs_codes, rhs_codes = _pad_contraction(lhs_codes, rhs_codes, dimension_numbers)
     lhs_free = free_axes(lhs_codes.ndim, lc, lb)
     rhs_free = free_axes(rhs_codes.ndim, rc, rb)
     # (a symbolic column count, from jax.export, may be more than one: the padded row is sliced off either way)
-    if not PADS_ONE_ROW or not lhs_free or decided(lambda: contraction_size(rhs_codes.shape, rhs_free) <= 1):
+    if not lhs_free or decided(lambda: contraction_size(rhs_codes.shape, rhs_free) <= 1):
         return _int32_sums(lhs_codes, rhs_codes, dimension_numbers)
     # a symbolic row count (jax.export): one row or more is decided when the program runs
     return one_or_more([lhs_codes.shape[a] for a in lhs_free],

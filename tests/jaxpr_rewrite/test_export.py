@@ -79,7 +79,7 @@ def test_a_program_exported_with_layout_version_1_deserializes():
         if tree.node_data() is None:  # a leaf
             return tree
         return PyTreeDef.from_node_data_and_children(default_registry, tree.node_data(),
-                                                    [seven_children(child) for child in tree.children()])
+                                                     [seven_children(child) for child in tree.children()])
 
     def quantized_child_counts(tree):
         if is_quantized(tree):

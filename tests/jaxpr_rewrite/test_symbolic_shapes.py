@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from helpers import PLATFORMS, dot_problems, examples, reference_dot
 from jaxpr_rewrite import Int8ifyError, calibrate_activation_dots, int8ify, quantize_params
 from jaxpr_rewrite.quantize import MAX_INT32_SAFE_CONTRACTION
-from jaxpr_rewrite.int32_dot import PADS_ONE_ROW
 
 D = 64
 
@@ -236,10 +235,9 @@ def _dot_shapes(program, *args) -> list[str]:
 
 
 def test_a_symbolic_batch_keeps_the_two_row_dot_of_one_row():
-    """XLA:CPU before jaxlib 0.12.1 runs a one-row int8 dot on a slow matrix-vector path (5x the exported MLP's time
-    at batch 1 in benchmarks/deploy.py), so there one row is padded to two (``int32_dot.PADS_ONE_ROW``; a newer one
-    keeps one row fast, and one row stays one). Exported for any batch, the program decides that when it runs: at
-    one row and at several it compiles to the dots of the program traced at that batch."""
+    """XLA:CPU runs a one-row int8 dot on a slow matrix-vector path (5x the exported MLP's time at batch 1 in
+    benchmarks/deploy.py), so one row is padded to two. Exported for any batch, the program decides that when it
+    runs: at one row and at several it compiles to the dots of the program traced at that batch."""
     params, x = _block_params()
     qparams = quantize_params(_attention_block, params, x)
     program = jax.jit(int8ify(lambda p, x: jnp.tanh(x @ p["wq"]) @ p["w1"]))
@@ -249,8 +247,7 @@ def test_a_symbolic_batch_keeps_the_two_row_dot_of_one_row():
         x = np.random.default_rng(rows).standard_normal((rows, D)).astype(np.float32)
         traced_dots = _dot_shapes(program, qparams, x)
         assert _dot_shapes(jax.jit(exported.call), qparams, x) == traced_dots
-        dot_rows = max(rows, 2) if PADS_ONE_ROW else rows
-        assert traced_dots == sorted([f"s32[{dot_rows},{D}]{{1,0}}", f"s32[{dot_rows},{4 * D}]{{1,0}}"])
+        assert traced_dots == sorted([f"s32[{max(rows, 2)},{D}]{{1,0}}", f"s32[{max(rows, 2)},{4 * D}]{{1,0}}"])
         np.testing.assert_array_equal(np.asarray(exported.call(qparams, x)), np.asarray(program(qparams, x)))
 
 
