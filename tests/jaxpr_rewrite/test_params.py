@@ -507,9 +507,10 @@ def test_transposed_weights_are_quantized():
 
 @pytest.mark.parametrize("activations", ["dynamic", "static"])
 def test_one_row_times_transposed_codes(activations):
-    """Batch-1 decoding with tied embeddings: one row times a pre-quantized weight's codes transposed in the program.
-    XLA:CPU of jaxlib 0.12.1 failed to compile that dot unpadded (an i32 added to an i8 in the fusion it emits for
-    the transpose and the vector-matrix dot); at realistic sizes the row gets the numbers it gets among other rows."""
+    """Batch-1 decoding with tied embeddings: one row (a matrix of one row, a vector, one row per sequence) times a
+    pre-quantized weight's codes transposed in the program. XLA:CPU of jaxlib 0.12.1 failed to compile the one-row
+    dot unpadded (an i32 added to an i8 in the fusion it emits for the transpose and the vector-matrix dot); at
+    realistic sizes each row gets the numbers it gets among other rows."""
     table = {"table": jnp.asarray(rng.normal(size=(1024, 256)), jnp.float32)}
     xs = jnp.asarray(rng.normal(size=(4, 256)), jnp.float32)
 
@@ -518,8 +519,11 @@ def test_one_row_times_transposed_codes(activations):
 
     q = quantize_params(logits, table, xs, activations=activations)
     f = jax.jit(int8ify(logits))
+    among_rows = np.asarray(f(q, xs))
     for row in range(len(xs)):
-        np.testing.assert_array_equal(np.asarray(f(q, xs[row:row + 1])), np.asarray(f(q, xs))[row:row + 1])
+        np.testing.assert_array_equal(np.asarray(f(q, xs[row:row + 1])), among_rows[row:row + 1])
+    np.testing.assert_array_equal(np.asarray(f(q, xs[0])), among_rows[0])
+    np.testing.assert_array_equal(np.asarray(f(q, xs[:3, None]))[:, 0], among_rows[:3])
     if activations == "dynamic":  # the contract's numbers (a static scale is calibrated: its own reference)
         want = reference_dot(np.asarray(xs[:1]), np.asarray(table["table"]).T, (((1,), (0,)), ((), ())))
         assert_close_to_reference(f(q, xs[:1]), want)
