@@ -160,7 +160,7 @@ def test_a_version_1_file_reads_its_smoothed_weights(tmp_path):
     save_file(tensors, tmp_path / "v1.safetensors", metadata={LAYOUT_KEY: json.dumps(layout)})
     old = load_safetensors(tmp_path / "v1.safetensors")
     assert old["w"].smooth is not None and old["w"].smooth_inverse is None
-    children, aux = qparams["w"].tree_flatten()  # a program exported before: version 1's seven children
+    children, aux = qparams["w"].tree_flatten()  # version 1's seven children (exported: test_export.py)
     assert QuantizedArray.tree_unflatten(aux, children[:-1]).smooth_inverse is None
     np.testing.assert_array_equal(jax.jit(int8ify(fn))(old, x), jax.jit(int8ify(fn))(qparams, x))
 
