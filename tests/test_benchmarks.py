@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
+from jaxpr_rewrite import int8ify
+
 
 def test_device_check_dry_run(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
@@ -166,6 +168,22 @@ def test_peers_benchmark_runs_and_names_the_machine(tmp_path, peers):
     assert "| weights quantized once: at most the hand-written program's time | 1 | " in text
     assert "the median of 2 such measurements" in text and " of 2 |" in text  # --repeats 2: a count per target
     assert "within 1.25x of the floor" not in text and "at least float32's speed" not in text
+
+
+def test_the_eager_variant_gets_a_new_input_array_each_call(peers):
+    """An eager call keeps the codes of every array handed to it twice, the input's too: the benchmark hands its
+    input as a new array on the same values each call, so only the weights' codes are reused, as in real use."""
+    model, params = peers.flax_mlp(64)
+    x = jax.random.normal(jax.random.PRNGKey(1), (8, 64))
+    again = peers.new_array(x)
+    assert again is not x and again.dtype == x.dtype and np.array_equal(again, x)
+    eager = int8ify(model.apply)
+    for _ in range(3):
+        eager(params, peers.new_array(x))
+    assert len(eager._weights._entries) == 4  # the four weights (the inputs, dropped with their arrays, are not)
+    eager(params, x)
+    eager(params, x)
+    assert len(eager._weights._entries) == 5  # the same input array twice: its codes are kept too
 
 
 def test_the_floor_converts_the_float_input_and_owns_its_weights(peers):
