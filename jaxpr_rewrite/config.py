@@ -40,9 +40,10 @@ class RewriteConfig:
         activation_scales: ``None``, or the static scales of the program's matmuls between two activations
             (:func:`~jaxpr_rewrite.calibrate_activation_dots`); needs the per-channel int8 contract.
         late_inlining: whether XLA inlines the rewritten dots' shared programs late (JAX 0.11+): ``None`` decides
-            by the default backend when the program is traced (late on CPU, except the dots that check int8 codes
-            for NaN beside them; early elsewhere), ``False`` never, ``True`` as on CPU. A program traced on a CPU
-            host to run on an accelerator (``jax.export`` for a TPU, an AOT compile) needs ``False``.
+            by the default backend when the program is traced (on CPU late only for the dots that quantize no
+            operand in the program, such as two pre-quantized ones, and block-scaled dots; early elsewhere),
+            ``False`` never, ``True`` as on CPU. A program traced on a CPU host to run on an accelerator
+            (``jax.export`` for a TPU, an AOT compile) needs ``False``.
     """
 
     skip: tuple[str, ...] = ()

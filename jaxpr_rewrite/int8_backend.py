@@ -8,7 +8,6 @@ from .backends import SiblingDots, register_backend
 from .config import RewriteConfig
 from .gpu_gemm_flags import check_int8_gemm_flags
 from .int8_dot import Scheme, fits_sibling_kernel, int8_dot_general_impl, int8_sibling_dots_impl
-from .operands import inlines_early_on_cpu
 from .quantize import MAX_INT32_SAFE_CONTRACTION
 from .quantized import is_quantized
 from .ragged_dot import int8_ragged_dot_general_impl, ragged_dot_float
@@ -22,12 +21,13 @@ def _dot_impl(lhs, rhs, float_params, out_dtype, scheme):
 
 
 def _inlines_early(lhs, rhs, float_params, out_dtype, scheme) -> bool:
-    """Whether XLA:CPU gets the dot's program inlined early: where it quantizes a matrix or takes a static scale
-    (:func:`~jaxpr_rewrite.operands.inlines_early_on_cpu`), whose int8 codes it checks for NaN beside the dot,
-    XLA:CPU runs it faster so (JAX 0.12: the Flax MLP 5-16% with dynamic scales, 7-10% with static ones, the
-    MiniLM encoder with static scales 13%; ``docs/performance.md``). A block-scaled dot quantizes blocks, not
-    matrices."""
-    return scheme.block_size is None and (inlines_early_on_cpu(lhs, rhs) or inlines_early_on_cpu(rhs, lhs))
+    """Whether XLA:CPU gets the dot's program inlined early: where it quantizes an operand, which it then fuses with
+    what computes that operand, XLA:CPU runs it faster so (JAX 0.12: the Flax MLP 5-16% with dynamic scales, 7-10%
+    with static ones, the MiniLM encoder 13% with static scales and 11-13% with dynamic ones, whose NaN-to-Inf
+    select on a higher-rank activation's values joins the kernel computing it only early; ``docs/performance.md``).
+    A dot of two pre-quantized operands quantizes nothing, and a block-scaled dot's blocks have not been measured
+    early: both keep late inlining, about half the compile time of a deep model."""
+    return scheme.block_size is None and not (is_quantized(lhs) and is_quantized(rhs))
 
 
 def _as_dots_read_it(x):

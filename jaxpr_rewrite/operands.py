@@ -17,12 +17,13 @@ from .errors import Int8ifyError
 from .float64_scales import quantize_by_float64, quantize_with_float64_scales
 from .int4 import pack_int4
 from .layout import one_or_more
-from .quantize import compute_dtype, epilogue_factors, quantize_dynamic_parts, quantize_parts
+from .quantize import (compute_dtype, epilogue_factors, quantize_dynamic_parts, quantize_parts,
+                       quantize_parts_nan_as_inf)
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
 from .static_activations import ScaledActivation
 from .static_scales import quantize_static_parts
 
-__all__ = ["has_dynamic_scales", "inlines_early_on_cpu", "quantize", "quantize_operand", "quantize_operand_in_float64",
+__all__ = ["has_dynamic_scales", "quantize", "quantize_operand", "quantize_operand_in_float64",
            "smoothed_activation"]
 
 
@@ -122,7 +123,9 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     :func:`~jaxpr_rewrite.quantize.quantize_parts`: GPU and TPU fuse that select into the reduction (the check on
     the codes costs TPU cycles), and XLA:CPU's dot reads a higher-rank operand's codes through a reshape, so a
     second reader of the codes (the check) makes it compute them twice and write out the quotients (the MiniLM
-    encoder's program: 915 kernels instead of 674, and no faster; ``docs/performance.md``). On TPU, whatever the
+    encoder's program: 915 kernels instead of 674, and no faster; ``docs/performance.md``); on CPU such an operand
+    takes NaN as Inf in its values (:func:`~jaxpr_rewrite.quantize.quantize_parts_nan_as_inf`, the same codes and
+    scales), a select that joins the kernel computing the operand instead of writing a temporary. On TPU, whatever the
     rank, with ``keep_values``: the operand and its absmax reach the quantization pass together, where XLA:TPU
     would otherwise compute the operand's producer (the previous dot's epilogue, an activation function) a second
     time.
@@ -140,7 +143,8 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     if static is not None:
         parts = _static_parts(x, static, reduce_axes, tpu_sums_values=of_weight and x.ndim <= 2)
     elif x.ndim > 2:
-        parts = lax.platform_dependent(x, tpu=on_tpu, default=by_contract)
+        on_cpu = functools.partial(_quantize_nan_as_inf_with_factors, reduce_axes=reduce_axes)
+        parts = lax.platform_dependent(x, cpu=on_cpu, tpu=on_tpu, default=by_contract)
     else:
         on_gpu = (functools.partial(quantize_by_float64, reduce_axes=reduce_axes)
                   if compute_dtype(x.dtype) == np.float32 else by_contract)
@@ -176,15 +180,6 @@ def has_dynamic_scales(x, partner) -> bool:
     """Whether :func:`quantize_operand` ``(x, ..., partner)`` takes the contract's dynamic per-slice scales: ``x``
     is neither quantized already nor given a static scale (its own, or its partner's)."""
     return not (is_quantized(x) or isinstance(x, ScaledActivation) or _has_static_scale(partner))
-
-
-def inlines_early_on_cpu(x, partner) -> bool:
-    """Whether :func:`quantize_operand` ``(x, ..., partner)`` quantizes ``x`` in a form XLA:CPU runs faster inlined
-    early: with a static scale or dynamic scales of a matrix, which find NaN and Inf with a minimum over ``x``'s
-    int8 codes (a matrix with a single slice, whose ``|x|`` XLA:CPU writes out anyway, by the NaN-to-Inf absmax:
-    as fast or faster early too, ``docs/performance.md``)."""
-    return not is_quantized(x) and (isinstance(x, ScaledActivation) or _has_static_scale(partner)
-                                    or getattr(x, "ndim", 0) <= 2)
 
 
 def _has_static_scale(partner) -> bool:
@@ -223,6 +218,12 @@ def _quantize_with_factors(x, reduce_axes, keep_values: bool = False):
     """:func:`~jaxpr_rewrite.quantize.quantize_parts` and the epilogue factors of its scales, laid out as
     :func:`~jaxpr_rewrite.quantize.quantize_dynamic_parts` returns them."""
     codes, scales, exponents = quantize_parts(x, reduce_axes, keep_values=keep_values)
+    return codes, scales, exponents, epilogue_factors(scales, exponents)
+
+
+def _quantize_nan_as_inf_with_factors(x, reduce_axes):
+    """:func:`_quantize_with_factors` (bit for bit) by :func:`~jaxpr_rewrite.quantize.quantize_parts_nan_as_inf`."""
+    codes, scales, exponents = quantize_parts_nan_as_inf(x, reduce_axes)
     return codes, scales, exponents, epilogue_factors(scales, exponents)
 
 

@@ -92,15 +92,38 @@ def _absmax_producers(jaxpr, platform):
 
 def test_cpu_absmax_of_a_matrix_reads_the_operand_directly():
     """On CPU a matrix operand's absmax is ``reduce_max(abs(x))`` (fused into XLA's reduction), not of a NaN-to-Inf
-    select that XLA:CPU writes out as a temporary as large as the operand; TPU keeps that select, and so do
-    operands of higher rank on CPU (whose codes XLA's dot reads through a reshape); CUDA reduces the elements'
-    scales, rounded on their bits and floored per element (``float64_scales``)."""
+    select that XLA:CPU writes out as a temporary as large as the operand; TPU keeps that select; CUDA reduces the
+    elements' scales, rounded on their bits and floored per element (``float64_scales``). An operand of higher rank
+    on CPU (whose codes XLA's dot reads through a reshape) takes NaN as Inf in its values: a select that the absmax's
+    ``abs`` and the codes' quotients both read, which XLA fuses into the kernel that computes the operand."""
     matrices = jax.make_jaxpr(int8ify(lambda a, b: a @ b))(jnp.ones((64, 256)), jnp.ones((256, 128)))
     assert _absmax_producers(matrices, "cpu") == ["abs", "abs"]  # both operands are float: one absmax each
     assert _absmax_producers(matrices, "tpu") == ["select_n", "select_n"]
     assert _absmax_producers(matrices, "cuda") == ["max", "max"]
     batched = jax.make_jaxpr(int8ify(lambda a, b: a @ b))(jnp.ones((4, 16, 256)), jnp.ones((256, 128)))
-    assert _absmax_producers(batched, "cpu") == ["select_n", "abs"]  # the (4, 16, 256) activation, the weight
+    assert _absmax_producers(batched, "cpu") == ["abs", "abs"]  # the (4, 16, 256) activation, the weight
+    eqns = list(platform_eqns(batched, "cpu"))
+
+    def readers(var):
+        return sorted(e.primitive.name for e in eqns if any(v is var for v in e.invars))
+
+    nan_as_inf = [e.outvars[0] for e in eqns if e.primitive.name == "select_n" and "abs" in readers(e.outvars[0])]
+    # one select, read by the absmax's |x| and by the codes' quotients (inside rounded_quotients' platform choice)
+    assert [readers(v) for v in nan_as_inf] == [["abs", "cond"]]
+
+
+@examples(60)
+@given(operands(), st.sampled_from(["rows", "columns", "rank 3", "rank 3, middle axis"]))
+def test_nan_as_inf_in_the_values_quantizes_as_the_contract_does(case, layout):
+    """``quantize_parts_nan_as_inf`` (NaN made Inf in the values, before the absmax and the codes) gives
+    ``quantize_parts``' codes, scales and exponents bit for bit, NaN and Inf slices included."""
+    x, _ = case
+    v, axes = {"rows": (x, (1,)), "columns": (x.T, (0,)), "rank 3": (x[:, None, :], (2,)),
+               "rank 3, middle axis": (x[:, :, None], (1,))}[layout]
+    got = jax.jit(lambda w: qz.quantize_parts_nan_as_inf(w, axes))(v)
+    want = jax.jit(lambda w: qz.quantize_parts(w, axes))(v)
+    for g, w in zip(got, want, strict=True):
+        assert np.asarray(g).dtype == np.asarray(w).dtype and np.asarray(g).tobytes() == np.asarray(w).tobytes()
 
 
 @pytest.mark.parametrize("rows", [1, 2])
