@@ -94,6 +94,20 @@ def _check_symbolic_contraction(backend: Backend, eqn, where: Location):
             "that many, and cuts a longer contraction into chunks only when its length is known when tracing", where)
 
 
+def _check_float64_off_tpu(backend: Backend, eqn, where: Location):
+    """The int8 contract's backends (those that take its pre-quantized weights) take a float64 operand's scale and
+    codes from its float64 bits, which a TPU does not have: XLA:TPU holds a float64 as two float32s, and its
+    compiler rejects the program ("Binary op shift-right-logical with different element types"). Refused when the
+    default backend is a TPU, with what to do instead."""
+    if not (backend.takes_prequantized and jax.default_backend() == "tpu"):
+        return
+    if any(v.aval.dtype == np.float64 for v in eqn.invars[:2]):
+        raise Int8ifyError(
+            f"{eqn.primitive.name} at {describe_source(eqn, where)} has float64 operands ({_operand_types(eqn)}) "
+            "on a TPU, which has no IEEE float64 for the int8 contract's float64 scales: cast the operands to float32 "
+            "(a float64 result, preferred_element_type=float64, still works), or run the program on CPU or a GPU")
+
+
 def _symbolic_contraction_error(eqn, size, bound: str, why: str, where: Location = UNKNOWN) -> Int8ifyError:
     """The error for a dot whose symbolic contraction length leaves a decision open (``jax.export``)."""
     return Int8ifyError(
@@ -194,6 +208,7 @@ def rewrite_dot(config: RewriteConfig, backend: Backend, eqn, invals, where: Loc
                 f"({_operand_types(eqn)}); the int8 contract is defined for real floating matmuls only"
             )
     _check_symbolic_contraction(backend, eqn, where)
+    _check_float64_off_tpu(backend, eqn, where)
     float_params = tuple(sorted(eqn.params.items()))
     out_dtype = eqn.outvars[0].aval.dtype
     ragged = not is_plain_dot(eqn)
@@ -248,6 +263,7 @@ def rewrite_sibling_dots(config: RewriteConfig, backend: Backend, eqns, invals, 
     """
     by_activation: dict = {}
     for eqn, values in zip(eqns, invals):
+        _check_float64_off_tpu(backend, eqn, where)
         lhs, rhs = _resolved_operands(config, eqn, values, where, smoothed)
         dot = (eqn, rhs, tuple(sorted(eqn.params.items())), eqn.outvars[0].aval.dtype)
         if backend.sibling_dots.fits(lhs, rhs, *dot[2:], config):  # (one program contracts lhs one way)

@@ -145,8 +145,11 @@ def test_eager_calls_are_cached_not_retraced():
 def test_programs_are_keyed_by_the_settings_they_are_traced_under():
     """A program traced without x64 is not reused under jax.enable_x64 (nor the other way): the same values and
     types as jax.jit, which keys its cache on those settings too, in either order."""
+    float64_dot = jax.default_backend() != "tpu"  # a TPU has no float64 for the contract (the test below)
+
     def f(x, w):
-        return x @ w, jnp.arange(3), jnp.asarray(x, float) @ jnp.asarray(w, float)
+        wide = (jnp.asarray(x, float) @ jnp.asarray(w, float),) if float64_dot else ()
+        return (x @ w, jnp.arange(3)) + wide
 
     for first_x64 in (False, True):
         g = int8ify(f)
@@ -239,6 +242,28 @@ def test_errors_are_clear():
         int8ify(3)
     with pytest.raises(Int8ifyError, match=r"complex operands \(complex64\[2,2\], complex64\[2,2\]\)"):
         int8ify(matmul)(jnp.ones((2, 2), jnp.complex64), jnp.ones((2, 2), jnp.complex64))
+
+
+def test_a_float64_dot_on_a_tpu_is_refused_with_what_to_do(monkeypatch):
+    """A TPU has no IEEE float64 (XLA:TPU holds one as two float32s), and the contract's float64 scales come from
+    float64 bits: its compiler rejected the program. On a TPU such a dot is refused when it is rewritten, naming
+    the operands and the line; a float32 dot with a float64 result still is rewritten, and so is every dot on CPU."""
+    def f(x, w):
+        return jnp.asarray(x, float) @ jnp.asarray(w, float)
+
+    def wide_result(x, w):
+        return jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float64)
+
+    with jax.enable_x64(True):
+        assert_all_dots_int8(int8ify(f).rewritten_jaxpr(X, W), expected_count=1)  # on CPU: rewritten
+        monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+        with pytest.raises(Int8ifyError, match=r"dot_general at .*test_api\.py:\d+ .*has float64 operands "
+                                               r"\(float64\[4,8\], float64\[8,5\]\) on a TPU.*cast the operands to "
+                                               r"float32"):
+            int8ify(f).rewritten_jaxpr(X, W)
+        jaxpr = int8ify(wide_result).rewritten_jaxpr(X, W)
+    assert jaxpr.out_avals[0].dtype == np.float64
+    assert_all_dots_int8(jaxpr, expected_count=1)
 
 
 # -- signatures, static values, options, errors, cache ------------------------------------------------------------
