@@ -255,6 +255,7 @@ def test_a_float64_dot_on_a_tpu_is_refused_with_what_to_do(monkeypatch):
         return jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float64)
 
     with jax.enable_x64(True):
+        monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
         assert_all_dots_int8(int8ify(f).rewritten_jaxpr(X, W), expected_count=1)  # on CPU: rewritten
         monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
         with pytest.raises(Int8ifyError, match=r"dot_general at .*test_api\.py:\d+ .*has float64 operands "
