@@ -201,8 +201,9 @@ def quantize_parts_nan_as_inf(x, reduce_axes: Sequence[int]):
     as ``x`` before the reduction reads it. A select on the values joins the kernel that computes ``x`` (the
     previous layer's epilogue, a layer norm), which writes ``x`` anyway, and the reduction then takes ``|x|`` as
     it reads it: the transformer block of ``benchmarks/speed.py`` and the MiniLM encoder run in 0.89-0.96x and
-    0.91-0.93x the time on JAX 0.10.2, about the same on 0.12.1 (``docs/performance.md``). A NaN's code is the
-    same either way: its slice's scale is Inf, and ``NaN / Inf`` and ``Inf / Inf`` are both NaN.
+    0.88-0.93x the time on JAX 0.10.2; on 0.12.1, whose calls XLA could inline late, only with the dot's program
+    inlined early (``int8_backend._inlines_early``): 0.82-0.86x and 0.87-0.89x (``docs/performance.md``). A NaN's
+    code is the same either way: its slice's scale is Inf, and ``NaN / Inf`` and ``Inf / Inf`` are both NaN.
     """
     reduce_axes = tuple(reduce_axes)
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
