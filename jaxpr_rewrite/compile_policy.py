@@ -9,6 +9,7 @@ from typing import Callable
 import jax
 
 from . import _compat
+from .jaxprs import default_device_backend
 
 __all__ = ["inlined_late", "late_inlining", "shared_jit"]
 
@@ -29,12 +30,13 @@ def late_inlining(choice: bool | None):
 
 def inlined_late() -> bool:
     """Whether :func:`shared_jit` programs traced now are inlined late: where JAX can say so (0.11+), on CPU or as
-    :func:`late_inlining` chose. The choice is made when the program is traced, from the default backend: a
+    :func:`late_inlining` chose. The choice is made when the program is traced, from the default device's backend
+    (:func:`~jaxpr_rewrite.jaxprs.default_device_backend`): a
     program traced on a CPU host to run elsewhere (``jax.export`` for a TPU, an AOT compile for a GPU) needs
     ``late_inlining=False``, or it gets CPU's choice (the deviceless TPU compile of a transformer block: 1.5x the
     estimated cycles, its reductions no longer fused with what produces their input)."""
     choice = _late_inlining.get()
-    wanted = jax.default_backend() == "cpu" if choice is None else choice
+    wanted = default_device_backend() == "cpu" if choice is None else choice
     return wanted and _compat.can_inline_late()
 
 

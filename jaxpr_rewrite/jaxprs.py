@@ -27,6 +27,7 @@ __all__ = [
     "SUBJAXPR_PARAMS",
     "SiblingGroup",
     "VALUE_MOVING_PRIMITIVES",
+    "default_device_backend",
     "default_platform",
     "derivative_jaxprs",
     "dot_eqns",
@@ -181,6 +182,17 @@ def default_platform() -> str:
     if device.platform != "gpu":
         return device.platform
     return "rocm" if "rocm" in str(getattr(device.client, "platform_version", "")).lower() else "cuda"
+
+
+def default_device_backend() -> str:
+    """The backend (``"cpu"``, ``"gpu"``, ``"tpu"``) a program traced now runs on unless its arguments sit elsewhere:
+    the device that ``jax.default_device`` sets (a TPU host's float64 work put on its CPU), else JAX's default
+    backend."""
+    device = jax.config.jax_default_device
+    if device is None:
+        return jax.default_backend()
+    platform = device if isinstance(device, str) else device.platform
+    return "gpu" if platform in ("cuda", "rocm") else platform
 
 
 def cuda_capability_major(device) -> int | None:

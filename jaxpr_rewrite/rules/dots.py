@@ -17,7 +17,7 @@ from ..config import RewriteConfig
 from ..layout import contraction_size, decided, is_static
 from ..errors import Int8ifyError
 from ..ragged_dot import supports_ragged
-from ..jaxprs import matmul_dimension_numbers
+from ..jaxprs import default_device_backend, matmul_dimension_numbers
 from ..operands import smoothed_activation
 from ..quantized import is_quantized, materialise
 from ..reasons import KeptFloat, Why
@@ -98,8 +98,9 @@ def _check_float64_off_tpu(backend: Backend, eqn, where: Location):
     """The int8 contract's backends (those that take its pre-quantized weights) take a float64 operand's scale and
     codes from its float64 bits, which a TPU does not have: XLA:TPU holds a float64 as two float32s, and its
     compiler rejects the program ("Binary op shift-right-logical with different element types"). Refused when the
-    default backend is a TPU, with what to do instead."""
-    if not (backend.takes_prequantized and jax.default_backend() == "tpu"):
+    program runs on a TPU by default (:func:`~jaxpr_rewrite.jaxprs.default_device_backend`: not under
+    ``jax.default_device`` of a CPU), with what to do instead."""
+    if not (backend.takes_prequantized and default_device_backend() == "tpu"):
         return
     if any(v.aval.dtype == np.float64 for v in eqn.invars[:2]):
         raise Int8ifyError(

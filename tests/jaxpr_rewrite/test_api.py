@@ -9,6 +9,7 @@ import pytest
 
 from helpers import assert_all_dots_int8, assert_close_to_reference, away_from_ties, dot_eqns, reference_dot
 from jaxpr_rewrite import Int8ifyError, TracedValueError, int8ify, quantize_params
+from jaxpr_rewrite.jaxprs import default_device_backend
 
 MATMUL = (((1,), (0,)), ((), ()))
 rng = np.random.default_rng(3)
@@ -247,7 +248,8 @@ def test_errors_are_clear():
 def test_a_float64_dot_on_a_tpu_is_refused_with_what_to_do(monkeypatch):
     """A TPU has no IEEE float64 (XLA:TPU holds one as two float32s), and the contract's float64 scales come from
     float64 bits: its compiler rejected the program. On a TPU such a dot is refused when it is rewritten, naming
-    the operands and the line; a float32 dot with a float64 result still is rewritten, and so is every dot on CPU."""
+    the operands and the line; a float32 dot with a float64 result still is rewritten, and so is every dot on CPU,
+    the TPU host's own under ``jax.default_device`` included."""
     def f(x, w):
         return jnp.asarray(x, float) @ jnp.asarray(w, float)
 
@@ -263,6 +265,10 @@ def test_a_float64_dot_on_a_tpu_is_refused_with_what_to_do(monkeypatch):
                                                r"float32"):
             int8ify(f).rewritten_jaxpr(X, W)
         jaxpr = int8ify(wide_result).rewritten_jaxpr(X, W)
+        # a TPU host's float64 work put on its CPU (jax.default_device) runs there: rewritten
+        for device in (jax.devices("cpu")[0], "cpu"):
+            with jax.default_device(device):
+                assert_all_dots_int8(int8ify(f).rewritten_jaxpr(X, W), expected_count=1)
     assert jaxpr.out_avals[0].dtype == np.float64
     assert_all_dots_int8(jaxpr, expected_count=1)
 
@@ -568,3 +574,18 @@ def test_rewritten_dots_are_inlined_late_on_cpu_where_jax_can_say_so(backend, ch
     else:
         late = (backend == "cpu" if choice is None else choice) and late_on_cpu
         assert call.params["inline"] == (inline.XLA_LATE if late else inline.AUTO)
+
+
+def test_the_choices_made_for_a_backend_follow_jax_default_device(monkeypatch):
+    """Where a program runs by default is the device ``jax.default_device`` sets, if any (a TPU host's float64 work
+    put on its CPU): a block-scaled dot traced there is inlined late as on CPU, whatever the default backend."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert default_device_backend() == "tpu"
+    wrapped = int8ify(_dense, block_size=32)
+    for device in (jax.devices("cpu")[0], "cpu"):
+        with jax.default_device(device):
+            assert default_device_backend() == "cpu"
+            (call,) = [e for e in wrapped.rewritten_jaxpr(W_INLINE, X2).jaxpr.eqns
+                       if e.params.get("name") == "int8_dot_general"]
+        inline = getattr(jax, "Inline", None)
+        assert call.params["inline"] == (False if inline is None else inline.XLA_LATE)
