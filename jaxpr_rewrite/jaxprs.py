@@ -176,9 +176,9 @@ def _branch_of(platforms, platform: str) -> int:
 
 
 def default_platform() -> str:
-    """The lowering platform of JAX's default backend (``"cpu"``, ``"cuda"``, ``"rocm"``, ``"tpu"``), for
-    :func:`iter_eqns`' ``platform``."""
-    device = jax.devices()[0]
+    """The lowering platform (``"cpu"``, ``"cuda"``, ``"rocm"``, ``"tpu"``) of the device a program traced now runs
+    on by default (:func:`default_device_backend`'s), for :func:`iter_eqns`' ``platform``."""
+    device = _configured_default_device() or jax.devices()[0]
     if device.platform != "gpu":
         return device.platform
     return "rocm" if "rocm" in str(getattr(device.client, "platform_version", "")).lower() else "cuda"
@@ -188,11 +188,14 @@ def default_device_backend() -> str:
     """The backend (``"cpu"``, ``"gpu"``, ``"tpu"``) a program traced now runs on unless its arguments sit elsewhere:
     the device that ``jax.default_device`` sets (a TPU host's float64 work put on its CPU), else JAX's default
     backend."""
+    device = _configured_default_device()
+    return jax.default_backend() if device is None else device.platform
+
+
+def _configured_default_device():
+    """The device ``jax.default_device`` sets (given as a device or a platform name), or ``None``."""
     device = jax.config.jax_default_device
-    if device is None:
-        return jax.default_backend()
-    platform = device if isinstance(device, str) else device.platform
-    return "gpu" if platform in ("cuda", "rocm") else platform
+    return jax.devices(device)[0] if isinstance(device, str) else device
 
 
 def cuda_capability_major(device) -> int | None:

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import assert_all_dots_int8, assert_close_to_reference, away_from_ties, dot_eqns, reference_dot
 from jaxpr_rewrite import Int8ifyError, TracedValueError, int8ify, quantize_params
-from jaxpr_rewrite.jaxprs import default_device_backend
+from jaxpr_rewrite.jaxprs import default_device_backend, default_platform
 
 MATMUL = (((1,), (0,)), ((), ()))
 rng = np.random.default_rng(3)
@@ -578,13 +578,14 @@ def test_rewritten_dots_are_inlined_late_on_cpu_where_jax_can_say_so(backend, ch
 
 def test_the_choices_made_for_a_backend_follow_jax_default_device(monkeypatch):
     """Where a program runs by default is the device ``jax.default_device`` sets, if any (a TPU host's float64 work
-    put on its CPU): a block-scaled dot traced there is inlined late as on CPU, whatever the default backend."""
+    put on its CPU): a block-scaled dot traced there is inlined late as on CPU, whatever the default backend, and
+    the programs walked for that device are the CPU's (on a TPU host: not the first device's)."""
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     assert default_device_backend() == "tpu"
     wrapped = int8ify(_dense, block_size=32)
     for device in (jax.devices("cpu")[0], "cpu"):
         with jax.default_device(device):
-            assert default_device_backend() == "cpu"
+            assert default_device_backend() == default_platform() == "cpu"
             (call,) = [e for e in wrapped.rewritten_jaxpr(W_INLINE, X2).jaxpr.eqns
                        if e.params.get("name") == "int8_dot_general"]
         inline = getattr(jax, "Inline", None)
