@@ -29,6 +29,11 @@ def _only_int8_dots(exported) -> bool:
     return bool(types) and all(re.search(r"[<x]i8>$", t) for pair in types for t in pair)
 
 
+# the optimized HLO's structure these tests read (a `dot` per int8 dot, the one-row padding, the minimums over codes)
+# is XLA:CPU's; elsewhere they check the outputs (a TPU's dots are convolutions, its NaN check another form)
+CPU_PROGRAM = jax.default_backend() == "cpu"
+
+
 def _kernels(program, *args) -> Counter:
     """How many fusions, dots and custom calls ``program``'s optimized HLO at ``args`` holds."""
     return Counter(re.findall(r"= \S+ (fusion|dot|custom-call)\(", program.lower(*args).compile().as_text()))
@@ -111,9 +116,10 @@ def test_a_transformer_block_exported_for_any_batch_and_sequence(kind):
     assert _only_int8_dots(exported)
     # called at a shape, the exported program compiles to no more kernels than the program traced at that shape
     # (the same on JAX 0.10; fewer on 0.11+, whose CPU program inlines the shared dot programs late)
-    exported_kernels, traced_kernels = _kernels(jax.jit(exported.call), params, x), _kernels(program, params, x)
-    assert exported_kernels["dot"] == traced_kernels["dot"] == 8
-    assert sum(exported_kernels.values()) <= sum(traced_kernels.values())
+    if CPU_PROGRAM:
+        exported_kernels, traced_kernels = _kernels(jax.jit(exported.call), params, x), _kernels(program, params, x)
+        assert exported_kernels["dot"] == traced_kernels["dot"] == 8
+        assert sum(exported_kernels.values()) <= sum(traced_kernels.values())
     assert any("?" in a for a, _ in _dot_operand_types(exported))  # the shapes stay symbolic in the module
 
 
@@ -245,9 +251,10 @@ def test_a_symbolic_batch_keeps_the_two_row_dot_of_one_row():
     exported = jax.export.export(program)(qparams, jax.ShapeDtypeStruct((batch, D), jnp.float32))
     for rows in (1, 5):
         x = np.random.default_rng(rows).standard_normal((rows, D)).astype(np.float32)
-        traced_dots = _dot_shapes(program, qparams, x)
-        assert _dot_shapes(jax.jit(exported.call), qparams, x) == traced_dots
-        assert traced_dots == sorted([f"s32[{max(rows, 2)},{D}]{{1,0}}", f"s32[{max(rows, 2)},{4 * D}]{{1,0}}"])
+        if CPU_PROGRAM:
+            traced_dots = _dot_shapes(program, qparams, x)
+            assert _dot_shapes(jax.jit(exported.call), qparams, x) == traced_dots
+            assert traced_dots == sorted([f"s32[{max(rows, 2)},{D}]{{1,0}}", f"s32[{max(rows, 2)},{4 * D}]{{1,0}}"])
         np.testing.assert_array_equal(np.asarray(exported.call(qparams, x)), np.asarray(program(qparams, x)))
 
 
@@ -268,7 +275,9 @@ def test_a_symbolic_batch_quantizes_one_row_as_the_traced_program_does():
     for rows, minimums in ((1, 0), (5, 2)):
         x = np.random.default_rng(rows).standard_normal((rows, D)).astype(np.float32)
         x[-1, 3] = np.nan
-        assert _code_minimums(jax.jit(exported.call), qparams, x) == _code_minimums(program, qparams, x) == minimums
+        if CPU_PROGRAM:
+            assert (_code_minimums(jax.jit(exported.call), qparams, x) == _code_minimums(program, qparams, x)
+                    == minimums)
         got, want = np.asarray(exported.call(qparams, x)), np.asarray(program(qparams, x))
         np.testing.assert_array_equal(got, want)
         assert np.isnan(got[-1]).all() and (rows == 1 or np.isfinite(got[:-1]).all())
