@@ -15,10 +15,8 @@ from __future__ import annotations
 import functools
 import os
 
-import jax
-
 from .errors import Int8ifyError
-from .jaxprs import cuda_capability_major
+from .jaxprs import cuda_capability_major, default_device
 
 __all__ = ["check_int8_gemm_flags", "int8_gemm_flag_problem"]
 
@@ -62,10 +60,10 @@ def int8_gemm_flag_problem(xla_flags: str) -> str | None:
             "--xla_gpu_enable_triton_gemm=false to run the int8 GEMMs on cuBLAS")
 
 
-@functools.lru_cache(maxsize=None)
 def _hopper_device() -> str | None:
-    """The default device's kind when it is an NVIDIA GPU of compute capability 9, else ``None``."""
-    device = jax.devices()[0]
+    """The default device's kind (:func:`~jaxpr_rewrite.jaxprs.default_device`) when it is an NVIDIA GPU of compute
+    capability 9, else ``None``."""
+    device = default_device()
     if cuda_capability_major(device) == 9:
         return f"{device.device_kind} (compute capability {device.compute_capability})"
     return None

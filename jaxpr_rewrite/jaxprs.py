@@ -27,6 +27,7 @@ __all__ = [
     "SUBJAXPR_PARAMS",
     "SiblingGroup",
     "VALUE_MOVING_PRIMITIVES",
+    "default_device",
     "default_device_backend",
     "default_platform",
     "derivative_jaxprs",
@@ -175,19 +176,24 @@ def _branch_of(platforms, platform: str) -> int:
     return next(named, platforms.index(None) if None in platforms else 0)
 
 
+def default_device():
+    """The device a program traced now runs on unless its arguments sit elsewhere: the one ``jax.default_device``
+    sets (a TPU or GPU host's work put on its CPU), else the default backend's first."""
+    return _configured_default_device() or jax.devices()[0]
+
+
 def default_platform() -> str:
-    """The lowering platform (``"cpu"``, ``"cuda"``, ``"rocm"``, ``"tpu"``) of the device a program traced now runs
-    on by default (:func:`default_device_backend`'s), for :func:`iter_eqns`' ``platform``."""
-    device = _configured_default_device() or jax.devices()[0]
+    """The lowering platform (``"cpu"``, ``"cuda"``, ``"rocm"``, ``"tpu"``) of :func:`default_device`, for
+    :func:`iter_eqns`' ``platform``."""
+    device = default_device()
     if device.platform != "gpu":
         return device.platform
     return "rocm" if "rocm" in str(getattr(device.client, "platform_version", "")).lower() else "cuda"
 
 
 def default_device_backend() -> str:
-    """The backend (``"cpu"``, ``"gpu"``, ``"tpu"``) a program traced now runs on unless its arguments sit elsewhere:
-    the device that ``jax.default_device`` sets (a TPU host's float64 work put on its CPU), else JAX's default
-    backend."""
+    """The backend (``"cpu"``, ``"gpu"``, ``"tpu"``) of :func:`default_device`: ``jax.default_device``'s, else JAX's
+    default backend."""
     device = _configured_default_device()
     return jax.default_backend() if device is None else device.platform
 

@@ -38,7 +38,6 @@ for int8.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
@@ -50,7 +49,7 @@ from . import _compat
 from .backends import register_backend, register_backend_alias
 from .config import RewriteConfig
 from .errors import Int8ifyError
-from .jaxprs import cuda_capability_major
+from .jaxprs import cuda_capability_major, default_device
 from .layout import blocked, contraction_size, free_axes
 from .straight_through import straight_through
 from .float_formats import pow2
@@ -327,15 +326,14 @@ def _device_is_blackwell(device) -> bool:
     return any(tag in kind for tag in ("B100", "B200", "B300", "GB200", "GB300", "BLACKWELL"))
 
 
-@functools.lru_cache(maxsize=None)
 def is_blackwell() -> bool:
-    """Whether the default device is an NVIDIA Blackwell GPU (compute capability >= 10)."""
-    return _device_is_blackwell(jax.devices()[0])
+    """Whether the default device (:func:`~jaxpr_rewrite.jaxprs.default_device`) is an NVIDIA Blackwell GPU (compute
+    capability >= 10)."""
+    return _device_is_blackwell(default_device())
 
 
-@functools.lru_cache(maxsize=None)
 def _needs_inline_emulation() -> bool:
-    device = jax.devices()[0]
+    device = default_device()
     return device.platform == "gpu" and not _device_is_blackwell(device)
 
 

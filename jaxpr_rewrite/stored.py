@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from .errors import Int8ifyError
+from .jaxprs import default_device
 from .quantized import ARRAY_FIELDS, LAYOUT_VERSION, QuantizedArray, is_quantized
 from .quantized_layout import READABLE_LAYOUT_VERSIONS, readable_versions
 
@@ -131,7 +132,7 @@ def _target_leaves(target) -> dict:
 def _abstract(shape, dtype: str, like=None) -> jax.ShapeDtypeStruct:
     sharding = getattr(like, "sharding", None)
     if sharding is None:
-        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        sharding = jax.sharding.SingleDeviceSharding(default_device())
     return jax.ShapeDtypeStruct(tuple(shape), jax.numpy.dtype(dtype), sharding=sharding)
 
 

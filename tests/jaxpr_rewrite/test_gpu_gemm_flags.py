@@ -1,6 +1,7 @@
 """XLA flags under which a Hopper GPU's int8 GEMMs double every sum (XLA's untested default Triton tiling, K block
 16) are refused with the fix, before any program is built; safe flags, and every other device, go through."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -12,6 +13,8 @@ from jaxpr_rewrite import gpu_gemm_flags
 from jaxpr_rewrite.gpu_gemm_flags import int8_gemm_flag_problem
 
 H200 = "NVIDIA H200 (compute capability 9.0)"
+
+
 MATMUL = (((1,), (0,)), ((), ()))
 rng = np.random.default_rng(11)
 X = rng.normal(size=(64, 256)).astype(np.float32)
@@ -85,3 +88,16 @@ def test_other_devices_ignore_the_gpu_flags(monkeypatch):
     got = np.asarray(int8ify(lambda x, w: jnp.matmul(x, w))(X, W), np.float64)
     want = reference_dot(X, W, MATMUL)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+def test_a_hopper_hosts_work_put_on_its_cpu_ignores_the_gpu_flags(monkeypatch):
+    """The flags are checked for the device a program runs on: a Hopper host's default GPU, not its CPU under
+    ``jax.default_device``."""
+    class FakeH200:
+        platform, compute_capability, device_kind = "gpu", "9.0", "NVIDIA H200"
+
+    real_devices = jax.devices
+    monkeypatch.setattr(jax, "devices", lambda *backend: real_devices(*backend) if backend else [FakeH200()])
+    assert gpu_gemm_flags._hopper_device() == H200
+    with jax.default_device(real_devices("cpu")[0]):
+        assert gpu_gemm_flags._hopper_device() is None

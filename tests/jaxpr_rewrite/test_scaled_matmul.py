@@ -418,6 +418,21 @@ def test_blackwell_detection():
     assert not sm.is_blackwell()  # this test machine
 
 
+def test_a_blackwell_hosts_work_put_on_its_cpu_gets_the_int8_contract(monkeypatch):
+    """The ``auto`` backend is chosen for the device a program runs on: a Blackwell host's default GPU takes
+    ``mxfp8``, its CPU under ``jax.default_device`` the int8 contract."""
+    cpu = jax.devices("cpu")[0]
+
+    class B200:
+        platform, compute_capability, device_kind = "gpu", "10.0", "NVIDIA B200"
+
+    real_devices = jax.devices
+    monkeypatch.setattr(jax, "devices", lambda *backend: real_devices(*backend) if backend else [B200()])
+    assert sm.is_blackwell() and not sm._needs_inline_emulation() and sm.auto_backend() == "mxfp8"
+    with jax.default_device(cpu):
+        assert not sm.is_blackwell() and not sm._needs_inline_emulation() and sm.auto_backend() == "int8"
+
+
 def test_int8_only_options_are_rejected():
     with pytest.raises(Int8ifyError, match="fixed layout"):
         int8ify(lambda a, b: a @ b, backend="mxfp8", block_size=64)(jnp.ones((2, 8)), jnp.ones((8, 2)))
