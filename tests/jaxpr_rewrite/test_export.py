@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.tree_util import PyTreeDef, default_registry
 
-from helpers import deploy_model, run_fresh_python
+from helpers import CPU, deploy_model, run_fresh_python
 from jaxpr_rewrite import QuantizedArray, int8ify, quantize_params
 
 # The fresh process knows nothing of the model: it imports jaxpr_rewrite (which registers QuantizedArray for
@@ -37,11 +37,16 @@ if jax.export.is_symbolic_dim(exported.in_avals[-1].shape[0]):  # exported for a
 
 
 def _exported(bits, any_batch=False):
-    fn, params, x = deploy_model()
-    qparams = quantize_params(fn, params, x, bits=bits)
-    program = jax.jit(int8ify(fn))
-    spec = jax.ShapeDtypeStruct((*jax.export.symbolic_shape("batch"), *x.shape[1:]), x.dtype) if any_batch else x
-    return jax.export.export(program)(qparams, spec), qparams, x, np.asarray(program(qparams, x))
+    """The deploy model's program exported for the platform a fresh process runs it on (the CPU where this process
+    holds a TPU chip: ``run_fresh_python``), its quantized params, input and expected output computed there."""
+    on_tpu = jax.default_backend() == "tpu"
+    with jax.default_device(CPU if on_tpu else None):
+        fn, params, x = deploy_model()
+        qparams = quantize_params(fn, params, x, bits=bits)
+        program = jax.jit(int8ify(fn))
+        spec = jax.ShapeDtypeStruct((*jax.export.symbolic_shape("batch"), *x.shape[1:]), x.dtype) if any_batch else x
+        exported = jax.export.export(program, platforms=["cpu"] if on_tpu else None)(qparams, spec)
+        return exported, qparams, x, np.asarray(program(qparams, x))
 
 
 @pytest.mark.parametrize("bits, any_batch", [(8, False), (4, False), (8, True)])
