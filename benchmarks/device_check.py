@@ -32,7 +32,11 @@ Steps, each bounded in time and each recorded even when an earlier one failed:
 8. the block-scaled backends on a GPU older than Blackwell (``mxfp8``/``nvfp4`` must run, ``auto`` must pick int8);
 9. XLA's int8 GEMM under each autotuning setting, each in a fresh process: its sums against numpy's (XLA's default
    Triton tiling on a Hopper GPU doubles them, read in the PTX of its deviceless compile), and whether int8ify
-   refuses the settings that would give it wrong sums (``jaxpr_rewrite/gpu_gemm_flags.py``).
+   refuses the settings that would give it wrong sums (``jaxpr_rewrite/gpu_gemm_flags.py``);
+10. quantized weights written to a SafeTensors file and read back onto the device (8-bit and 4-bit, per channel and
+    in blocks): whether the arrays on the device are the written ones, byte for byte, and the program's outputs
+    the computed weights' bit for bit, also with each tensor read handed to the device as a copy of its own (4-bit
+    block weights read back gave other outputs on a TPU v5e chip; ``benchmarks/results/tpu-v5-lite.md``).
 
 On a TPU, steps 7 and 9 are left out (the fused kernel and the autotuner are XLA:GPU's; ``int8-fused`` is the
 ``int8`` backend there), and the tests run first, in one process, before this one opens the chip: a TPU chip is
@@ -544,7 +548,55 @@ def gemm_sums_per_autotune_setting() -> str:
     return "\n".join(lines)
 
 
-STEPS = ("tests", "speed", "exactness", "profile", "fused", "hlo", "blocks", "autotune")
+# -- 10. quantized weights through a SafeTensors file ------------------------------------------------------------------
+def stored_round_trip(dry_run: bool) -> str:
+    """Weights quantized on the device, written with ``save_safetensors`` and read back with ``load_safetensors``:
+    the arrays on the device against the computed ones, byte for byte, and the outputs; then read back again with
+    every tensor handed to ``jax.device_put`` as a copy of its own (an owned array, where SafeTensors' numpy arrays
+    own no data and may sit off a 64-byte boundary)."""
+    if importlib.util.find_spec("safetensors") is None:
+        return "- skipped: safetensors is not installed (`pip install safetensors`)"
+    import tempfile
+    from unittest import mock
+
+    from jaxpr_rewrite import safetensors_io
+
+    rng = np.random.default_rng(0)
+    k, n, block = (64, 32, 32) if dry_run else (256, 128, 64)
+    w, x = rng.normal(size=(k, n)).astype(np.float32), rng.normal(size=(16, k)).astype(np.float32)
+    real_device_put = jax.device_put
+
+    def owned_copies(value, *args, **kwargs):
+        return real_device_put(np.array(value, copy=True), *args, **kwargs)
+
+    lines = ["| weights | arrays read back as written | outputs as the computed weights' | read back as owned copies |",
+             "|---|---|---|---|"]
+    cases = (("8-bit", {}, 8), ("4-bit", {}, 4), (f"8-bit, blocks of {block}", {"block_size": block}, 8),
+             (f"4-bit, blocks of {block}", {"block_size": block}, 4))
+    for name, options, bits in cases:
+        program = int8ify(lambda p, v: v @ p["w"], **options)
+        computed = quantize_params(program, {"w": w}, x, bits=bits)
+        want = np.asarray(jax.jit(program)(computed, x))
+        cells = []
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "w.safetensors")
+            safetensors_io.save_safetensors(path, computed)
+            for copies in (False, True):
+                with mock.patch.object(safetensors_io.jax, "device_put", owned_copies if copies else real_device_put):
+                    loaded = safetensors_io.load_safetensors(path)
+                pairs = list(zip(jax.tree_util.tree_leaves(computed), jax.tree_util.tree_leaves(loaded)))
+                differing = [i for i, (a, b) in enumerate(pairs) if not np.array_equal(np.asarray(a), np.asarray(b))]
+                got = np.asarray(jax.jit(program)(loaded, x))
+                outputs = ("the same bits" if np.array_equal(got, want) else
+                           f"{np.mean(got != want):.0%} differ, up to {np.max(np.abs(got - want)):.3g}")
+                if not copies:
+                    cells.append("yes" if not differing else f"no: leaves {differing} of {len(pairs)}")
+                cells.append(outputs)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+STEPS = ("tests", "speed", "exactness", "profile", "fused", "hlo", "blocks", "autotune", "stored")
 GPU_ONLY_STEPS = ("fused", "autotune")  # XLA:GPU's fused kernel and autotuner
 
 
@@ -600,6 +652,8 @@ def main(argv=None) -> int:
         step(report, "Block-scaled backends", block_scaled)
     if "autotune" in steps:
         step(report, "XLA's int8 GEMM under each autotuning setting", gemm_sums_per_autotune_setting)
+    if "stored" in steps:
+        step(report, "Quantized weights through a SafeTensors file", stored_round_trip, ns.dry_run)
     print(f"\nwrote {out}")
     return 0
 
