@@ -187,10 +187,7 @@ def quantize_parts(x, reduce_axes: Sequence[int], limit: int = INT8_MAX, keep_va
     amax = absmax(x, reduce_axes)
     if keep_values:
         x, amax = lax.optimization_barrier((x, amax))
-    scales, exponents, prescale = scale_parts(amax, limit)
-    # (a non-finite slice's exponent is meaningless, but its scale is Inf and so is every output it feeds)
-    codes = clipped_codes(rounded_quotients(to_compute(x), scales, prescale, kept_axes), limit)
-    return codes, scales, exponents
+    return _codes_and_scales(to_compute(x), amax, kept_axes, limit)
 
 
 def quantize_parts_nan_as_inf(x, reduce_axes: Sequence[int]):
@@ -199,9 +196,11 @@ def quantize_parts_nan_as_inf(x, reduce_axes: Sequence[int]):
 
     XLA:CPU's reduction cannot fuse :func:`absmax`'s NaN-to-Inf select, so that select writes a temporary as large
     as ``x`` before the reduction reads it. A select on the values joins the kernel that computes ``x`` (the
-    previous layer's epilogue, a layer norm), which writes ``x`` anyway, and the reduction then takes ``|x|`` as
-    it reads it: the transformer block of ``benchmarks/speed.py`` and the MiniLM encoder run in 0.89-0.96x and
-    0.88-0.93x the time on JAX 0.10.2; on 0.12.1, whose calls XLA could inline late, only with the dot's program
+    previous dot's epilogue), which writes ``x`` anyway, and the reduction then takes ``|x|`` as it reads it (after
+    a layer norm, which XLA:CPU computes in a YNNPACK kernel that takes no select, it is a pass of its own; and it
+    keeps XLA from fusing an epilogue into a transposing quantization loop, ``docs/performance.md``): the
+    transformer block of ``benchmarks/speed.py`` and the MiniLM encoder run in 0.89-0.96x and 0.88-0.93x the time
+    on JAX 0.10.2; on 0.12.1, whose calls XLA could inline late, only with the dot's program
     inlined early (``int8_backend._inlines_early``): 0.82-0.86x and 0.87-0.89x (``docs/performance.md``). A NaN's
     code is the same either way: its slice's scale is Inf, and ``NaN / Inf`` and ``Inf / Inf`` are both NaN.
     """
@@ -209,9 +208,14 @@ def quantize_parts_nan_as_inf(x, reduce_axes: Sequence[int]):
     kept_axes = tuple(a for a in range(x.ndim) if a not in reduce_axes)
     values = to_compute(x)
     values = lax.select(lax.ne(values, values), lax.full_like(values, np.inf), values)
-    scales, exponents, prescale = scale_parts(max_over(lax.abs(values), reduce_axes))
-    codes = clipped_codes(rounded_quotients(values, scales, prescale, kept_axes))
-    return codes, scales, exponents
+    return _codes_and_scales(values, max_over(lax.abs(values), reduce_axes), kept_axes)
+
+
+def _codes_and_scales(values, amax, kept_axes: tuple, limit: int = INT8_MAX):
+    """The clipped codes of ``values`` and their slices' scale parts, from the slices' absmax."""
+    scales, exponents, prescale = scale_parts(amax, limit)
+    # (a non-finite slice's exponent is meaningless, but its scale is Inf and so is every output it feeds)
+    return clipped_codes(rounded_quotients(values, scales, prescale, kept_axes), limit), scales, exponents
 
 
 def clipped_codes(rounded, limit: int = INT8_MAX):
