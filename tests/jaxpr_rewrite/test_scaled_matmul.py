@@ -431,6 +431,18 @@ def test_a_blackwell_hosts_work_put_on_its_cpu_gets_the_int8_contract(monkeypatc
     assert sm.is_blackwell() and not sm._needs_inline_emulation() and sm.auto_backend() == "mxfp8"
     with jax.default_device(cpu):
         assert not sm.is_blackwell() and not sm._needs_inline_emulation() and sm.auto_backend() == "int8"
+    # one int8ify'd function, its programs traced for each device in turn (kept apart: jax.jit's cache key, which
+    # int8ify's takes, holds the default device)
+    g = int8ify(lambda a, b: a @ b, backend="auto")
+    x, w = jnp.ones((4, 64)), jnp.ones((64, 8))
+
+    def prims():
+        return {e.primitive.name for e in _walk(g.rewritten_jaxpr(x, w).jaxpr)}
+
+    assert "scaled_matmul_wrapper" in prims()
+    with jax.default_device(cpu):
+        assert "scaled_matmul_wrapper" not in prims() and "dot_general" in prims()
+    assert "scaled_matmul_wrapper" in prims()
 
 
 def test_int8_only_options_are_rejected():
