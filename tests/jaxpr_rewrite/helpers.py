@@ -377,6 +377,14 @@ def reference_unpack_int4(packed, length: int) -> np.ndarray:
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def first_device_is(monkeypatch, device) -> None:
+    """Make ``jax.devices()`` (no backend named) list ``device`` first, as on a GPU host, for the choices int8ify
+    makes from the default device (a fake one: ``platform``, ``compute_capability``, ``device_kind``); the host's
+    own devices stay reachable by backend name (``jax.devices("cpu")``, ``jax.default_device``)."""
+    real_devices = jax.devices
+    monkeypatch.setattr(jax, "devices", lambda *backend: real_devices(*backend) if backend else [device])
+
+
 def run_fresh_python(code: str, *args) -> str:
     """Run ``code`` in a new Python process (this checkout importable, 8 host CPU devices) and return what it
     printed; a failure shows its stderr. Where this process holds a TPU chip the new one runs on the CPU: a chip

@@ -7,14 +7,12 @@ import numpy as np
 import pytest
 from jax import lax
 
-from helpers import reference_dot
+from helpers import first_device_is, reference_dot
 from jaxpr_rewrite import Int8ifyError, int8_matmul, int8ify, quantize_params
 from jaxpr_rewrite import gpu_gemm_flags
 from jaxpr_rewrite.gpu_gemm_flags import int8_gemm_flag_problem
 
 H200 = "NVIDIA H200 (compute capability 9.0)"
-
-
 MATMUL = (((1,), (0,)), ((), ()))
 rng = np.random.default_rng(11)
 X = rng.normal(size=(64, 256)).astype(np.float32)
@@ -96,8 +94,7 @@ def test_a_hopper_hosts_work_put_on_its_cpu_ignores_the_gpu_flags(monkeypatch):
     class FakeH200:
         platform, compute_capability, device_kind = "gpu", "9.0", "NVIDIA H200"
 
-    real_devices = jax.devices
-    monkeypatch.setattr(jax, "devices", lambda *backend: real_devices(*backend) if backend else [FakeH200()])
+    first_device_is(monkeypatch, FakeH200())
     assert gpu_gemm_flags._hopper_device() == H200
-    with jax.default_device(real_devices("cpu")[0]):
+    with jax.default_device(jax.devices("cpu")[0]):
         assert gpu_gemm_flags._hopper_device() is None

@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jax import lax
 
-from helpers import evaluate_as, examples, run_fresh_python
+from helpers import evaluate_as, examples, first_device_is, run_fresh_python
 from jaxpr_rewrite import Int8ifyError, int8ify
 from jaxpr_rewrite.jaxprs import sub_jaxprs
 from jaxpr_rewrite import scaled_matmul as sm
@@ -426,8 +426,7 @@ def test_a_blackwell_hosts_work_put_on_its_cpu_gets_the_int8_contract(monkeypatc
     class B200:
         platform, compute_capability, device_kind = "gpu", "10.0", "NVIDIA B200"
 
-    real_devices = jax.devices
-    monkeypatch.setattr(jax, "devices", lambda *backend: real_devices(*backend) if backend else [B200()])
+    first_device_is(monkeypatch, B200())
     assert sm.is_blackwell() and not sm._needs_inline_emulation() and sm.auto_backend() == "mxfp8"
     with jax.default_device(cpu):
         assert not sm.is_blackwell() and not sm._needs_inline_emulation() and sm.auto_backend() == "int8"
