@@ -569,8 +569,10 @@ def stored_round_trip(dry_run: bool) -> str:
     def owned_copies(value, *args, **kwargs):
         return real_device_put(np.array(value, copy=True), *args, **kwargs)
 
-    lines = ["| weights | arrays read back as written | outputs as the computed weights' | read back as owned copies |",
-             "|---|---|---|---|"]
+    lines = ["| weights | arrays read back as written | outputs as the computed weights' | read back as owned copies "
+             "| largest distance to float64 `x @ w`: computed, read back, computed through the host |",
+             "|---|---|---|---|---|"]
+    exact = x.astype(np.float64) @ w.astype(np.float64)
     cases = (("8-bit", {}, 8), ("4-bit", {}, 4), (f"8-bit, blocks of {block}", {"block_size": block}, 8),
              (f"4-bit, blocks of {block}", {"block_size": block}, 4))
     for name, options, bits in cases:
@@ -591,7 +593,13 @@ def stored_round_trip(dry_run: bool) -> str:
                            f"{np.mean(got != want):.0%} differ, up to {np.max(np.abs(got - want)):.3g}")
                 if not copies:
                     cells.append("yes" if not differing else f"no: leaves {differing} of {len(pairs)}")
+                    read_back = got
                 cells.append(outputs)
+        # which side is wrong when they differ: each against the float weight, and the computed weights handed to
+        # the device again from host copies (no file)
+        via_host = jax.tree_util.tree_map(lambda leaf: real_device_put(np.array(leaf)), computed)
+        through_host = np.asarray(jax.jit(program)(via_host, x))
+        cells.append(", ".join(f"{np.max(np.abs(out - exact)):.3g}" for out in (want, read_back, through_host)))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

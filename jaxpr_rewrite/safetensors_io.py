@@ -35,7 +35,9 @@ def save_safetensors(path, tree) -> None:
         tree: the pytree (``quantize_params``'s output, say); arrays are gathered to the host.
     """
     tensors, layout = to_stored(tree)
-    save_file({name: np.asarray(value) for name, value in tensors.items()}, os.fspath(path),
+    # SafeTensors writes each array's buffer from its data pointer: a strided one (a view, or what np.asarray of a
+    # TPU array with a padded layout gives) must be made dense first, or the file holds the wrong bytes
+    save_file({name: np.ascontiguousarray(value) for name, value in tensors.items()}, os.fspath(path),
               metadata={LAYOUT_KEY: json.dumps(layout)})
 
 

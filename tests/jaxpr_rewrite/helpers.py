@@ -452,6 +452,9 @@ def evaluate_as(platform: str, fn, *args, excess_precision: bool = False):
 
 
 CPU = jax.devices("cpu")[0]
+# The device run_fresh_python's process computes on, for ``jax.default_device``: the CPU where this process holds a
+# TPU chip, else the default.
+FRESH_PROCESS_DEVICE = CPU if jax.default_backend() == "tpu" else None
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.tree_util import PyTreeDef, default_registry
 
-from helpers import CPU, deploy_model, run_fresh_python
+from helpers import FRESH_PROCESS_DEVICE, deploy_model, run_fresh_python
 from jaxpr_rewrite import QuantizedArray, int8ify, quantize_params
 
 # The fresh process knows nothing of the model: it imports jaxpr_rewrite (which registers QuantizedArray for
@@ -37,10 +37,10 @@ if jax.export.is_symbolic_dim(exported.in_avals[-1].shape[0]):  # exported for a
 
 
 def _exported(bits, any_batch=False):
-    """The deploy model's program exported for the platform a fresh process runs it on (the CPU where this process
-    holds a TPU chip: ``run_fresh_python``), its quantized params, input and expected output computed there."""
-    on_tpu = jax.default_backend() == "tpu"
-    with jax.default_device(CPU if on_tpu else None):
+    """The deploy model's program exported for the device a fresh process runs it on (``FRESH_PROCESS_DEVICE``), its
+    quantized params, input and expected output computed there."""
+    on_tpu = FRESH_PROCESS_DEVICE is not None
+    with jax.default_device(FRESH_PROCESS_DEVICE):
         fn, params, x = deploy_model()
         qparams = quantize_params(fn, params, x, bits=bits)
         program = jax.jit(int8ify(fn))
@@ -67,7 +67,8 @@ def test_deserialized_structure_keeps_the_metadata():
     rebuilt = jax.tree_util.tree_unflatten(again.in_tree, jax.tree_util.tree_leaves(((qparams, x), {})))
     head = rebuilt[0][0]["head"]
     assert isinstance(head, QuantizedArray) and (head.shape, head.contracting, head.bits) == ((256, 65), (0,), 4)
-    np.testing.assert_array_equal(np.asarray(again.call(qparams, x)), expected)
+    with jax.default_device(FRESH_PROCESS_DEVICE):
+        np.testing.assert_array_equal(np.asarray(again.call(qparams, x)), expected)
 
 
 def test_a_program_exported_with_layout_version_1_deserializes():
@@ -97,7 +98,8 @@ def test_a_program_exported_with_layout_version_1_deserializes():
     rebuilt = jax.tree_util.tree_unflatten(again.in_tree, jax.tree_util.tree_leaves(((qparams, x), {})))
     head = rebuilt[0][0]["head"]
     assert isinstance(head, QuantizedArray) and head.smooth_inverse is None and head.codes.dtype == np.int8
-    np.testing.assert_array_equal(np.asarray(again.call(qparams, x)), expected)
+    with jax.default_device(FRESH_PROCESS_DEVICE):
+        np.testing.assert_array_equal(np.asarray(again.call(qparams, x)), expected)
 
 
 @pytest.mark.parametrize("bits", [8, 4])

@@ -12,8 +12,8 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from helpers import (assert_same_tree, deploy_model, reference_codes, reference_scales, reference_unpack_int4,
-                     run_fresh_python)
+from helpers import (FRESH_PROCESS_DEVICE, assert_same_tree, deploy_model, reference_codes, reference_scales,
+                     reference_unpack_int4, run_fresh_python)
 from jaxpr_rewrite import Int8ifyError, QuantizedArray, int8ify, quantize_params
 from jaxpr_rewrite.safetensors_io import LAYOUT_KEY, load_safetensors, save_safetensors
 
@@ -63,7 +63,9 @@ def test_a_fresh_process_runs_the_model_from_the_file_alone(tmp_path, model):
     np.save(tmp_path / "io.npy", x)
     printed = run_fresh_python(FRESH, tmp_path / "model.safetensors", tmp_path / "io.npy", Path(__file__).parent)
     assert printed.strip() == repr(qparams["head"])
-    np.testing.assert_array_equal(np.load(tmp_path / "io.npy"), jax.jit(int8ify(fn))(qparams, x))
+    with jax.default_device(FRESH_PROCESS_DEVICE):
+        expected = jax.jit(int8ify(fn))(jax.device_put(qparams, FRESH_PROCESS_DEVICE), x)
+    np.testing.assert_array_equal(np.load(tmp_path / "io.npy"), expected)
 
 
 def test_another_tool_reads_the_documented_layout(tmp_path, model):
@@ -187,3 +189,21 @@ def test_a_leaf_that_is_not_an_array_is_named_with_what_to_do(tmp_path, model):
     with pytest.raises(Int8ifyError, match=r"cannot store the leaf at \['activation'\]: it is a ufunc, not an "
                                            r"array or a QuantizedArray; store the arrays alone .*eqx\.partition"):
         save_safetensors(tmp_path / "model.safetensors", {**qparams, "activation": np.tanh})
+
+
+def test_strided_arrays_are_written_as_their_values(tmp_path, model):
+    """SafeTensors writes an array from its data pointer; arrays laid out otherwise than dense row-major (a view,
+    a column-major copy, or what ``np.asarray`` of a TPU array with a padded layout gives) are written by value."""
+    *_, qparams = model
+
+    def column_major(leaf):
+        leaf = np.asarray(leaf)
+        return np.asfortranarray(leaf) if leaf.ndim >= 2 else leaf
+
+    strided = {"q": jax.tree_util.tree_map(column_major, qparams),
+               "every_other_column": np.arange(48, dtype=np.float32).reshape(6, 8)[:, ::2]}
+    assert not strided["q"]["head"].codes.flags.c_contiguous
+    save_safetensors(tmp_path / "strided.safetensors", strided)
+    restored = load_safetensors(tmp_path / "strided.safetensors")
+    assert_same_tree(restored["q"], qparams)
+    np.testing.assert_array_equal(restored["every_other_column"], strided["every_other_column"])
