@@ -86,6 +86,9 @@ ACCELERATOR_TESTS = [
     "tests/jaxpr_rewrite/test_activation_dots.py",  # attention's static scales
     "tests/jaxpr_rewrite/test_float_formats.py",  # bfloat16/float16 widened from their bits under excess precision
 ]
+# run where the deploy extra is installed: a device's host copies of its arrays (a TPU's are column-major for a
+# short last axis) written to SafeTensors and Orbax and read back
+STORAGE_TESTS = ["tests/jaxpr_rewrite/test_stored_fuzz.py"]
 
 
 class Report:
@@ -173,7 +176,8 @@ def run_tests(timeout: float, dry_run: bool, tests: list[str] | None, traceback_
     """The tests named (the accelerator-relevant ones by default) in a fresh process; ``log`` receives pytest's
     whole output (with ``traceback_style="short"``, each failure's assertion and values)."""
     smoke = ["tests/jaxpr_rewrite/test_matmul_seed.py::test_published_examples"]
-    tests = tests or (smoke if dry_run else ACCELERATOR_TESTS)
+    storage = [] if None in map(importlib.util.find_spec, ("safetensors", "orbax")) else STORAGE_TESTS
+    tests = tests or (smoke if dry_run else ACCELERATOR_TESTS + storage)
     # -v prints each test's name and outcome as it finishes, so a time-out still says which ones failed
     # --tb=line: one "file:line: message" per failure, so the results say where and why each one failed
     # each failure's reason printed as it happens (pytest_instant_failures.py): a run stopped at its time limit
