@@ -35,8 +35,9 @@ def save_safetensors(path, tree) -> None:
         tree: the pytree (``quantize_params``'s output, say); arrays are gathered to the host.
     """
     tensors, layout = to_stored(tree)
-    # SafeTensors writes each array's buffer from its data pointer: a strided one (a view, or what np.asarray of a
-    # TPU array with a padded layout gives) must be made dense first, or the file holds the wrong bytes
+    # SafeTensors writes each array's buffer from its data pointer: a strided one (a view, or the column-major host
+    # copy np.asarray gives of a TPU array with a short last axis) must be made dense first, or the file holds the
+    # array in its memory order
     save_file({name: np.ascontiguousarray(value) for name, value in tensors.items()}, os.fspath(path),
               metadata={LAYOUT_KEY: json.dumps(layout)})
 
