@@ -601,8 +601,7 @@ def stored_round_trip(dry_run: bool) -> str:
                 cells.append(outputs)
         # which side is wrong when they differ: each against the float weight, and the computed weights handed to
         # the device again from host copies (no file)
-        via_host = jax.tree_util.tree_map(lambda leaf: real_device_put(np.array(leaf)), computed)
-        through_host = np.asarray(jax.jit(program)(via_host, x))
+        through_host = np.asarray(jax.jit(program)(jax.tree_util.tree_map(owned_copies, computed), x))
         cells.append(", ".join(f"{np.max(np.abs(out - exact)):.3g}" for out in (want, read_back, through_host)))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -421,6 +421,12 @@ def assert_same_tree(got, want):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def column_major(tree):
+    """Host copies of a pytree's arrays, those of two axes or more column-major (as a TPU hands out an array whose
+    last axis is short), the rest as they are."""
+    return jax.tree_util.tree_map(lambda a: np.asfortranarray(a) if np.ndim(a) >= 2 else np.asarray(a), tree)
+
+
 def deploy_fn(params, x):
     """The model :func:`deploy_model` returns."""
     h = jax.nn.relu(x @ params["embed"]["w"] + params["embed"]["b"])

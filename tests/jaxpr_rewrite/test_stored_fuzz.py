@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import assert_same_tree, examples
+from helpers import assert_same_tree, column_major, examples
 from jaxpr_rewrite import int8ify, quantize_params
 from jaxpr_rewrite.checkpoint import load_quantized, save_quantized
 from jaxpr_rewrite.safetensors_io import load_safetensors, save_safetensors
@@ -38,10 +38,6 @@ def stored_models(draw):
     return block, k, hidden, n, contract_last, bits, static, smooth, zero_columns, seed
 
 
-def _column_major(tree):
-    return jax.tree_util.tree_map(lambda a: np.asfortranarray(np.asarray(a)) if a.ndim >= 2 else np.asarray(a), tree)
-
-
 @examples(12)
 @given(stored_models())
 def test_stored_params_come_back_bit_identical(tmp_path_factory, case):
@@ -65,9 +61,9 @@ def test_stored_params_come_back_bit_identical(tmp_path_factory, case):
     folder = tmp_path_factory.mktemp("stored")
 
     save_safetensors(folder / "params.safetensors", qparams)
-    save_safetensors(folder / "column_major.safetensors", _column_major(qparams))
+    save_safetensors(folder / "column_major.safetensors", column_major(qparams))
     save_quantized(folder / "checkpoint", qparams)
-    save_quantized(folder / "column_major", _column_major(qparams))
+    save_quantized(folder / "column_major", column_major(qparams))
     for loaded in (load_safetensors(folder / "params.safetensors"),
                    load_safetensors(folder / "params.safetensors", target),
                    load_safetensors(folder / "column_major.safetensors", target),
