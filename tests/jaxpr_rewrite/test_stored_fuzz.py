@@ -56,14 +56,16 @@ def test_stored_params_come_back_bit_identical(tmp_path_factory, case):
     if smooth:
         options.update(smooth_alpha=0.5)
     qparams = quantize_params(program, params, x, **options)
-    want = np.asarray(jax.jit(program)(qparams, x))
+    run = jax.jit(program)
+    want = np.asarray(run(qparams, x))
     target = jax.eval_shape(lambda p: p, qparams)
+    host_copies = column_major(qparams)
     folder = tmp_path_factory.mktemp("stored")
 
     save_safetensors(folder / "params.safetensors", qparams)
-    save_safetensors(folder / "column_major.safetensors", column_major(qparams))
+    save_safetensors(folder / "column_major.safetensors", host_copies)
     save_quantized(folder / "checkpoint", qparams)
-    save_quantized(folder / "column_major", column_major(qparams))
+    save_quantized(folder / "column_major", host_copies)
     for loaded in (load_safetensors(folder / "params.safetensors"),
                    load_safetensors(folder / "params.safetensors", target),
                    load_safetensors(folder / "column_major.safetensors", target),
@@ -71,4 +73,4 @@ def test_stored_params_come_back_bit_identical(tmp_path_factory, case):
                    load_quantized(folder / "checkpoint", target),
                    load_quantized(folder / "column_major", target)):
         assert_same_tree(loaded, qparams)
-        np.testing.assert_array_equal(np.asarray(jax.jit(program)(loaded, x)), want)
+        np.testing.assert_array_equal(np.asarray(run(loaded, x)), want)
