@@ -8,6 +8,7 @@ import math
 import numbers
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -16,7 +17,7 @@ from .blocks import from_blocks, to_blocks
 from .errors import Int8ifyError
 from .float64_scales import quantize_by_float64, quantize_with_float64_scales
 from .int4 import pack_int4
-from .layout import one_or_more
+from .layout import contraction_size, decided, one_or_more
 from .quantize import (compute_dtype, epilogue_factors, quantize_dynamic_parts, quantize_parts,
                        quantize_parts_nan_as_inf)
 from .quantized import CODE_LIMITS, QuantizedArray, is_quantized
@@ -114,9 +115,10 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     the same codes and scale values for every finite slice either way. On CPU,
     :func:`~jaxpr_rewrite.quantize.quantize_dynamic_parts`: XLA:CPU's reduction cannot fuse
     :func:`~jaxpr_rewrite.quantize.absmax`'s NaN-to-Inf select, which then writes a temporary as large as the
-    operand, so NaN and Inf are caught on the int8 codes instead; but a matrix of one slice (a matrix-vector
-    product's vector) takes that select, because XLA:CPU writes a one-row ``|x|`` out as a kernel of its own
-    anyway and the check on the codes would add three kernels (the Flax MLP at batch 1: 28 instead of 44). On GPUs,
+    operand, so NaN and Inf are caught on the int8 codes instead; but a matrix whose ``|x|`` XLA:CPU writes out as a
+    kernel of its own anyway (one of fewer than 4096 values, every one before JAX 0.10.2) or of one slice takes that
+    select, which joins that kernel, where the check on the codes would add two or three kernels
+    (:func:`_where_cpu_writes_magnitudes`; the Flax MLP at batch 1: 28 instead of 44). On GPUs,
     :func:`~jaxpr_rewrite.float64_scales.quantize_by_float64`: the scale taken inside the absmax reduction, so no
     kernel of its own computes it (a ragged dot's; a dot's dynamic scales on a GPU are
     :func:`quantize_operand_in_float64`'s, read by its float64 epilogue). On TPU, and for operands of higher rank,
@@ -148,14 +150,37 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     else:
         on_gpu = (functools.partial(quantize_by_float64, reduce_axes=reduce_axes)
                   if compute_dtype(x.dtype) == np.float32 else by_contract)
-        # a matrix of one slice (a matrix-vector product's vector) by the contract's NaN-to-Inf absmax (above)
-        kept_sizes = [d for a, d in enumerate(x.shape) if a not in reduce_axes]
-        on_cpu = functools.partial(one_or_more, kept_sizes, by_contract,
+        on_cpu = functools.partial(_where_cpu_writes_magnitudes, reduce_axes, by_contract,
                                    functools.partial(quantize_dynamic_parts, reduce_axes=reduce_axes))
         parts = lax.platform_dependent(x, cpu=on_cpu, tpu=on_tpu, default=on_gpu)
     codes, scales, exponents, (factor, power) = parts
     return QuantizedArray(codes, scales, exponents, reduce_axes, x.dtype, epilogue_factor=factor,
                           epilogue_power=power)
+
+
+# XLA:CPU writes a float array's ``|x|`` out as a kernel of its own before reducing it, where the NaN-to-Inf select
+# joins it at no cost: from JAX 0.10.2 for arrays of fewer values than this, which it reduces in loops of its own (in
+# two steps) where YNNPACK reduces a larger one reading ``x``; before, for every array (None)
+CPU_WRITES_MAGNITUDES_BELOW = 4096 if jax.__version_info__ >= (0, 10, 2) else None
+
+
+def _where_cpu_writes_magnitudes(reduce_axes: tuple, nan_safe, checked, x):
+    """``nan_safe(x)`` (the contract's NaN-to-Inf absmax) for a matrix whose ``|x|`` XLA:CPU writes out before reducing
+    it (:data:`CPU_WRITES_MAGNITUDES_BELOW`), or of a single slice (a matrix-vector product's vector, whose check on
+    the codes would also have them written twice, once padded for the dot); ``checked(x)`` (NaN and Inf caught on
+    the codes, a reduction beside the dot: two kernels for a small matrix, one for a larger) for every other. A
+    ``lax.cond``, which XLA settles at the call, where ``jax.export``'s symbolic dims leave the choice open."""
+    if CPU_WRITES_MAGNITUDES_BELOW is None:
+        return nan_safe(x)
+    kept = [d for a, d in enumerate(x.shape) if a not in reduce_axes]
+    values = contraction_size(x.shape, range(x.ndim))
+    small = decided(lambda: values < CPU_WRITES_MAGNITUDES_BELOW)
+    if small:
+        return nan_safe(x)
+    if small is False:
+        return one_or_more(kept, nan_safe, checked, x)
+    one_slice = jnp.asarray(contraction_size(kept, range(len(kept)))) == 1
+    return lax.cond(one_slice | (jnp.asarray(values) < CPU_WRITES_MAGNITUDES_BELOW), nan_safe, checked, x)
 
 
 def quantize_operand_in_float64(x, reduce_axes: Sequence[int], partner):

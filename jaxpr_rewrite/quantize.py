@@ -29,8 +29,8 @@ this representation plus two small devices handle all four:
 * **NaN and Inf.** XLA's CPU ``reduce_max`` drops NaN. :func:`absmax` turns NaN into Inf before reducing (in
   the same fused pass on GPU and TPU); a slice holding NaN or Inf gets an infinite scale, so every output that
   depends on it comes out non-finite (Inf or NaN). The rewritten program on CPU, whose reduction cannot fuse that
-  select, quantizes a matrix operand with :func:`quantize_dynamic_parts` instead: NaN and Inf get the code -128
-  and make their slice's scale NaN; an operand of higher rank takes NaN as Inf in its values
+  select, quantizes a matrix operand of 4096 values or more with :func:`quantize_dynamic_parts` instead: NaN and
+  Inf get the code -128 and make their slice's scale NaN; an operand of higher rank takes NaN as Inf in its values
   (:func:`quantize_parts_nan_as_inf`), a select that joins the kernel computing the operand.
 * **Tiny slices.** XLA flushes subnormal floats to zero, so ``a / 127`` for ``a < 127 * 2**-126`` cannot be
   represented as one float. Held as ``scales * 2**exponents`` it needs no special case: the codes of such a slice

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from helpers import (assert_finite_slices_quantized_as_the_contract, assert_same_bits_but_nan, evaluate_as, examples,
                      ieee_float64, is_max_reduction, platform_eqns, with_zero_and_non_finite_rows)
 from jaxpr_rewrite import exact_division, int8ify, quantize_params
+from jaxpr_rewrite.operands import CPU_WRITES_MAGNITUDES_BELOW
 
 qz = importlib.import_module("jaxpr_rewrite.quantize")
 
@@ -97,11 +98,14 @@ def test_cpu_absmax_of_a_matrix_reads_the_operand_directly():
     on CPU (whose codes XLA's dot reads through a reshape) takes NaN as Inf in its values: a select that the absmax's
     ``abs`` and the codes' quotients both read, which XLA fuses into the kernel that computes the operand."""
     matrices = jax.make_jaxpr(int8ify(lambda a, b: a @ b))(jnp.ones((64, 256)), jnp.ones((256, 128)))
-    assert _absmax_producers(matrices, "cpu") == ["abs", "abs"]  # both operands are float: one absmax each
+    # both operands are float: one absmax each (before JAX 0.10.2, whose XLA:CPU writes every |x| out, the select)
+    nan_safe = CPU_WRITES_MAGNITUDES_BELOW is None
+    assert _absmax_producers(matrices, "cpu") == ["select_n" if nan_safe else "abs"] * 2
     assert _absmax_producers(matrices, "tpu") == ["select_n", "select_n"]
     assert _absmax_producers(matrices, "cuda") == ["max", "max"]
     batched = jax.make_jaxpr(int8ify(lambda a, b: a @ b))(jnp.ones((4, 16, 256)), jnp.ones((256, 128)))
-    assert _absmax_producers(batched, "cpu") == ["abs", "abs"]  # the (4, 16, 256) activation, the weight
+    # the (4, 16, 256) activation, the weight
+    assert _absmax_producers(batched, "cpu") == ["abs", "select_n" if nan_safe else "abs"]
     eqns = list(platform_eqns(batched, "cpu"))
 
     def readers(var):
@@ -126,36 +130,41 @@ def test_nan_as_inf_in_the_values_quantizes_as_the_contract_does(case, layout):
         assert np.asarray(g).dtype == np.asarray(w).dtype and np.asarray(g).tobytes() == np.asarray(w).tobytes()
 
 
-@pytest.mark.parametrize("rows", [1, 2])
-def test_cpu_quantizes_a_single_row_with_the_nan_safe_absmax(rows):
-    """A matrix with one slice (a matrix-vector product's vector) takes the NaN-to-Inf absmax on CPU, whose ``|x|``
-    XLA:CPU writes out as a kernel of its own for one row anyway, and no minimum over its codes beside the dot
-    (three kernels more per dot); two rows take the codes' check."""
-    weights = quantize_params(lambda w, a: a @ w, np.ones((256, 128), np.float32), jnp.ones((rows, 256)))
-    jaxpr = jax.make_jaxpr(int8ify(lambda w, a: a @ w))(weights, jnp.ones((rows, 256)))
+@pytest.mark.parametrize("rows, width, nan_safe", [
+    (1, 256, True), (1, 8192, True), (2, 256, True), (15, 256, True), (16, 256, False), (4, 1024, False)])
+def test_cpu_quantizes_a_single_row_or_a_small_matrix_with_the_nan_safe_absmax(rows, width, nan_safe):
+    """A matrix with one slice (a matrix-vector product's vector) or fewer than 4096 elements, whose ``|x|`` XLA:CPU
+    writes out as a kernel of its own before reducing it in its own loops, takes the NaN-to-Inf absmax on CPU and no
+    minimum over its codes beside the dot (two or three kernels more per dot); a larger one, whose ``|x|`` XLA:CPU's
+    YNNPACK reduction reads as it reduces, takes the check on its codes (from JAX 0.10.2; before, XLA:CPU writes out
+    every ``|x|``)."""
+    weights = quantize_params(lambda w, a: a @ w, np.ones((width, 128), np.float32), jnp.ones((rows, width)))
+    jaxpr = jax.make_jaxpr(int8ify(lambda w, a: a @ w))(weights, jnp.ones((rows, width)))
     code_minimums = sum(e.primitive.name == "reduce_min" for e in platform_eqns(jaxpr, "cpu"))
-    assert (_absmax_producers(jaxpr, "cpu"), code_minimums) == ((["select_n"], 0) if rows == 1 else (["abs"], 1))
+    nan_safe = nan_safe or CPU_WRITES_MAGNITUDES_BELOW is None  # before JAX 0.10.2: every matrix
+    assert (_absmax_producers(jaxpr, "cpu"), code_minimums) == ((["select_n"], 0) if nan_safe else (["abs"], 1))
 
 
-def test_a_single_row_gets_the_outputs_it_gets_among_other_rows():
-    """The single row's program (the NaN-safe absmax, no check on the codes) gives each row the outputs the many-row
-    program gives it, bit for bit where they are finite, and non-finite outputs (Inf or NaN) for a row holding NaN
-    or Inf, at a realistic width and with rows rich in rounding ties."""
+def test_a_single_row_or_a_few_get_the_outputs_they_get_among_many_rows():
+    """The program of one row and of a small matrix (the NaN-safe absmax, no check on the codes) gives each row the
+    outputs the many-row program gives it, bit for bit where they are finite, and non-finite outputs (Inf or NaN)
+    for a row holding NaN or Inf, at a realistic width and with rows rich in rounding ties."""
     rng = np.random.default_rng(5)
     w = (rng.standard_normal((512, 384)) / 20).astype(np.float32)
-    x = rng.standard_normal((6, 512)).astype(np.float32)
+    x = rng.standard_normal((12, 512)).astype(np.float32)  # 6144 values: the codes' check
     x[1] = rng.integers(-300, 300, size=512) / 4.0
     x[2] = 0.0
     x[3, 17], x[4, 0], x[5, 511] = np.nan, np.inf, -np.inf
     weights = quantize_params(lambda w, a: a @ w, w, jnp.asarray(x))
     matmul = jax.jit(int8ify(lambda w, a: a @ w))
     many = np.asarray(matmul(weights, x))
-    for row in range(len(x)):
-        one = np.asarray(matmul(weights, x[row:row + 1]))[0]
-        if np.isfinite(x[row]).all():
-            assert_same_bits_but_nan(one, many[row])
-        else:
-            assert not np.isfinite(one).any() and not np.isfinite(many[row]).any()
+    for first, count in [(row, 1) for row in range(6)] + [(0, 3), (3, 3)]:
+        few = np.asarray(matmul(weights, x[first:first + count]))
+        for row in range(first, first + count):
+            if np.isfinite(x[row]).all():
+                assert_same_bits_but_nan(few[row - first], many[row])
+            else:
+                assert not np.isfinite(few[row - first]).any() and not np.isfinite(many[row]).any()
 
 
 def _two_layers(params, x):
