@@ -13,7 +13,7 @@ from .layout import (blocked, blocked_dimension_numbers, contraction_size, decid
                      one_or_more)
 from .quantize import MAX_INT32_SAFE_CONTRACTION
 
-__all__ = ["INT8_PRECISION", "int32_dot"]
+__all__ = ["INT8_PRECISION", "int32_dot", "with_a_zero_row"]
 
 # XLA's GPU int8 GEMM (the Triton emitter, JAX 0.11) returns doubled sums when the contraction length is not a
 # multiple of 4 and the lhs has more than one row; zero padding to a multiple of 4 keeps the sums exact there.
@@ -86,9 +86,15 @@ def _int32_sums(lhs_codes, rhs_codes, dimension_numbers):
 
 def _int32_sums_of_two_rows(lhs_codes, rhs_codes, dimension_numbers, row_axis: int):
     """The sums of a one-row lhs (``row_axis`` of size 1 when it runs) computed with a zero row added."""
-    padding = [(0, 1 if a == row_axis else 0, 0) for a in range(lhs_codes.ndim)]
-    acc = _int32_sums(lax.pad(lhs_codes, np.int8(0), padding), rhs_codes, dimension_numbers)
+    acc = _int32_sums(with_a_zero_row(lhs_codes, row_axis), rhs_codes, dimension_numbers)
     return lax.slice_in_dim(acc, 0, lhs_codes.shape[row_axis], axis=len(dimension_numbers[1][0]))
+
+
+def with_a_zero_row(codes, row_axis: int):
+    """``codes`` with a row of zeros added along ``row_axis``: a one-row lhs as its int8 dot reads it. Another reader
+    of the codes that reads this same array instead (static scales' check for NaN and Inf) lets XLA compute them
+    once, padded."""
+    return lax.pad(codes, np.int8(0), [(0, 1 if a == row_axis else 0, 0) for a in range(codes.ndim)])
 
 
 def int32_dot(lhs_codes, rhs_codes, dimension_numbers, dtype):

@@ -10,6 +10,8 @@ import numpy as np
 from jax import lax
 
 from .exact_division import reciprocal
+from .int32_dot import with_a_zero_row
+from .layout import is_static
 from .quantize import (NONFINITE_CODE, epilogue_factors, holds_nonfinite, marked_codes, poison, scale_parts,
                        to_compute)
 
@@ -107,7 +109,8 @@ def quantize_static_parts(x, static: StaticScale, reduce_axes: Sequence[int], tp
         return lax.broadcast(to_compute(value, values.dtype), kept_shape)
 
     def poisoned_by_codes(values, codes, factor):
-        return lax.add(per_slice(factor), poison(holds_nonfinite(codes, reduce_axes), per_slice(factor)))
+        return lax.add(per_slice(factor), poison(_holds_nonfinite_as_dot_reads(codes, reduce_axes),
+                                                 per_slice(factor)))
 
     def poisoned_by_values(values, codes, factor):
         return _sum_with_nonfinite(values, factor, reduce_axes)
@@ -125,6 +128,16 @@ def quantize_static_parts(x, static: StaticScale, reduce_axes: Sequence[int], tp
     scale, exponent, _ = scale_parts(to_compute(static.absmax, values.dtype))
     return (codes, lax.add(per_slice(scale), nonfinite), lax.broadcast(exponent, kept_shape),
             (factor, per_slice(static.power)))
+
+
+def _holds_nonfinite_as_dot_reads(codes, reduce_axes: tuple):
+    """:func:`~jaxpr_rewrite.quantize.holds_nonfinite` per slice of ``codes``; for a matrix of one row (batch-1
+    inference), over the codes as its int8 dot reads them, padded to two rows
+    (:func:`~jaxpr_rewrite.int32_dot.with_a_zero_row`): XLA:CPU then computes the codes once, with the previous
+    layer's epilogue in the same kernel, instead of once more for the check (an MLP layer: 3 kernels instead of 5)."""
+    if codes.ndim == 2 and reduce_axes == (1,) and is_static(codes.shape[0]) and codes.shape[0] == 1:
+        return lax.slice(holds_nonfinite(with_a_zero_row(codes, 0), reduce_axes), (0,), (1,))
+    return holds_nonfinite(codes, reduce_axes)
 
 
 def _factor_or_inf(codes, factor, reduce_axes: tuple):

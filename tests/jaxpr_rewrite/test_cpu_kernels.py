@@ -6,7 +6,8 @@ it, with no float temporary as large as it), its scale, its codes, the int8 dot,
 catches NaN and Inf, and the epilogue with the model's bias and gelu; with static activation scales the epilogue
 also computes the next layer's codes, so no float array the activation's size is written but the model's output.
 A smaller activation, whose ``|x|`` XLA:CPU writes out before reducing it in two steps, takes the NaN-safe absmax
-(its select joins that ``|x|``) and no minimum over its codes.
+(its select joins that ``|x|``) and no minimum over its codes. A single row with static scales is checked on its
+codes padded to two rows, as its int8 dot reads them, so they are computed once.
 """
 import re
 from collections import Counter
@@ -78,3 +79,14 @@ def test_a_small_batch_takes_seven_kernels_per_layer(batch):
     per_layer = [f"f32[{batch},256]", f"f32[{batch},8]", f"f32[{batch}]", f"f32[{batch}]", f"s8[{rows},256]",
                  f"s32[{rows},256]", f"f32[{batch},256]"]
     assert Counter(kernels) == Counter(per_layer * LAYERS), kernels
+
+
+def test_a_single_row_with_static_scales_computes_its_codes_once():
+    x = np.random.default_rng(1).standard_normal((1, WIDTH)).astype(np.float32)
+    static = quantize_params(_mlp, _params(), x, activations="static", calibration=[(x,)])
+    kernels = _kernel_outputs(static, x)
+    # per layer its codes padded to two rows (the previous layer's epilogue in the same kernel), the dot, and the
+    # minimum over the padded codes in the reduction's two steps; the codes are not computed a second time for the
+    # check, nor the epilogue written out between layers
+    per_layer = ["s8[2,256]", "s32[2,256]", "s8[2,8]", "s8[2]"]
+    assert Counter(kernels) == Counter(per_layer * LAYERS + ["f32[1,256]"]), kernels

@@ -86,6 +86,23 @@ def test_nan_and_inf_still_propagate_only_to_the_outputs_they_feed():
     np.testing.assert_allclose(y[finite], static_reference(x[finite], params["w"], amax), rtol=2e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape", [(1, 384), (1, 1, 384)])
+def test_a_single_row_gets_the_outputs_it_gets_among_other_rows(shape):
+    """One row (batch-1 inference, whose check for NaN and Inf reads the codes padded to two rows, as the int8 dot
+    does) gives the outputs the many-row program gives it, bit for bit, NaN for a row holding NaN or Inf."""
+    params, calibration = make_dense()
+    qparams = quantize_params(dense, params, *calibration[0], activations="static", calibration=calibration)
+    x = RNG.standard_normal((6, 384)).astype(np.float32)
+    x[1] = RNG.integers(-300, 300, size=384) / 4.0  # rich in rounding ties
+    x[3, 10], x[4, 0], x[5, 383] = np.nan, np.inf, -np.inf
+    program = jax.jit(int8ify(dense))
+    many = np.asarray(program(qparams, x))
+    for row in range(6):
+        one = np.asarray(program(qparams, x[row].reshape(shape))).reshape(-1)
+        assert_same_bits_but_nan(one, many[row])
+        assert np.isnan(one).all() == (row >= 3)
+
+
 @pytest.mark.parametrize("layout", ["sequence", "heads", "contraction first"])
 def test_activations_of_higher_rank_match_the_reference(layout):
     d_in, d_out = 384, 256
