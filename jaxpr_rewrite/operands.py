@@ -8,7 +8,6 @@ import math
 import numbers
 from typing import Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -116,9 +115,9 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
     :func:`~jaxpr_rewrite.quantize.quantize_dynamic_parts`: XLA:CPU's reduction cannot fuse
     :func:`~jaxpr_rewrite.quantize.absmax`'s NaN-to-Inf select, which then writes a temporary as large as the
     operand, so NaN and Inf are caught on the int8 codes instead; but a matrix whose ``|x|`` XLA:CPU writes out as a
-    kernel of its own anyway (one of fewer than 4096 values, every one before JAX 0.10.2) or of one slice takes that
-    select, which joins that kernel, where the check on the codes would add two or three kernels
-    (:func:`_where_cpu_writes_magnitudes`; the Flax MLP at batch 1: 28 instead of 44). On GPUs,
+    kernel of its own anyway (one of fewer than 4096 values) or of one slice takes that select, which joins that
+    kernel, where the check on the codes would add two or three kernels (:func:`_where_cpu_writes_magnitudes`; the
+    Flax MLP at batch 1: 28 instead of 44). On GPUs,
     :func:`~jaxpr_rewrite.float64_scales.quantize_by_float64`: the scale taken inside the absmax reduction, so no
     kernel of its own computes it (a ragged dot's; a dot's dynamic scales on a GPU are
     :func:`quantize_operand_in_float64`'s, read by its float64 epilogue). On TPU, and for operands of higher rank,
@@ -158,10 +157,11 @@ def quantize_operand(x, reduce_axes: Sequence[int], partner) -> QuantizedArray:
                           epilogue_power=power)
 
 
-# XLA:CPU writes a float array's ``|x|`` out as a kernel of its own before reducing it, where the NaN-to-Inf select
-# joins it at no cost: from JAX 0.10.2 for arrays of fewer values than this, which it reduces in loops of its own (in
-# two steps) where YNNPACK reduces a larger one reading ``x``; before, for every array (None)
-CPU_WRITES_MAGNITUDES_BELOW = 4096 if jax.__version_info__ >= (0, 10, 2) else None
+# XLA:CPU writes a float array of fewer values than this out as ``|x|``, a kernel of its own, before reducing it in its
+# own loops (in two steps), where the NaN-to-Inf select joins it at no cost; YNNPACK reduces a larger one reading ``x``
+# (JAX 0.10.2 to 0.12.1; before 0.10.2 XLA:CPU writes every ``|x|`` out, but one rule keeps the rewritten program the
+# same on every JAX version)
+CPU_WRITES_MAGNITUDES_BELOW = 4096
 
 
 def _where_cpu_writes_magnitudes(reduce_axes: tuple, nan_safe, checked, x):
@@ -170,8 +170,6 @@ def _where_cpu_writes_magnitudes(reduce_axes: tuple, nan_safe, checked, x):
     the codes would also have them written twice, once padded for the dot); ``checked(x)`` (NaN and Inf caught on
     the codes, a reduction beside the dot: two kernels for a small matrix, one for a larger) for every other. A
     ``lax.cond``, which XLA settles at the call, where ``jax.export``'s symbolic dims leave the choice open."""
-    if CPU_WRITES_MAGNITUDES_BELOW is None:
-        return nan_safe(x)
     kept = [d for a, d in enumerate(x.shape) if a not in reduce_axes]
     values = contraction_size(x.shape, range(x.ndim))
     small = decided(lambda: values < CPU_WRITES_MAGNITUDES_BELOW)

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from helpers import (assert_finite_slices_quantized_as_the_contract, assert_same_bits_but_nan, evaluate_as, examples,
                      ieee_float64, is_max_reduction, platform_eqns, with_zero_and_non_finite_rows)
 from jaxpr_rewrite import exact_division, int8ify, quantize_params
-from jaxpr_rewrite.operands import CPU_WRITES_MAGNITUDES_BELOW
 
 qz = importlib.import_module("jaxpr_rewrite.quantize")
 
@@ -98,14 +97,11 @@ def test_cpu_absmax_of_a_matrix_reads_the_operand_directly():
     on CPU (whose codes XLA's dot reads through a reshape) takes NaN as Inf in its values: a select that the absmax's
     ``abs`` and the codes' quotients both read, which XLA fuses into the kernel that computes the operand."""
     matrices = jax.make_jaxpr(int8ify(lambda a, b: a @ b))(jnp.ones((64, 256)), jnp.ones((256, 128)))
-    # both operands are float: one absmax each (before JAX 0.10.2, whose XLA:CPU writes every |x| out, the select)
-    nan_safe = CPU_WRITES_MAGNITUDES_BELOW is None
-    assert _absmax_producers(matrices, "cpu") == ["select_n" if nan_safe else "abs"] * 2
+    assert _absmax_producers(matrices, "cpu") == ["abs", "abs"]  # both operands are float: one absmax each
     assert _absmax_producers(matrices, "tpu") == ["select_n", "select_n"]
     assert _absmax_producers(matrices, "cuda") == ["max", "max"]
     batched = jax.make_jaxpr(int8ify(lambda a, b: a @ b))(jnp.ones((4, 16, 256)), jnp.ones((256, 128)))
-    # the (4, 16, 256) activation, the weight
-    assert _absmax_producers(batched, "cpu") == ["abs", "select_n" if nan_safe else "abs"]
+    assert _absmax_producers(batched, "cpu") == ["abs", "abs"]  # the (4, 16, 256) activation, the weight
     eqns = list(platform_eqns(batched, "cpu"))
 
     def readers(var):
@@ -136,12 +132,10 @@ def test_cpu_quantizes_a_single_row_or_a_small_matrix_with_the_nan_safe_absmax(r
     """A matrix with one slice (a matrix-vector product's vector) or fewer than 4096 elements, whose ``|x|`` XLA:CPU
     writes out as a kernel of its own before reducing it in its own loops, takes the NaN-to-Inf absmax on CPU and no
     minimum over its codes beside the dot (two or three kernels more per dot); a larger one, whose ``|x|`` XLA:CPU's
-    YNNPACK reduction reads as it reduces, takes the check on its codes (from JAX 0.10.2; before, XLA:CPU writes out
-    every ``|x|``)."""
+    YNNPACK reduction reads as it reduces, takes the check on its codes."""
     weights = quantize_params(lambda w, a: a @ w, np.ones((width, 128), np.float32), jnp.ones((rows, width)))
     jaxpr = jax.make_jaxpr(int8ify(lambda w, a: a @ w))(weights, jnp.ones((rows, width)))
     code_minimums = sum(e.primitive.name == "reduce_min" for e in platform_eqns(jaxpr, "cpu"))
-    nan_safe = nan_safe or CPU_WRITES_MAGNITUDES_BELOW is None  # before JAX 0.10.2: every matrix
     assert (_absmax_producers(jaxpr, "cpu"), code_minimums) == ((["select_n"], 0) if nan_safe else (["abs"], 1))
 
 

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from helpers import PLATFORMS, dot_problems, examples, reference_dot
 from jaxpr_rewrite import Int8ifyError, calibrate_activation_dots, int8ify, quantize_params
-from jaxpr_rewrite.operands import CPU_WRITES_MAGNITUDES_BELOW
 from jaxpr_rewrite.quantize import MAX_INT32_SAFE_CONTRACTION
 
 D = 64
@@ -274,9 +273,7 @@ def test_a_symbolic_batch_quantizes_one_row_as_the_traced_program_does():
     program = jax.jit(int8ify(lambda p, x: jnp.tanh(x @ p["wq"]) @ p["w1"]))
     batch, = jax.export.symbolic_shape("batch")
     exported = jax.export.export(program)(qparams, jax.ShapeDtypeStruct((batch, D), jnp.float32))
-    # before JAX 0.10.2 XLA:CPU writes out every |x|, and every matrix takes the NaN-safe absmax
-    checked = 0 if CPU_WRITES_MAGNITUDES_BELOW is None else 2
-    for rows, minimums in ((1, 0), (5, 0), (64, checked)):
+    for rows, minimums in ((1, 0), (5, 0), (64, 2)):
         x = np.random.default_rng(rows).standard_normal((rows, D)).astype(np.float32)
         x[-1, 3] = np.nan
         if CPU_PROGRAM:
