@@ -344,7 +344,9 @@ def scale_product(acc, lhs: Sequence, rhs: Sequence):
     itself overflows or underflows, and the powers of two ``g`` then move it to the result exactly: ``g > 1`` only
     for a huge slice, where the intermediate is below the result, and ``g < 1`` only for a tiny one, where it is
     above. So no intermediate overflows or underflows unless the result does, and wherever the plain product's
-    intermediates are normal floats this is the same number.
+    intermediates are normal floats this is the same number. The last multiply is a power of two, exact: XLA:CPU
+    fuses it with an add that follows into one multiply-add, which then rounds as the add alone would (a factor
+    last, the program's next add would skip the product's rounding).
     """
     (f_l, g_l), (f_r, g_r) = lhs, rhs
     return lax.mul(lax.mul(lax.mul(lax.mul(acc, f_r), f_l), g_r), g_l)
