@@ -1,6 +1,6 @@
 """int8ify against the JAX world's int8 libraries on one Flax MLP, in one process, interleaved.
 
-    python benchmarks/peers.py [--quick] [--batches 256 32 1] [--width 1024] [--repeats 1]
+    python benchmarks/peers.py [--quick] [--batches 256 32 1] [--width 1024] [--repeats 1] [--pairs 0]
                                [--out benchmarks/results/peers.md]
 
 The model: 4 x ``nn.Dense(1024)`` (``--width``) + gelu (the last layer linear), float32. Variants, all
@@ -36,6 +36,12 @@ variant time:
 The header names the CPU (``/proc/cpuinfo``), JAX and the peers' versions, so runs compare across machines (XLA's
 int8 dots are ~7x float32 on a Xeon with AMX-INT8 and ~1.5x on an AMD EPYC without it). A second table reads the
 CPU speed targets off the measured times (``TARGETS``): which hold on this machine, by how much.
+
+A variant's place in a round of many moves its time (what ran before it evicted its weights from the cache, or left
+the other core busy): on an AMX Xeon, weights closed over ran 5-32% faster than the same weights passed quantized in
+rounds of all the variants, 0.93-1.14x their time with the two alone. ``--pairs N`` therefore also times each
+target in pairs (:func:`pair_ratios`): its variant and one baseline alone in every round, ``N`` measurements with
+the two orders alternating, per baseline; a third table gives those ratios.
 """
 
 from __future__ import annotations
@@ -126,6 +132,44 @@ def target_lines(runs_by_batch: dict) -> list[str]:
                 ratio = f"{ratios[0]:.2f}-{ratios[-1]:.2f} (median {statistics.median(ratios):.2f})"
                 holds = f"{held} of {len(readings)}"
             lines.append(f"| {target.text} | {batch} | {ratio} x {baselines} | {holds} |")
+    return lines
+
+
+def pair_ratios(variants: dict, target: Target, batch: int, measurements: int, rounds: int, reps: int) -> dict:
+    """``target``'s ratios timed in pairs: for each of its baselines in ``variants`` (name -> ``(fn, args)``), the
+    target's variant and that baseline alone in each round, ``measurements`` times, the two orders alternating.
+
+    Returns:
+        baseline -> the measurements' ratios (variant time / baseline time); empty where the target does not apply
+        at this batch or nothing is there to compare.
+    """
+    baselines = [name for name in target.against if name in variants]
+    if batch < target.min_batch or target.variant not in variants:
+        return {}
+    ratios = {}
+    for baseline in baselines:
+        pair = [target.variant, baseline]
+        ratios[baseline] = []
+        for i in range(measurements):
+            order = pair if i % 2 == 0 else pair[::-1]
+            times = time_interleaved({name: variants[name] for name in order}, rounds, reps)
+            ratios[baseline].append(times[target.variant] / times[baseline])
+    return ratios
+
+
+def pair_lines(readings: dict) -> list[str]:
+    """The Markdown table of :data:`TARGETS` timed in pairs: ``readings`` maps ``(target, batch)`` to
+    :func:`pair_ratios`' result. Each baseline's range and median; the target holds where every baseline's median
+    ratio is within its factor (at most the best peer's time: at most each peer's)."""
+    lines = ["| target | batch | time / baseline, in pairs | holds |", "|---|---|---|---|"]
+    for (target, batch), ratios in readings.items():
+        if not ratios:
+            continue
+        medians = {name: statistics.median(values) for name, values in ratios.items()}
+        text = "; ".join(f"{min(values):.2f}-{max(values):.2f} (median {medians[name]:.2f}) x {name}"
+                         for name, values in ratios.items())
+        holds = "yes" if max(medians.values()) <= target.factor else "no"
+        lines.append(f"| {target.text} | {batch} | {text} | {holds} |")
     return lines
 
 
@@ -249,6 +293,8 @@ def main(argv=None) -> int:
                         help="the layers' width (4096 on an accelerator, where the kernels show)")
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     parser.add_argument("--out", help="also write the table (Markdown) here")
+    parser.add_argument("--pairs", type=int, default=0,
+                        help="also time each target's variant and baselines in pairs, this many measurements each")
     parser.add_argument("--repeats", type=int, default=1,
                         help="measure each batch this many times (each all variants interleaved); the table gives "
                              "the median time, the targets their ratio in each measurement")
@@ -268,7 +314,7 @@ def main(argv=None) -> int:
              "| batch | variant | ms | speed vs float32 | x bare int8 dots | x floor | rel. error |",
              "|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
-    times_by_batch = {}
+    times_by_batch, in_pairs = {}, {}
     for batch in args.batches:
         x = jax.random.normal(jax.random.PRNGKey(batch), (batch, width))
         f32 = jax.jit(apply)
@@ -310,10 +356,17 @@ def main(argv=None) -> int:
                     f"{ms / times['bare int8 dots']:.2f} | {ms / times['floor']:.2f} | {error} |")
             lines.append(line)
             print(line, flush=True)
+        if args.pairs:
+            in_pairs.update({(target, batch): pair_ratios(variants, target, batch, args.pairs, rounds, reps)
+                             for target in TARGETS})
         save_table(lines, args.out)  # each finished batch kept, should a later one not finish
     how = ("the medians above; one measurement, so a ratio within a few percent of its bound can go either way"
            if args.repeats == 1 else f"each of {args.repeats} measurements per batch; the range, median and count")
     targets = ["", f"Speed targets on this machine ({how}):", "", *target_lines(times_by_batch)]
+    if args.pairs:
+        targets += ["", f"The same targets timed in pairs (the variant and one baseline alone in each round, "
+                        f"{args.pairs} measurements with the two orders alternating; the ranges and medians):", "",
+                    *pair_lines(in_pairs)]
     print("\n".join(targets), flush=True)
     save_table(lines + targets, args.out)
     return 0

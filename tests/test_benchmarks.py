@@ -158,7 +158,7 @@ def peers(monkeypatch):
 
 def test_peers_benchmark_runs_and_names_the_machine(tmp_path, peers):
     out = tmp_path / "peers.md"
-    assert peers.main(["--quick", "--batches", "1", "--repeats", "2", "--out", str(out)]) == 0
+    assert peers.main(["--quick", "--batches", "1", "--repeats", "2", "--pairs", "1", "--out", str(out)]) == 0
     text = out.read_text()
     assert text.startswith("CPU: ") and f"JAX {jax.__version__}" in text
     for variant in ("float32", "hand W8A8", "int8ify+qparams", "int8ify static", "int8ify eager",
@@ -168,6 +168,9 @@ def test_peers_benchmark_runs_and_names_the_machine(tmp_path, peers):
     assert "| weights quantized once: at most the hand-written program's time | 1 | " in text
     assert "the median of 2 such measurements" in text and " of 2 |" in text  # --repeats 2: a count per target
     assert "within 1.25x of the floor" not in text and "at least float32's speed" not in text
+    pairs = text.split("timed in pairs")[1]  # --pairs 1: the same targets, each with its baselines one by one
+    assert "| weights quantized once: at most the hand-written program's time | 1 | " in pairs
+    assert "x hand W8A8 |" in pairs and "within 1.25x of the floor" not in pairs
 
 
 def test_the_eager_variant_gets_a_new_input_array_each_call(peers):
@@ -233,6 +236,35 @@ def test_peers_speed_targets_over_repeated_measurements_give_range_median_and_co
     assert table["weights quantized once: at most the best peer's time"] == (
         "0.97-1.05 (median 1.02) x Qwix PTQ / AQT SERVE", "1 of 3")
     assert table["weights quantized once: within 1.25x of the floor"] == ("1.20-1.30 (median 1.21) x floor", "2 of 3")
+
+
+def test_peers_pairs_time_the_variant_with_each_baseline_alone_orders_alternating(peers, monkeypatch):
+    rounds = []
+
+    def timed(fns, rounds_, reps):  # the variant 10% slower than either peer, whatever the order
+        rounds.append(list(fns))
+        return {name: 1.1 if name == "int8ify+qparams" else 1.0 for name in fns}
+
+    monkeypatch.setattr(peers, "time_interleaved", timed)
+    variants = dict.fromkeys(["Qwix PTQ", "AQT SERVE", "hand W8A8", "int8ify+qparams", "floor"], (None, ()))
+    best_peer, _, floor = peers.TARGETS[:3]
+    ratios = peers.pair_ratios(variants, best_peer, 256, 3, 25, 5)
+    assert rounds == [["int8ify+qparams", "Qwix PTQ"], ["Qwix PTQ", "int8ify+qparams"], ["int8ify+qparams", "Qwix PTQ"],
+                      ["int8ify+qparams", "AQT SERVE"], ["AQT SERVE", "int8ify+qparams"],
+                      ["int8ify+qparams", "AQT SERVE"]]
+    assert {name: [round(r, 6) for r in values] for name, values in ratios.items()} == {
+        "Qwix PTQ": [1.1] * 3, "AQT SERVE": [1.1] * 3}
+    assert peers.pair_ratios(variants, floor, 8, 3, 25, 5) == {}  # below the floor target's batches
+
+
+def test_peers_pair_table_holds_where_every_baselines_median_is_within_the_factor(peers):
+    best_peer, _, floor = peers.TARGETS[:3]
+    readings = {(best_peer, 256): {"Qwix PTQ": [1.04, 0.98, 1.01], "AQT SERVE": [0.97, 0.99, 0.95]},
+                (floor, 256): {"floor": [1.3, 1.2, 1.1]}, (floor, 8): {}}
+    rows = [line.split(" | ") for line in peers.pair_lines(readings)[2:]]
+    assert [row[2] for row in rows] == ["0.98-1.04 (median 1.01) x Qwix PTQ; 0.95-0.99 (median 0.97) x AQT SERVE",
+                                        "1.10-1.30 (median 1.20) x floor"]
+    assert [row[3].rstrip(" |") for row in rows] == ["no", "yes"]  # slower than Qwix's median; within 1.25x
 
 
 def test_kernels_benchmark_splits_each_variant_into_its_int8_dots_and_the_rest(tmp_path, monkeypatch):
