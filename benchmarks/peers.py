@@ -93,11 +93,18 @@ class Target(NamedTuple):
     factor: float = 1.0
     min_batch: int = 1
 
+    def baselines(self, batch: int, measured) -> list[str]:
+        """The baselines of ``against`` among ``measured`` (variant names), ``[]`` where the target does not apply
+        (a smaller batch, the variant not measured, nothing to compare)."""
+        if batch < self.min_batch or self.variant not in measured:
+            return []
+        return [name for name in self.against if name in measured]
+
     def reading(self, batch: int, times: dict) -> tuple | None:
         """``(ratio, baseline)`` for this batch's ``times`` (ms by variant): the variant's time over the fastest
-        baseline's, or ``None`` where the target does not apply (a smaller batch, nothing measured to compare)."""
-        present = [name for name in self.against if name in times]
-        if batch < self.min_batch or self.variant not in times or not present:
+        baseline's, or ``None`` where the target does not apply (:meth:`baselines`)."""
+        present = self.baselines(batch, times)
+        if not present:
             return None
         baseline = min(present, key=times.get)
         return times[self.variant] / times[baseline], baseline
@@ -143,11 +150,8 @@ def pair_ratios(variants: dict, target: Target, batch: int, measurements: int, r
         baseline -> the measurements' ratios (variant time / baseline time); empty where the target does not apply
         at this batch or nothing is there to compare.
     """
-    baselines = [name for name in target.against if name in variants]
-    if batch < target.min_batch or target.variant not in variants:
-        return {}
     ratios = {}
-    for baseline in baselines:
+    for baseline in target.baselines(batch, variants):
         pair = [target.variant, baseline]
         ratios[baseline] = []
         for i in range(measurements):
