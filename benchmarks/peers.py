@@ -117,6 +117,10 @@ TARGETS = (
     Target("static activation scales: within 1.1x of the floor", "int8ify static", ("floor",), 1.1, 16),
     Target("weights quantized on every call: at least float32's speed", "int8ify (weights/call)", ("float32",), 1.0,
            32),
+    # an accelerator's own float baseline, measured only there (a CPU's bf16 is emulated)
+    Target("weights quantized once: at most bf16's time", "int8ify+qparams", ("bf16",)),
+    Target("static activation scales: at most bf16's time", "int8ify static", ("bf16",)),
+    Target("weights quantized on every call: at least bf16's speed", "int8ify (weights/call)", ("bf16",), 1.0, 32),
 )
 
 

@@ -101,9 +101,7 @@ def quantize_static_parts(x, static: StaticScale, reduce_axes: Sequence[int], tp
     reduce_axes = tuple(reduce_axes)
     kept_shape = tuple(x.shape[a] for a in range(x.ndim) if a not in reduce_axes)
     values = to_compute(x)
-    rounded = lax.round(lax.mul(values, to_compute(static.reciprocal, values.dtype)),
-                        lax.RoundingMethod.TO_NEAREST_EVEN)
-    codes = marked_codes(values, rounded)
+    codes = marked_codes(values, lax.mul(values, to_compute(static.reciprocal, values.dtype)))
 
     def per_slice(value):
         return lax.broadcast(to_compute(value, values.dtype), kept_shape)

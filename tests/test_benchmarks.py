@@ -267,6 +267,35 @@ def test_peers_pair_table_holds_where_every_baselines_median_is_within_the_facto
     assert [row[3].rstrip(" |") for row in rows] == ["no", "yes"]  # slower than Qwix's median; within 1.25x
 
 
+def test_peers_bf16_targets_are_read_only_where_bf16_was_measured(peers):
+    cpu = {"float32": 2.0, "int8ify+qparams": 1.0, "int8ify static": 0.9, "int8ify (weights/call)": 1.5, "floor": 0.8}
+    accelerator = {**cpu, "bf16": 1.2}
+    on_cpu = {line.split(" | ")[0].lstrip("| ") for line in peers.target_lines({64: [cpu]})[2:]}
+    on_accelerator = [line.split(" | ") for line in peers.target_lines({64: [accelerator]})[2:]]
+    assert not any("bf16" in text for text in on_cpu)
+    against_bf16 = {row[0].lstrip("| "): (row[2], row[3].rstrip(" |")) for row in on_accelerator if "bf16" in row[0]}
+    assert against_bf16 == {"weights quantized once: at most bf16's time": ("0.83 x bf16", "yes"),
+                            "static activation scales: at most bf16's time": ("0.75 x bf16", "yes"),
+                            "weights quantized on every call: at least bf16's speed": ("1.25 x bf16", "no")}
+
+
+def test_static_ladder_steps_give_int8ifys_outputs_bit_for_bit(tmp_path, monkeypatch):
+    """The hand-written static programs are int8ify's, step by step: from the contract's order of the scale
+    multiplies on, each gives int8ify's outputs bit for bit (its relative error to them is 0)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    sys.modules.pop("static_ladder", None)
+    import static_ladder
+
+    out = tmp_path / "ladder.md"
+    assert static_ladder.main(["--quick", "--width", "128", "--batches", "16", "--out", str(out)]) == 0
+    rows = {line.split(" | ")[1]: line.rstrip(" |").split(" | ")[-1] for line in out.read_text().splitlines()
+            if line.startswith("| 16 | ")}
+    assert list(rows) == ["floor", *static_ladder.RUNGS, "int8ify static"]
+    exact = static_ladder.RUNGS[static_ladder.RUNGS.index("the contract's order"):]
+    assert all(float(rows[name]) == 0 for name in (*exact, "int8ify static")), rows
+    assert float(rows["one factor"]) > 0  # one multiply by the product of the scales rounds differently
+
+
 def test_kernels_benchmark_splits_each_variant_into_its_int8_dots_and_the_rest(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     sys.modules.pop("kernels", None)
