@@ -24,7 +24,9 @@ Steps, each bounded in time and each recorded even when an earlier one failed:
    hand-written program's time;
 5. where the device time goes (``benchmarks/kernel_profile.py``): the MLP at d 4096 and batch 4096 in bf16, written
    by hand in W8A8, and int8ify'd with dynamic and static scales, each kernel's time from a profile of 20 calls;
-   the MiniLM encoder at batch 128 likewise, its kernels summed by kind;
+   the MiniLM encoder at batch 128 likewise, its kernels summed by kind; then (step ``ladder``) static scales
+   step by step (``benchmarks/static_ladder.py``): the static MLP at d 4096 written by hand, each
+   program one step more of what int8ify's computes, beside int8ify's own (batch 4096 and 1024);
 6. the optimized HLO of each rewritten model: every GEMM listed with its operand types, so an int8 GEMM (cuBLASLt
    IMMA, a Triton s8 fusion) is told apart from an upcast float GEMM;
 7. the fused kernel (``backend="int8-fused"``) against the int8 backend's XLA program on the device, bit for bit
@@ -396,6 +398,20 @@ def kernel_profile(dry_run: bool, progress) -> str:
     return "\n".join(rows)
 
 
+def static_steps(dry_run: bool, progress) -> str:
+    """``benchmarks/static_ladder.py``'s table: the static MLP from the floor to int8ify's program, step by step
+    (the eighteenth TPU run found 9% of the call in one of them). ``progress(table)`` receives it after each row."""
+    import static_ladder
+
+    width, batches, rounds, reps = (64, [8], 2, 1) if dry_run else (4096, [4096, 1024], 25, 5)
+    rows = [f"Flax MLP 4 x Dense({width}) + gelu, static activation scales; ms, medians of {rounds} interleaved rounds",
+            "", *static_ladder.TABLE_HEADER]
+    for row in static_ladder.ladder_rows(width, batches, rounds, reps):
+        rows.append(row)
+        progress("\n".join(rows))
+    return "\n".join(rows)
+
+
 # -- 6. what the dots compile to ------------------------------------------------------------------------------------
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = \(?([a-z0-9]+)\[")
 _CALL_OPERANDS = re.compile(r"(?:dot|convolution|custom-call)\(([^)]*)\)")
@@ -607,7 +623,7 @@ def stored_round_trip(dry_run: bool) -> str:
     return "\n".join(lines)
 
 
-STEPS = ("tests", "speed", "exactness", "profile", "fused", "hlo", "blocks", "autotune", "stored")
+STEPS = ("tests", "speed", "exactness", "profile", "ladder", "fused", "hlo", "blocks", "autotune", "stored")
 GPU_ONLY_STEPS = ("fused", "autotune")  # XLA:GPU's fused kernel and autotuner
 
 
@@ -654,6 +670,8 @@ def main(argv=None) -> int:
                      ns.exactness_models)
     if "profile" in steps:
         growing_step(report, "Where the device time goes (profiled kernels)", kernel_profile, ns.dry_run)
+    if "ladder" in steps:
+        growing_step(report, "Static scales, step by step (ms, medians of interleaved runs)", static_steps, ns.dry_run)
     if "fused" in steps:
         step(report, "The fused kernel against XLA's program", fused_kernel, ns.dry_run,
              time.perf_counter() + ns.fused_time)

@@ -99,26 +99,18 @@ def ladder_program(rung: str):
     return jax.jit(run)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--batches", type=int, nargs="+", default=[256, 32])
-    parser.add_argument("--quick", action="store_true", help="few rounds (a smoke run)")
-    parser.add_argument("--out", help="also write the table (Markdown) here")
-    args = parser.parse_args(argv)
-    rounds, reps = (3, 2) if args.quick else (25, 5)
-    model, params = flax_mlp(args.width)
-    device = "" if jax.default_backend() == "cpu" else f"device: {jax.devices()[0].device_kind}; "
-    lines = [f"{device}CPU: {cpu_model()}, {os.cpu_count()} cores; JAX {jax.__version__}", "",
-             f"Flax MLP {LAYERS} x Dense({args.width}) + gelu, static activation scales; ms per call (median of "
-             f"{rounds} interleaved rounds of {reps} calls)", "",
-             "| batch | program | ms | x floor | x int8ify static | rel. error vs int8ify |",
-             "|---|---|---|---|---|---|"]
-    print("\n".join(lines), flush=True)
-    for batch in args.batches:
-        x = jax.random.normal(jax.random.PRNGKey(batch), (batch, args.width))
-        calibration = [(jax.random.normal(jax.random.PRNGKey(100 + i), (max(batch, 32), args.width)),)
-                       for i in range(4)]
+TABLE_HEADER = ["| batch | program | ms | x floor | x int8ify static | rel. error vs int8ify |",
+                "|---|---|---|---|---|---|"]
+
+
+def ladder_rows(width: int, batches, rounds: int, reps: int):
+    """The table's rows (Markdown), one batch at a time: the floor, each step of :data:`RUNGS` and int8ify's static
+    program, timed interleaved, with each one's time over the floor's and over int8ify's, and its outputs' relative
+    error to int8ify's."""
+    model, params = flax_mlp(width)
+    for batch in batches:
+        x = jax.random.normal(jax.random.PRNGKey(batch), (batch, width))
+        calibration = [(jax.random.normal(jax.random.PRNGKey(100 + i), (max(batch, 32), width)),) for i in range(4)]
         static = quantize_params(model.apply, params, x, activations="static", calibration=calibration)
         stored = stored_layers(static)
         (floor, floor_args), _ = floor_program(params, x)
@@ -130,10 +122,26 @@ def main(argv=None) -> int:
         for name, ms in times.items():
             fn, fn_args = variants[name]
             error = "" if name == "floor" else f"{rel_error(fn(*fn_args), reference):.1e}"
-            line = (f"| {batch} | {name} | {ms:.3f} | {ms / times['floor']:.2f} | "
-                    f"{ms / times['int8ify static']:.2f} | {error} |")
-            lines.append(line)
-            print(line, flush=True)
+            yield (f"| {batch} | {name} | {ms:.3f} | {ms / times['floor']:.2f} | {ms / times['int8ify static']:.2f} | "
+                   f"{error} |")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--batches", type=int, nargs="+", default=[256, 32])
+    parser.add_argument("--quick", action="store_true", help="few rounds (a smoke run)")
+    parser.add_argument("--out", help="also write the table (Markdown) here")
+    args = parser.parse_args(argv)
+    rounds, reps = (3, 2) if args.quick else (25, 5)
+    device = "" if jax.default_backend() == "cpu" else f"device: {jax.devices()[0].device_kind}; "
+    lines = [f"{device}CPU: {cpu_model()}, {os.cpu_count()} cores; JAX {jax.__version__}", "",
+             f"Flax MLP {LAYERS} x Dense({args.width}) + gelu, static activation scales; ms per call (median of "
+             f"{rounds} interleaved rounds of {reps} calls)", "", *TABLE_HEADER]
+    print("\n".join(lines), flush=True)
+    for line in ladder_rows(args.width, args.batches, rounds, reps):
+        lines.append(line)
+        print(line, flush=True)
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")

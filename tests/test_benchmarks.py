@@ -40,8 +40,13 @@ def test_device_check_dry_run(tmp_path, monkeypatch):
                             "int8ify static+attn", "int8ify+qparams, bf16 model", "int8ify static+attn, bf16 model",
                             "bare int8 dots"))
     assert "MiniLM encoder, batch 8 x 128, 2 calls profiled, kernels by kind" in text
+    # static scales step by step: every step's row, the hand-written program giving int8ify's bits from its order on
+    assert all(f"| 8 | {name} | " in text for name in ("floor", "one factor", "NaN codes", "int8ify static"))
+    nan_codes_row = text.split("| 8 | NaN codes | ")[1].split("\n")[0]
+    assert nan_codes_row.endswith("| 0.0e+00 |"), nan_codes_row
     for step in ("Environment", "Tests on the device", "Speed", "What exactness costs", "Where the device time goes",
-                 "What the dots compile to", "Block-scaled backends", "XLA's int8 GEMM under each autotuning setting"):
+                 "Static scales, step by step", "What the dots compile to", "Block-scaled backends",
+                 "XLA's int8 GEMM under each autotuning setting"):
         assert f"## {step}" in text, step
     assert "FAILED" not in text
     assert "3 passed, 0 failed of 3 run" in text
@@ -113,7 +118,7 @@ def test_a_tpu_host_runs_the_tests_in_one_process_and_leaves_out_the_gpu_only_st
                         lambda command, **kwargs: commands.append(command) or subprocess.CompletedProcess(command, 0,
                                                                                                           "", ""))
     # every step that measures is stubbed (the dry run covers them): at full size they took minutes on a CPU
-    measuring = ("speed", "exactness", "kernel_profile", "hlo_check", "block_scaled")
+    measuring = ("speed", "exactness", "kernel_profile", "static_steps", "hlo_check", "block_scaled")
     for name in measuring:
         monkeypatch.setattr(device_check, name, lambda *args, name=name: f"{name} ran")
     out = tmp_path / "device.md"
