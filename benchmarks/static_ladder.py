@@ -7,7 +7,7 @@ Usage::
     python benchmarks/static_ladder.py                       # the MLP 4 x 1024 at batch 256 and 32
     python benchmarks/static_ladder.py --width 4096 --batches 4096 1024    # on an accelerator
 
-The rungs (each keeps the ones above it):
+The programs, from the floor up (each step keeps those before it):
 
 * ``floor``: ``peers.floor_program``, the int8 dots with the model's own bias and gelu, the next input a cast;
 * ``one factor``: the codes of a static scale, ``int8(clip(round(y * (1 / s))))``, and the epilogue one multiply of
@@ -23,7 +23,8 @@ The rungs (each keeps the ones above it):
   does: int8ify's program, written by hand;
 * ``int8ify static``: ``int8ify`` with ``quantize_params(..., activations="static")``.
 
-Every rung gives the same codes for finite inputs; the outputs are compared with int8ify's (relative error printed).
+Each program's outputs are compared with int8ify's (the relative error printed): from the contract's order on, every
+one gives int8ify's outputs bit for bit (``tests/test_benchmarks.py``); ``one factor`` rounds its epilogue otherwise.
 """
 
 from __future__ import annotations
