@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from peers import WIDTH, flax_mlp, floor_program, hand_program, save_table  # noqa: E402
+from peers import WIDTH, calibration_batches, flax_mlp, floor_program, hand_program, save_table  # noqa: E402
 from speed import cpu_model  # noqa: E402
 
 from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
@@ -117,13 +117,12 @@ def main(argv=None) -> int:
         wrapped = jax.jit(int8ify(apply))
         hand, hand_weights = hand_program(params)
         (floor, floor_args), _ = floor_program(params, x)
-        calibration = [(jax.random.normal(jax.random.PRNGKey(100 + i), (max(batch, 32), WIDTH)),) for i in range(4)]
         variants = {
             "floor": (floor, floor_args),
             "hand W8A8": (hand, (hand_weights, x)),
             "int8ify+qparams": (wrapped, (quantize_params(apply, params, x), x)),
             "int8ify static": (wrapped, (quantize_params(apply, params, x, activations="static",
-                                                         calibration=calibration), x)),
+                                                         calibration=calibration_batches(batch, WIDTH)), x)),
             "int8ify (weights/call)": (wrapped, (params, x)),
         }
         results = {}

@@ -216,6 +216,12 @@ def layers(params):
     return [params["params"][f"dense_{i}"] for i in range(LAYERS)]
 
 
+def calibration_batches(batch: int, width: int) -> list:
+    """The static scales' calibration data for a run at ``batch``: four random inputs of at least 32 rows, the same in
+    every benchmark that times static scales on this MLP."""
+    return [(jax.random.normal(jax.random.PRNGKey(100 + i), (max(batch, 32), width)),) for i in range(4)]
+
+
 def hand_program(params):
     """Weights quantized once, by hand; the forward pass with the plain formulas."""
     weights = []
@@ -328,9 +334,7 @@ def main(argv=None) -> int:
         f32 = jax.jit(apply)
         wrapped = jax.jit(int8ify(apply))
         dynamic = quantize_params(apply, params, x)
-        static = quantize_params(apply, params, x, activations="static",
-                                 calibration=[(jax.random.normal(jax.random.PRNGKey(100 + i), (max(batch, 32), width)),)
-                                              for i in range(4)])
+        static = quantize_params(apply, params, x, activations="static", calibration=calibration_batches(batch, width))
         hand, hand_weights = hand_program(params)
         (floor, floor_args), (bare, bare_args) = floor_program(params, x)
         variants = {"float32": (f32, (params, x))}

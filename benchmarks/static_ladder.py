@@ -40,7 +40,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
-from peers import LAYERS, flax_mlp, floor_program, layers  # noqa: E402
+from peers import LAYERS, calibration_batches, flax_mlp, floor_program, layers  # noqa: E402
 from speed import cpu_model, rel_error, time_interleaved  # noqa: E402
 
 from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
@@ -111,8 +111,8 @@ def ladder_rows(width: int, batches, rounds: int, reps: int):
     model, params = flax_mlp(width)
     for batch in batches:
         x = jax.random.normal(jax.random.PRNGKey(batch), (batch, width))
-        calibration = [(jax.random.normal(jax.random.PRNGKey(100 + i), (max(batch, 32), width)),) for i in range(4)]
-        static = quantize_params(model.apply, params, x, activations="static", calibration=calibration)
+        static = quantize_params(model.apply, params, x, activations="static",
+                                 calibration=calibration_batches(batch, width))
         stored = stored_layers(static)
         (floor, floor_args), _ = floor_program(params, x)
         variants = {"floor": (floor, floor_args)}
