@@ -130,9 +130,10 @@ def quantize_static_parts(x, static: StaticScale, reduce_axes: Sequence[int], tp
 
 def _holds_nonfinite_as_dot_reads(codes, reduce_axes: tuple):
     """:func:`~jaxpr_rewrite.quantize.holds_nonfinite` per slice of ``codes``; for a matrix of one row (batch-1
-    inference), over the codes as its int8 dot reads them, padded to two rows
-    (:func:`~jaxpr_rewrite.int32_dot.with_a_zero_row`): XLA:CPU then computes the codes once, with the previous
-    layer's epilogue in the same kernel, instead of once more for the check (an MLP layer: 3 kernels instead of 5)."""
+    inference), over the codes as a CPU's int8 dot reads them, padded to two rows
+    (:func:`~jaxpr_rewrite.int32_dot.with_a_zero_row`; only a GPU's program pads the contraction too): XLA:CPU then
+    computes the codes once, with the previous layer's epilogue in the same kernel, instead of once more for the
+    check (an MLP layer: 3 kernels instead of 5)."""
     if codes.ndim == 2 and reduce_axes == (1,) and is_static(codes.shape[0]) and codes.shape[0] == 1:
         return lax.slice(holds_nonfinite(with_a_zero_row(codes, 0), reduce_axes), (0,), (1,))
     return holds_nonfinite(codes, reduce_axes)

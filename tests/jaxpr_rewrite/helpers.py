@@ -9,6 +9,7 @@ all-zero slice), codes by numpy division and rounding (ties to even), exact inte
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import subprocess
 import sys
@@ -229,11 +230,24 @@ def assert_finite_slices_quantized_as_the_contract(quantize_fn, x, bad_rows, axi
 
 def program_dots(jaxpr):
     """The matmuls of the program each platform runs (:func:`dot_eqns` of one ``lax.platform_dependent`` branch
-    each), asserted the same on CPU, GPU and TPU (operand and result types); returns the CPU program's."""
+    each), asserted the same on CPU, GPU and TPU (operand and result types; a GPU's operands may have their last
+    contracting dim zero-padded to a contraction length that is a multiple of 4, as ``int32_dot`` pads it there
+    only); returns the CPU program's."""
     by_platform = {platform: dot_eqns(jaxpr, platform=platform) for platform in PLATFORMS}
     types = {platform: [[str(v.aval) for v in (*e.invars, *e.outvars)] for e in dots]
              for platform, dots in by_platform.items()}
-    assert types["cuda"] == types["cpu"] == types["tpu"], types
+    assert types["cpu"] == types["tpu"], types
+    assert len(by_platform["cuda"]) == len(by_platform["cpu"]), types
+    for gpu, cpu in zip(by_platform["cuda"], by_platform["cpu"]):
+        assert [str(v.aval) for v in gpu.outvars] == [str(v.aval) for v in cpu.outvars], types
+        assert gpu.params["dimension_numbers"] == cpu.params["dimension_numbers"], types
+        (lc, rc), _ = cpu.params["dimension_numbers"]
+        for gpu_operand, cpu_operand, contracting in zip(gpu.invars, cpu.invars, (lc, rc)):
+            assert gpu_operand.aval.dtype == cpu_operand.aval.dtype, types
+            padded = [a for a, (g, c) in enumerate(zip(gpu_operand.aval.shape, cpu_operand.aval.shape)) if g != c]
+            assert padded in ([], [contracting[-1]]), types
+        if any(g.aval.shape != c.aval.shape for g, c in zip(gpu.invars, cpu.invars)):
+            assert math.prod(gpu.invars[0].aval.shape[a] for a in lc) % 4 == 0, types
     return by_platform["cpu"]
 
 

@@ -7,7 +7,8 @@ catches NaN and Inf, and the epilogue with the model's bias and gelu; with stati
 also computes the next layer's codes, so no float array the activation's size is written but the model's output.
 A smaller activation, whose ``|x|`` XLA:CPU writes out before reducing it in two steps, takes the NaN-safe absmax
 (its select joins that ``|x|``) and no minimum over its codes. A single row with static scales is checked on its
-codes padded to two rows, as its int8 dot reads them, so they are computed once.
+codes padded to two rows, as its int8 dot reads them, so they are computed once. A contraction whose length is not a
+multiple of 4 takes the same kernels as one that is (only a GPU's program pads it).
 """
 import re
 from collections import Counter
@@ -33,10 +34,10 @@ def _mlp(params, x):
     return x
 
 
-def _params():
+def _params(width=WIDTH):
     rng = np.random.default_rng(0)
-    return [((rng.standard_normal((WIDTH, WIDTH)) / 16).astype(np.float32),
-             rng.standard_normal(WIDTH).astype(np.float32)) for _ in range(LAYERS)]
+    return [((rng.standard_normal((width, width)) / 16).astype(np.float32),
+             rng.standard_normal(width).astype(np.float32)) for _ in range(LAYERS)]
 
 
 def _kernel_outputs(qparams, x) -> list[str]:
@@ -90,3 +91,19 @@ def test_a_single_row_with_static_scales_computes_its_codes_once():
     # check, nor the epilogue written out between layers
     per_layer = ["s8[2,256]", "s32[2,256]", "s8[2,8]", "s8[2]"]
     assert Counter(kernels) == Counter(per_layer * LAYERS + ["f32[1,256]"]), kernels
+
+
+@pytest.mark.parametrize("activations", ["dynamic", "static"])
+@pytest.mark.parametrize("batch", [1, 64])
+def test_a_contraction_not_a_multiple_of_4_takes_the_kernels_of_one_that_is(activations, batch):
+    """``int32_dot`` pads a contraction to a multiple of 4 for a GPU's int8 GEMM only. Padded on CPU too, it copied
+    each pre-quantized weight's codes on every call (a kernel more per layer), and static scales' check for NaN and
+    Inf read the codes unpadded, so XLA computed them twice (21 kernels instead of 13 for three layers)."""
+
+    def kernels(width):
+        x = np.random.default_rng(1).standard_normal((batch, width)).astype(np.float32)
+        options = {"activations": "static", "calibration": [(x,)]} if activations == "static" else {}
+        found = _kernel_outputs(quantize_params(_mlp, _params(width), x, **options), x)
+        return Counter(re.sub(rf"\b{width}\b", "width", kernel) for kernel in found)
+
+    assert kernels(WIDTH - 2) == kernels(WIDTH)

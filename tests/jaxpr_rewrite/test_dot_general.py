@@ -12,7 +12,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from helpers import (assert_all_dots_int8, assert_same_bits_but_nan, away_from_ties, dot_eqns, dot_problems,
-                     evaluate_as, examples, on_cpu, program_dots, reference_dot)
+                     evaluate_as, examples, on_cpu, platform_eqns, program_dots, reference_dot)
 from jaxpr_rewrite import int8ify
 
 # Output tolerance per dtype: float32 is the contract's 1e-6; narrower outputs add one rounding.
@@ -188,3 +188,23 @@ def test_int8_dots_keep_the_default_precision_under_a_float32_default(lhs_shape)
     assert dots and all(str(d.invars[0].aval.dtype) == "int8" for d in dots)
     assert all(d.params["precision"] == (jax.lax.Precision.DEFAULT,) * 2 for d in dots)
     assert "HIGHEST" not in lowered
+
+
+@pytest.mark.parametrize("contraction", [390, 5])
+def test_only_a_gpu_pads_a_contraction_to_a_multiple_of_4(contraction):
+    """XLA's GPU int8 GEMM doubles the sums of a contraction whose length is not a multiple of 4, so a GPU's program
+    zero-pads both operands' codes there; CPU and TPU dots read the codes as they are (padded, a pre-quantized
+    weight's codes were copied on every call), and the GPU's program gives the same numbers."""
+    rng = np.random.default_rng(contraction)
+    x = rng.standard_normal((8, contraction)).astype(np.float32)
+    w = rng.standard_normal((contraction, 64)).astype(np.float32)
+    x[1] = rng.integers(-300, 300, size=contraction) / 4.0  # rich in rounding ties
+    rewritten = int8ify(lambda a, b: a @ b)
+    jaxpr = jax.make_jaxpr(rewritten)(x, w)
+    pads = {platform: [e.params["padding_config"] for e in platform_eqns(jaxpr, platform) if e.primitive.name == "pad"]
+            for platform in ("cpu", "cuda", "tpu")}
+    padding = -contraction % 4
+    assert pads == {"cpu": [], "tpu": [], "cuda": [((0, 0, 0), (0, padding, 0)), ((0, padding, 0), (0, 0, 0))]}
+    (cpu,) = evaluate_as("cpu", rewritten, x, w)
+    np.testing.assert_array_equal(evaluate_as("cuda", rewritten, x, w)[0], cpu)
+    np.testing.assert_allclose(np.asarray(cpu, np.float64), reference_dot(x, w, (((1,), (0,)), ((), ()))), rtol=1e-6)
