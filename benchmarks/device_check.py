@@ -26,7 +26,10 @@ Steps, each bounded in time and each recorded even when an earlier one failed:
    by hand in W8A8, and int8ify'd with dynamic and static scales, each kernel's time from a profile of 20 calls;
    the MiniLM encoder at batch 128 likewise, its kernels summed by kind; then (step ``ladder``) static scales
    step by step (``benchmarks/static_ladder.py``): the static MLP at d 4096 written by hand, each
-   program one step more of what int8ify's computes, beside int8ify's own (batch 4096 and 1024);
+   program one step more of what int8ify's computes, beside int8ify's own (batch 4096 and 1024); then (step
+   ``candidates``) the leads of the nineteenth TPU run against int8ify's program (``benchmarks/candidate_ab.py``:
+   attention's float operands in the int8 dot's layout, the epilogue without its powers of two; the transformer
+   block at 197 and 128 tokens);
 6. the optimized HLO of each rewritten model: every GEMM listed with its operand types, so an int8 GEMM (cuBLASLt
    IMMA, a Triton s8 fusion) is told apart from an upcast float GEMM;
 7. the fused kernel (``backend="int8-fused"``) against the int8 backend's XLA program on the device, bit for bit
@@ -412,6 +415,20 @@ def static_steps(dry_run: bool, progress) -> str:
     return "\n".join(rows)
 
 
+def candidate_steps(dry_run: bool, progress) -> str:
+    """``benchmarks/candidate_ab.py``'s table: each candidate change to the rewrite against int8ify's program, both
+    compiled ahead of time. ``progress(table)`` receives it after each row."""
+    import candidate_ab
+
+    batch, tokens, pairs, rounds, reps = (2, [20], 1, 1, 1) if dry_run else (128, [197, 128], 4, 10, 5)
+    rows = [f"Transformer block d 384, batch {batch}; ms, medians of {rounds} interleaved rounds, {pairs} pairs", "",
+            *candidate_ab.TABLE_HEADER]
+    for row in candidate_ab.candidate_rows(sorted(candidate_ab.CANDIDATES), tokens, batch, pairs, rounds, reps):
+        rows.append(row)
+        progress("\n".join(rows))
+    return "\n".join(rows)
+
+
 # -- 6. what the dots compile to ------------------------------------------------------------------------------------
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = \(?([a-z0-9]+)\[")
 _CALL_OPERANDS = re.compile(r"(?:dot|convolution|custom-call)\(([^)]*)\)")
@@ -623,7 +640,8 @@ def stored_round_trip(dry_run: bool) -> str:
     return "\n".join(lines)
 
 
-STEPS = ("tests", "speed", "exactness", "profile", "ladder", "fused", "hlo", "blocks", "autotune", "stored")
+STEPS = ("tests", "speed", "exactness", "profile", "ladder", "candidates", "fused", "hlo", "blocks", "autotune",
+         "stored")
 GPU_ONLY_STEPS = ("fused", "autotune")  # XLA:GPU's fused kernel and autotuner
 
 
@@ -672,6 +690,9 @@ def main(argv=None) -> int:
         growing_step(report, "Where the device time goes (profiled kernels)", kernel_profile, ns.dry_run)
     if "ladder" in steps:
         growing_step(report, "Static scales, step by step (ms, medians of interleaved runs)", static_steps, ns.dry_run)
+    if "candidates" in steps:
+        growing_step(report, "Candidate changes against int8ify's program (ms, in pairs)", candidate_steps,
+                     ns.dry_run)
     if "fused" in steps:
         step(report, "The fused kernel against XLA's program", fused_kernel, ns.dry_run,
              time.perf_counter() + ns.fused_time)

@@ -44,8 +44,12 @@ def test_device_check_dry_run(tmp_path, monkeypatch):
     assert all(f"| 8 | {name} | " in text for name in ("floor", "one factor", "NaN codes", "int8ify static"))
     nan_codes_row = text.split("| 8 | NaN codes | ")[1].split("\n")[0]
     assert nan_codes_row.endswith("| 0.0e+00 |"), nan_codes_row
+    # each candidate against int8ify's program: another program, so the pair is not one program timed twice
+    candidate_rows = [line for line in text.splitlines() if line.startswith("| block d 384, 2 x 20 tokens")]
+    assert len(candidate_rows) == 4 and all(row.split(" | ")[5] == "True" for row in candidate_rows), candidate_rows
     for step in ("Environment", "Tests on the device", "Speed", "What exactness costs", "Where the device time goes",
-                 "Static scales, step by step", "What the dots compile to", "Block-scaled backends",
+                 "Static scales, step by step", "Candidate changes against int8ify's program",
+                 "What the dots compile to", "Block-scaled backends",
                  "XLA's int8 GEMM under each autotuning setting"):
         assert f"## {step}" in text, step
     assert "FAILED" not in text
@@ -118,7 +122,8 @@ def test_a_tpu_host_runs_the_tests_in_one_process_and_leaves_out_the_gpu_only_st
                         lambda command, **kwargs: commands.append(command) or subprocess.CompletedProcess(command, 0,
                                                                                                           "", ""))
     # every step that measures is stubbed (the dry run covers them): at full size they took minutes on a CPU
-    measuring = ("speed", "exactness", "kernel_profile", "static_steps", "hlo_check", "block_scaled")
+    measuring = ("speed", "exactness", "kernel_profile", "static_steps", "candidate_steps", "hlo_check",
+                 "block_scaled")
     for name in measuring:
         monkeypatch.setattr(device_check, name, lambda *args, name=name: f"{name} ran")
     out = tmp_path / "device.md"
