@@ -1,33 +1,39 @@
 """Candidate changes to the rewrite, each timed against int8ify's own program on this device, in pairs.
 
-    python benchmarks/candidate_ab.py [--candidates layout powers] [--tokens 197 128] [--batch 128] [--pairs 4]
-        [--quick] [--out FILE]
+    python benchmarks/candidate_ab.py [--candidates xla-layouts powers] [--tokens 197 128 77 50] [--batch 128]
+        [--pairs 4] [--quick] [--out FILE]
 
 A candidate replaces one function of the rewrite while its program is traced and compiled. Each program is compiled
 ahead of time (``jax.jit(f).lower(*args).compile()``) right after its form is set, and the executables are timed: a
 ``jax.jit`` function traced after ``jax.clear_caches()`` traces again once its compiled run is dropped, and then finds
 the rewritten dots' shared programs as the last form traced them, so an A/B of two such functions times one program
-twice (the nineteenth TPU run's A/Bs did; ``benchmarks/results/tpu-v5-lite.md``). The candidates, leads from that run:
+twice (the nineteenth TPU run's A/Bs did; ``benchmarks/results/tpu-v5-lite.md``). The candidates:
 
-* ``layout``: the float operands of batched int8 dots (attention's query, key, value and probabilities) constrained
-  to a layout whose largest non-batch axis is minor (``jax.experimental.layout.with_layout_constraint``). At 197
-  tokens (a ViT's) XLA:TPU writes those operands' int8 codes in the layout of their float input and relayouts them
-  for the attention dot: 2.4 of the 4.8 ms of the transformer block below on a v5e chip. Read across runs, the
-  constrained block took 3.0 ms there.
+* ``xla-layouts``: the dots' float operands in the layouts XLA chooses, as before
+  :mod:`jaxpr_rewrite.tpu_layout` (``laid_out_for_tpu`` an identity): the A/B of that rule, which a CPU or GPU
+  program does not see (the same program there). At 197 tokens (a ViT's) XLA:TPU wrote the int8 codes of
+  attention's query, key and value, and of its output, in the layout of their float input and relayouted them for
+  the int8 dot: 2.4 of the 4.8 ms of the transformer block below on a v5e chip (the nineteenth run). In the twentieth
+  two forms of the rule as candidates (``with_layout_constraint`` on batched dots' operands, then on unbatched ones'
+  too) took 0.60x and 0.53x of that program's time at 197 tokens and 0.55x and 0.52x at 77, and 1.004-1.012x at 128,
+  where XLA made no copy.
 * ``powers``: the epilogue without its two power-of-two multiplies, a bound on what storing weights without their
   unit powers could win (not range-safe; on CPU not the contract's rounding either, as XLA:CPU then fuses the last
-  multiply with the next add). Read across runs, 1.20 ms against 1.35 for the block at 128 tokens on the chip.
+  multiply with the next add). In the twentieth run, with weights quantized once: 0.90x at 128 tokens, 0.95x at 77,
+  0.98x at 197, the same bits; 0.98x with static scales.
 
 The model: the transformer block of ``benchmarks/speed.py`` at d 384, with weights quantized once (dynamic scales) and
-with static scales, attention's too, at each ``--tokens``. Each row gives both programs' medians, the candidate's
-time over int8ify's in each pair (orders alternating), whether the outputs are the same bits, whether the candidate's
-optimized HLO is another program than int8ify's (else the A/B timed one program twice), and the copies of int8 codes
-in each. ``benchmarks/device_check.py`` runs it in its ``candidates`` step.
+with static scales, attention's too, at each ``--tokens``. Each row gives the medians of bf16's program (timed in the
+same rounds, for scale) and both programs, the candidate's time over int8ify's in each pair (orders alternating),
+whether the outputs are the same bits, whether the candidate's optimized HLO is another program than int8ify's (else
+the A/B timed one program twice), and the copies of int8 codes in each. ``benchmarks/device_check.py`` runs it in
+its ``candidates`` step.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -35,7 +41,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.experimental.layout import Layout, with_layout_constraint
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -43,35 +48,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from jaxpr_rewrite import calibrate_activation_dots, int8ify, quantize_params  # noqa: E402
 from jaxpr_rewrite import int8_dot  # noqa: E402
-from speed import block, init_block, time_interleaved  # noqa: E402
+from speed import block, cast_floats, init_block, time_interleaved  # noqa: E402
 
-TABLE_HEADER = ["| program | int8ify, ms | candidate, ms | candidate / int8ify (pairs) | same bits | another program "
-                "| int8 copies |", "|---|---|---|---|---|---|---|"]
-
-
-def _largest_axis_minor(x, batch_axes):
-    """``x`` constrained to a layout with its batch axes major and its other axes by size, the largest minor."""
-    rest = sorted((axis for axis in range(x.ndim) if axis not in batch_axes), key=lambda axis: x.shape[axis])
-    order = (*batch_axes, *rest)
-    if order == tuple(range(x.ndim)):
-        return x
-    return with_layout_constraint(x, Layout(major_to_minor=order))
+TABLE_HEADER = ["| program | bf16, ms | int8ify, ms | candidate, ms | candidate / int8ify (pairs) | same bits "
+                "| another program | int8 copies |", "|---|---|---|---|---|---|---|---|"]
 
 
-def _layout_form(original):
-    def scaled_int8_dot(lhs, rhs, dimension_numbers, *args, **kwargs):
-        _, (lhs_batch, rhs_batch) = dimension_numbers
-
-        def placed(x, batch_axes):
-            # (a pre-quantized weight is no jax.Array: it keeps its stored layout)
-            floating = isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating)
-            if not batch_axes or not floating or x.ndim < 3:
-                return x
-            return _largest_axis_minor(x, tuple(batch_axes))
-
-        return original(placed(lhs, lhs_batch), placed(rhs, rhs_batch), dimension_numbers, *args, **kwargs)
-
-    return scaled_int8_dot
+def _as_xla_lays_it_out(operand, batch_axes, contracting_axes):
+    return operand
 
 
 def _without_powers(acc, lhs, rhs):
@@ -81,7 +65,7 @@ def _without_powers(acc, lhs, rhs):
 
 # name -> (the function of jaxpr_rewrite.int8_dot it replaces, the replacement built from the original)
 CANDIDATES = {
-    "layout": ("_scaled_int8_dot", _layout_form),
+    "xla-layouts": ("laid_out_for_tpu", lambda original: _as_xla_lays_it_out),
     "powers": ("scale_product", lambda original: _without_powers),
 }
 
@@ -103,6 +87,23 @@ def compiled(fn, args, options: dict, candidate: str | None = None):
         jax.clear_caches()
 
 
+_METADATA = re.compile(r", metadata=\{[^}]*\}")
+_SOURCE_SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+
+
+def program_text(hlo: str) -> str:
+    """An optimized HLO's text without its source locations: two traces of one program differ in those only."""
+    lines, in_sources = [], False
+    for line in hlo.splitlines():
+        if line.strip() in _SOURCE_SECTIONS:
+            in_sources = True
+        elif in_sources and not line.strip():
+            in_sources = False
+        elif not in_sources:
+            lines.append(_METADATA.sub("", line))
+    return "\n".join(lines)
+
+
 def int8_copies(hlo: str) -> int:
     """The copies of int8 arrays in an optimized HLO's text (relayouts of codes)."""
     return sum(" = s8[" in line and " copy(" in line for line in hlo.splitlines())
@@ -118,6 +119,7 @@ def candidate_rows(candidates, tokens, batch: int, pairs: int, rounds: int, reps
 
     for n_tokens in tokens:
         x = jax.random.normal(jax.random.PRNGKey(3), (batch, n_tokens, d))
+        bf16 = (jax.jit(model), cast_floats((params, x), jnp.bfloat16))  # the reference every row times beside
         attention = calibrate_activation_dots(model, params, x)
         static = quantize_params(model, params, x, activations="static", calibration=[(x,)])
         modes = {"qparams": ((quantize_params(model, params, x), x), {}),
@@ -131,19 +133,21 @@ def candidate_rows(candidates, tokens, batch: int, pairs: int, rounds: int, reps
                 ratios, times = [], []
                 for i in range(pairs):
                     order = [("int8ify", (base, args)), ("candidate", (new, args))]
-                    t = time_interleaved(dict(order if i % 2 == 0 else order[::-1]), rounds=rounds, reps=reps)
+                    t = time_interleaved(dict([("bf16", bf16), *(order if i % 2 == 0 else order[::-1])]),
+                                         rounds=rounds, reps=reps)
                     ratios.append(t["candidate"] / t["int8ify"])
-                    times.append((t["int8ify"], t["candidate"]))
+                    times.append((t["bf16"], t["int8ify"], t["candidate"]))
                 label = f"block d {d}, {batch} x {n_tokens} tokens, {mode}: {candidate}"
-                yield (f"| {label} | {np.median([a for a, _ in times]):.3f} | {np.median([b for _, b in times]):.3f} "
-                       f"| {min(ratios):.3f}-{max(ratios):.3f} | {same} | {base_hlo != new.as_text()} "
+                medians = " | ".join(f"{m:.3f}" for m in np.median(times, axis=0))
+                another = program_text(base_hlo) != program_text(new.as_text())
+                yield (f"| {label} | {medians} | {min(ratios):.3f}-{max(ratios):.3f} | {same} | {another} "
                        f"| {int8_copies(base_hlo)} / {int8_copies(new.as_text())} |")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--candidates", nargs="+", choices=sorted(CANDIDATES), default=sorted(CANDIDATES))
-    parser.add_argument("--tokens", type=int, nargs="+", default=[197, 128])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[197, 128, 77, 50])
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="a small block, one pair of one round")

@@ -27,9 +27,8 @@ Steps, each bounded in time and each recorded even when an earlier one failed:
    the MiniLM encoder at batch 128 likewise, its kernels summed by kind; then (step ``ladder``) static scales
    step by step (``benchmarks/static_ladder.py``): the static MLP at d 4096 written by hand, each
    program one step more of what int8ify's computes, beside int8ify's own (batch 4096 and 1024); then (step
-   ``candidates``) the leads of the nineteenth TPU run against int8ify's program (``benchmarks/candidate_ab.py``:
-   attention's float operands in the int8 dot's layout, the epilogue without its powers of two; the transformer
-   block at 197 and 128 tokens);
+   ``candidates``) candidate changes against int8ify's program (``benchmarks/candidate_ab.py``: the program without
+   the TPU layout rule, the epilogue without its powers of two; the transformer block at 197 and 128 tokens);
 6. the optimized HLO of each rewritten model: every GEMM listed with its operand types, so an int8 GEMM (cuBLASLt
    IMMA, a Triton s8 fusion) is told apart from an upcast float GEMM;
 7. the fused kernel (``backend="int8-fused"``) against the int8 backend's XLA program on the device, bit for bit

@@ -28,6 +28,9 @@ What needs internals, and why:
 * ``InconclusiveDimension``: the exception a comparison of ``jax.export`` symbolic dims raises when their
   constraints do not decide it (``jax._src.core.InconclusiveDimensionOperation`` in JAX 0.8-0.12; not public).
   The dot rule asks whether a symbolic contraction can overflow int32 sums, and says what to bound when it can.
+* ``lowering_for_export``: whether a lowering rule runs for ``jax.export`` (``LoweringParameters.for_export`` of
+  the rule's module context, JAX 0.8-0.12): XLA's layout constraint, which the TPU rule of
+  :mod:`~jaxpr_rewrite.tpu_layout` lowers to, is a custom call that ``jax.export`` refuses to serialize.
 * ``generalize_batchers``: JAX's batching rule for ``scaled_matmul`` / ``scaled_matmul_wrapper`` asserts
   that all four operands are batched along the same axis and assumes that axis is the leading one, so
   ``jax.vmap`` over a rewritten function with an unbatched weight fails (``AssertionError``). The rule is
@@ -175,6 +178,11 @@ def scaled_matmul_primitive():
     """The ``scaled_matmul`` primitive (``multiple_results=True``; params: ``preferred_element_type``)
     that ``jax.nn.scaled_matmul`` finally lowers to."""
     return _scaled_matmul_stablehlo._scaled_matmul_p
+
+
+def lowering_for_export(ctx) -> bool:
+    """Whether the lowering rule context ``ctx`` lowers a program for ``jax.export``."""
+    return bool(ctx.module_context.lowering_parameters.for_export)
 
 
 def has_lowering(primitive, platform: str) -> bool:

@@ -30,6 +30,7 @@ from .quantize import compute_dtype, scale_product
 from .operands import has_dynamic_scales, quantize_operand, quantize_operand_in_float64
 from .quantized import is_quantized
 from .static_activations import ScaledActivation
+from .tpu_layout import laid_out_for_tpu
 
 __all__ = ["PER_CHANNEL", "Scheme", "fits_sibling_kernel", "int8_dot_general_impl", "int8_sibling_dots_impl",
            "scaled_int8_dot", "scaled_int8_dot_and_operands"]
@@ -117,6 +118,9 @@ def scaled_int8_dot_and_operands(lhs, rhs, dimension_numbers, lhs_reduce: Sequen
 
 def _scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dtype, keep_operands: bool,
                      fused_gpu_kernel: bool = False):
+    (lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch) = dimension_numbers
+    lhs, rhs = laid_out_for_tpu(lhs, lhs_batch, lhs_contracting), laid_out_for_tpu(rhs, rhs_batch, rhs_contracting)
+
     def result(out, lhs_q, rhs_q):
         if not keep_operands:
             return out
