@@ -1,7 +1,7 @@
 """Candidate changes to the rewrite, each timed against int8ify's own program on this device, in pairs.
 
     python benchmarks/candidate_ab.py [--candidates xla-layouts powers] [--tokens 197 128 77 50] [--batch 128]
-        [--pairs 4] [--quick] [--out FILE]
+        [--d 384] [--head-dim 64] [--pairs 4] [--quick] [--out FILE]
 
 A candidate replaces one function of the rewrite while its program is traced and compiled. Each program is compiled
 ahead of time (``jax.jit(f).lower(*args).compile()``) right after its form is set, and the executables are timed: a
@@ -22,12 +22,12 @@ twice (the nineteenth TPU run's A/Bs did; ``benchmarks/results/tpu-v5-lite.md``)
   multiply with the next add). In the twentieth run, with weights quantized once: 0.90x at 128 tokens, 0.95x at 77,
   0.98x at 197, the same bits; 0.98x with static scales.
 
-The model: the transformer block of ``benchmarks/speed.py`` at d 384, with weights quantized once (dynamic scales) and
-with static scales, attention's too, at each ``--tokens``. Each row gives the medians of bf16's program (timed in the
-same rounds, for scale) and both programs, the candidate's time over int8ify's in each pair (orders alternating),
-whether the outputs are the same bits, whether the candidate's optimized HLO is another program than int8ify's (else
-the A/B timed one program twice), and the copies of int8 codes in each. ``benchmarks/device_check.py`` runs it in
-its ``candidates`` step.
+The model: the transformer block of ``benchmarks/speed.py`` at d 384 (``--d``; heads of 64 features, ``--head-dim``),
+with weights quantized once (dynamic scales) and with static scales, attention's too, at each ``--tokens``. Each row
+gives the medians of bf16's program (timed in the same rounds, for scale) and both programs, the candidate's time over
+int8ify's in each pair (orders alternating), whether the outputs are the same bits, whether the candidate's optimized
+HLO is another program than int8ify's (else the A/B timed one program twice), and the copies of int8 codes in each.
+``benchmarks/device_check.py`` runs it in its ``candidates`` step.
 """
 
 from __future__ import annotations
@@ -109,13 +109,14 @@ def int8_copies(hlo: str) -> int:
     return sum(" = s8[" in line and " copy(" in line for line in hlo.splitlines())
 
 
-def candidate_rows(candidates, tokens, batch: int, pairs: int, rounds: int, reps: int, d: int = 384):
+def candidate_rows(candidates, tokens, batch: int, pairs: int, rounds: int, reps: int, d: int = 384,
+                   head_dim: int = 64):
     """The table's rows (Markdown): each candidate against int8ify's program for the block at each token count,
     with dynamic scales and with static scales (attention's too)."""
     params = init_block(jax.random.PRNGKey(2), d=d, mlp_dim=4 * d)
 
     def model(p, v):
-        return block(p, v, heads=d // 64)
+        return block(p, v, heads=d // head_dim)
 
     for n_tokens in tokens:
         x = jax.random.normal(jax.random.PRNGKey(3), (batch, n_tokens, d))
@@ -137,7 +138,8 @@ def candidate_rows(candidates, tokens, batch: int, pairs: int, rounds: int, reps
                                          rounds=rounds, reps=reps)
                     ratios.append(t["candidate"] / t["int8ify"])
                     times.append((t["bf16"], t["int8ify"], t["candidate"]))
-                label = f"block d {d}, {batch} x {n_tokens} tokens, {mode}: {candidate}"
+                heads = "" if head_dim == 64 else f" (heads of {head_dim})"
+                label = f"block d {d}{heads}, {batch} x {n_tokens} tokens, {mode}: {candidate}"
                 medians = " | ".join(f"{m:.3f}" for m in np.median(times, axis=0))
                 another = program_text(base_hlo) != program_text(new.as_text())
                 yield (f"| {label} | {medians} | {min(ratios):.3f}-{max(ratios):.3f} | {same} | {another} "
@@ -149,6 +151,8 @@ def main(argv=None) -> int:
     parser.add_argument("--candidates", nargs="+", choices=sorted(CANDIDATES), default=sorted(CANDIDATES))
     parser.add_argument("--tokens", type=int, nargs="+", default=[197, 128, 77, 50])
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--d", type=int, default=384, help="the block's width")
+    parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="a small block, one pair of one round")
     parser.add_argument("--out", type=Path, help="also write the table here")
@@ -157,7 +161,7 @@ def main(argv=None) -> int:
                                           (ns.batch, ns.tokens, ns.pairs, 10, 5))
     lines = [f"{jax.devices()[0].device_kind}, JAX {jax.__version__}", "", *TABLE_HEADER]
     print("\n".join(lines), flush=True)
-    for row in candidate_rows(ns.candidates, tokens, batch, pairs, rounds, reps):
+    for row in candidate_rows(ns.candidates, tokens, batch, pairs, rounds, reps, ns.d, ns.head_dim):
         lines.append(row)
         print(row, flush=True)
     if ns.out:
