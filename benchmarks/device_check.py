@@ -28,7 +28,8 @@ Steps, each bounded in time and each recorded even when an earlier one failed:
    step by step (``benchmarks/static_ladder.py``): the static MLP at d 4096 written by hand, each
    program one step more of what int8ify's computes, beside int8ify's own (batch 4096 and 1024); then (step
    ``candidates``) candidate changes against int8ify's program (``benchmarks/candidate_ab.py``: the program without
-   the TPU layout rule, the epilogue without its powers of two; the transformer block at 197 and 128 tokens);
+   the TPU layout rule, the epilogue without its powers of two; the transformer block at 197 and 128 tokens; the
+   layout rule on wider blocks, d 768 and d 512 with heads of 128, at 197 tokens);
 6. the optimized HLO of each rewritten model: every GEMM listed with its operand types, so an int8 GEMM (cuBLASLt
    IMMA, a Triton s8 fusion) is told apart from an upcast float GEMM;
 7. the fused kernel (``backend="int8-fused"``) against the int8 backend's XLA program on the device, bit for bit
@@ -416,15 +417,21 @@ def static_steps(dry_run: bool, progress) -> str:
 
 def candidate_steps(dry_run: bool, progress) -> str:
     """``benchmarks/candidate_ab.py``'s table: each candidate change to the rewrite against int8ify's program, both
-    compiled ahead of time. ``progress(table)`` receives it after each row."""
+    compiled ahead of time, on the block at d 384; then the TPU layout rule against the program without it on wider
+    blocks (d 768, and d 512 with heads of 128), whose static-scale form the chip has not run yet.
+    ``progress(table)`` receives it after each row."""
     import candidate_ab
 
     batch, tokens, pairs, rounds, reps = (2, [20], 1, 1, 1) if dry_run else (128, [197, 128], 4, 10, 5)
-    rows = [f"Transformer block d 384, batch {batch}; ms, medians of {rounds} interleaved rounds, {pairs} pairs", "",
+    wider = [(128, 128)] if dry_run else [(768, 64), (512, 128)]  # (d, head_dim); the dry run's stands in for both
+    rows = [f"Transformer block, batch {batch}; ms, medians of {rounds} interleaved rounds, {pairs} pairs", "",
             *candidate_ab.TABLE_HEADER]
-    for row in candidate_ab.candidate_rows(sorted(candidate_ab.CANDIDATES), tokens, batch, pairs, rounds, reps):
-        rows.append(row)
-        progress("\n".join(rows))
+    runs = [(sorted(candidate_ab.CANDIDATES), tokens, 384, 64),
+            *((["xla-layouts"], tokens[:1], d, head_dim) for d, head_dim in wider)]
+    for candidates, run_tokens, d, head_dim in runs:
+        for row in candidate_ab.candidate_rows(candidates, run_tokens, batch, pairs, rounds, reps, d, head_dim):
+            rows.append(row)
+            progress("\n".join(rows))
     return "\n".join(rows)
 
 

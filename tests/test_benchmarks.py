@@ -50,6 +50,7 @@ def test_device_check_dry_run(tmp_path, monkeypatch):
                       for row in text.splitlines() if row.startswith("| block d 384, 2 x 20 tokens")}
     assert len(candidate_rows) == 4, candidate_rows
     assert all(another == str(not name.startswith("xla-layouts")) for name, another in candidate_rows.items())
+    assert "| block d 128 (heads of 128), 2 x 20 tokens, static + attention: xla-layouts |" in text
     for step in ("Environment", "Tests on the device", "Speed", "What exactness costs", "Where the device time goes",
                  "Static scales, step by step", "Candidate changes against int8ify's program",
                  "What the dots compile to", "Block-scaled backends",
