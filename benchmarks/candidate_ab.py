@@ -130,6 +130,7 @@ def candidate_rows(candidates, tokens, batch: int, pairs: int, rounds: int, reps
             base_out, base_hlo = np.asarray(base(*args)), base.as_text()
             for candidate in candidates:
                 new = compiled(model, args, options, candidate)
+                new_hlo = new.as_text()
                 same = np.array_equal(base_out, np.asarray(new(*args)), equal_nan=True)
                 ratios, times = [], []
                 for i in range(pairs):
@@ -141,9 +142,9 @@ def candidate_rows(candidates, tokens, batch: int, pairs: int, rounds: int, reps
                 heads = "" if head_dim == 64 else f" (heads of {head_dim})"
                 label = f"block d {d}{heads}, {batch} x {n_tokens} tokens, {mode}: {candidate}"
                 medians = " | ".join(f"{m:.3f}" for m in np.median(times, axis=0))
-                another = program_text(base_hlo) != program_text(new.as_text())
+                another = program_text(base_hlo) != program_text(new_hlo)
                 yield (f"| {label} | {medians} | {min(ratios):.3f}-{max(ratios):.3f} | {same} | {another} "
-                       f"| {int8_copies(base_hlo)} / {int8_copies(new.as_text())} |")
+                       f"| {int8_copies(base_hlo)} / {int8_copies(new_hlo)} |")
 
 
 def main(argv=None) -> int:
