@@ -1,6 +1,6 @@
 """Candidate changes to the rewrite, each timed against int8ify's own program on this device, in pairs.
 
-    python benchmarks/candidate_ab.py [--candidates xla-layouts powers] [--tokens 197 128 77 50] [--batch 128]
+    python benchmarks/candidate_ab.py [--candidates xla-layouts powers unit-powers] [--tokens 197 128 77 50] [--batch 128]
         [--d 384] [--head-dim 64] [--pairs 4] [--quick] [--out FILE]
 
 A candidate replaces one function of the rewrite while its program is traced and compiled. Each program is compiled
@@ -21,6 +21,13 @@ twice (the nineteenth TPU run's A/Bs did; ``benchmarks/results/tpu-v5-lite.md``)
   unit powers could win (not range-safe; on CPU not the contract's rounding either, as XLA:CPU then fuses the last
   multiply with the next add). In the twentieth run, with weights quantized once: 0.90x at 128 tokens, 0.95x at 77,
   0.98x at 197, the same bits; 0.98x with static scales.
+* ``unit-powers``: the part of that bound a stored format could take, exactly: each pre-quantized weight's powers of
+  two, and each static activation scale's, known to be 1 (constants of the program, which XLA folds), as every
+  weight and calibration of ordinary range has them; a dynamic activation keeps its power. (On CPU a dot of a weight
+  and a static scale then ends its epilogue in a factor that is no power of two, which XLA:CPU fuses with the next
+  add: the same bits there would need one power kept.) In the twenty-first run: 0.99-1.00x at 128 and 77 tokens with
+  weights quantized once (the bound's 10% is the activations' powers), 0.97-0.98x with static scales (the bound's
+  whole gain there), the same bits.
 
 The model: the transformer block of ``benchmarks/speed.py`` at d 384 (``--d``; heads of 64 features, ``--head-dim``),
 with weights quantized once (dynamic scales) and with static scales, attention's too, at each ``--tokens``. Each row
@@ -33,6 +40,7 @@ HLO is another program than int8ify's (else the A/B timed one program twice), an
 from __future__ import annotations
 
 import argparse
+import inspect
 import re
 import sys
 from pathlib import Path
@@ -47,7 +55,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from jaxpr_rewrite import calibrate_activation_dots, int8ify, quantize_params  # noqa: E402
-from jaxpr_rewrite import int8_dot  # noqa: E402
+from jaxpr_rewrite import int8_backend, int8_dot  # noqa: E402
+from jaxpr_rewrite.static_scales import StaticScale  # noqa: E402
 from speed import block, cast_floats, init_block, time_interleaved  # noqa: E402
 
 TABLE_HEADER = ["| program | bf16, ms | int8ify, ms | candidate, ms | candidate / int8ify (pairs) | same bits "
@@ -63,10 +72,28 @@ def _without_powers(acc, lhs, rhs):
     return lax.mul(lax.mul(acc, f_rhs), f_lhs)
 
 
-# name -> (the function of jaxpr_rewrite.int8_dot it replaces, the replacement built from the original)
+def _with_unit_weight_powers(original):
+    def as_dots_read_it(x):
+        x = original(x)
+        if getattr(x, "epilogue_power", None) is None:
+            return x
+        return x.replace(epilogue_power=jnp.ones(x.epilogue_power.shape, x.epilogue_power.dtype))
+    return as_dots_read_it
+
+
+def _with_unit_static_power(original):
+    def stored_in(vector):
+        scale = original(vector)
+        return scale._replace(power=jnp.ones((), jnp.result_type(scale.power)))
+    return stored_in
+
+
+# name -> [(the object whose function it replaces, the function's name, the replacement built from the original)]
 CANDIDATES = {
-    "xla-layouts": ("laid_out_for_tpu", lambda original: _as_xla_lays_it_out),
-    "powers": ("scale_product", lambda original: _without_powers),
+    "xla-layouts": [(int8_dot, "laid_out_for_tpu", lambda original: _as_xla_lays_it_out)],
+    "powers": [(int8_dot, "scale_product", lambda original: _without_powers)],
+    "unit-powers": [(int8_backend, "_as_dots_read_it", _with_unit_weight_powers),
+                    (StaticScale, "stored_in", _with_unit_static_power)],
 }
 
 
@@ -77,13 +104,15 @@ def compiled(fn, args, options: dict, candidate: str | None = None):
     if candidate is None:
         jax.clear_caches()
         return jax.jit(int8ify(lambda *a: fn(*a), late_inlining=False, **options)).lower(*args).compile()
-    name, replacement = CANDIDATES[candidate]
-    original = getattr(int8_dot, name)
-    setattr(int8_dot, name, replacement(original))
+    # each replaced attribute as it is stored (a classmethod's descriptor, not the bound method), to put it back
+    stored = [(owner, name, inspect.getattr_static(owner, name)) for owner, name, _ in CANDIDATES[candidate]]
+    for owner, name, replacement in CANDIDATES[candidate]:
+        setattr(owner, name, replacement(getattr(owner, name)))
     try:
         return compiled(fn, args, options)
     finally:
-        setattr(int8_dot, name, original)
+        for owner, name, attribute in stored:
+            setattr(owner, name, attribute)
         jax.clear_caches()
 
 

@@ -28,7 +28,8 @@ Steps, each bounded in time and each recorded even when an earlier one failed:
    step by step (``benchmarks/static_ladder.py``): the static MLP at d 4096 written by hand, each
    program one step more of what int8ify's computes, beside int8ify's own (batch 4096 and 1024); then (step
    ``candidates``) candidate changes against int8ify's program (``benchmarks/candidate_ab.py``: the program without
-   the TPU layout rule, the epilogue without its powers of two; the transformer block at 197 and 128 tokens; the
+   the TPU layout rule, the epilogue without its powers of two, weights and static scales stored without them; the
+   transformer block at 197 and 128 tokens; the
    layout rule on wider blocks, d 768 and d 512 with heads of 128, at 197 tokens);
 6. the optimized HLO of each rewritten model: every GEMM listed with its operand types, so an int8 GEMM (cuBLASLt
    IMMA, a Triton s8 fusion) is told apart from an upcast float GEMM;
@@ -418,7 +419,7 @@ def static_steps(dry_run: bool, progress) -> str:
 def candidate_steps(dry_run: bool, progress) -> str:
     """``benchmarks/candidate_ab.py``'s table: each candidate change to the rewrite against int8ify's program, both
     compiled ahead of time, on the block at d 384; then the TPU layout rule against the program without it on wider
-    blocks (d 768, and d 512 with heads of 128), whose static-scale form the chip has not run yet.
+    blocks (d 768, and d 512 with heads of 128), where its best form differed from d 384's on a v5e chip.
     ``progress(table)`` receives it after each row."""
     import candidate_ab
 
