@@ -1,7 +1,7 @@
 """Candidate changes to the rewrite, each timed against int8ify's own program on this device, in pairs.
 
-    python benchmarks/candidate_ab.py [--candidates xla-layouts powers unit-powers] [--tokens 197 128 77 50] [--batch 128]
-        [--d 384] [--head-dim 64] [--pairs 4] [--quick] [--out FILE]
+    python benchmarks/candidate_ab.py [--candidates xla-layouts powers unit-powers] [--tokens 197 128 77 50]
+        [--batch 128] [--d 384] [--head-dim 64] [--pairs 4] [--quick] [--out FILE]
 
 A candidate replaces one function of the rewrite while its program is traced and compiled. Each program is compiled
 ahead of time (``jax.jit(f).lower(*args).compile()``) right after its form is set, and the executables are timed: a
