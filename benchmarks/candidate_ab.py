@@ -1,7 +1,7 @@
 """Candidate changes to the rewrite, each timed against int8ify's own program on this device, in pairs.
 
-    python benchmarks/candidate_ab.py [--candidates xla-layouts powers unit-powers] [--tokens 197 128 77 50]
-        [--batch 128] [--d 384] [--head-dim 64] [--pairs 4] [--quick] [--out FILE]
+    python benchmarks/candidate_ab.py [--candidates NAME ...] [--tokens 197 128 77 50] [--batch 128] [--d 384]
+        [--head-dim 64] [--model block|mlp] [--pairs 4] [--quick] [--out FILE]
 
 A candidate replaces one function of the rewrite while its program is traced and compiled. Each program is compiled
 ahead of time (``jax.jit(f).lower(*args).compile()``) right after its form is set, and the executables are timed: a
@@ -32,8 +32,13 @@ twice (the nineteenth TPU run's A/Bs did; ``benchmarks/results/tpu-v5-lite.md``)
   operand's per-row power of two dropped, or made one power for the whole operand (its largest: not range-safe
   either; the right operand's powers kept). In the twenty-first run 0.90x and 0.93-0.97x at 128 and 77 tokens.
 
+* ``marked-codes``: the previous program of an MLP with static scales on TPU, whose codes marked NaN and Inf with
+  -128 (:func:`jaxpr_rewrite.quantize.marked_codes`) where the slice's NaN check, a sum over the values, never reads
+  them (now :func:`jaxpr_rewrite.quantize.saturated_codes`).
+
 The model: the transformer block of ``benchmarks/speed.py`` at d 384 (``--d``; heads of 64 features, ``--head-dim``),
-with weights quantized once (dynamic scales) and with static scales, attention's too, at each ``--tokens``. Each row
+with weights quantized once (dynamic scales) and with static scales, attention's too, at each ``--tokens``; or
+(``--model mlp``) the MLP of ``examples/mlp.py``, 4 layers of width ``--d`` at ``--batch``. Each row
 gives the medians of bf16's program (timed in the same rounds, for scale) and both programs, the candidate's time over
 int8ify's in each pair (orders alternating), whether the outputs are the same bits, whether the candidate's optimized
 HLO is another program than int8ify's (else the A/B timed one program twice), and the copies of int8 codes in each.
@@ -56,10 +61,13 @@ from jax import lax
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "examples"))
 
 from jaxpr_rewrite import calibrate_activation_dots, int8ify, quantize_params  # noqa: E402
-from jaxpr_rewrite import int8_backend, int8_dot  # noqa: E402
+from jaxpr_rewrite import int8_backend, int8_dot, static_scales  # noqa: E402
+from jaxpr_rewrite.quantize import marked_codes  # noqa: E402
 from jaxpr_rewrite.static_scales import StaticScale  # noqa: E402
+from mlp import init_mlp, mlp  # noqa: E402
 from speed import block, cast_floats, init_block, time_interleaved  # noqa: E402
 
 TABLE_HEADER = ["| program | bf16, ms | int8ify, ms | candidate, ms | candidate / int8ify (pairs) | same bits "
@@ -105,6 +113,10 @@ def _lhs_power_as(reduce):
     return scaled
 
 
+def _marked(quotients):
+    return marked_codes(quotients, quotients)
+
+
 def _largest(power):
     return lax.reduce_max(power, tuple(range(power.ndim)))
 
@@ -115,9 +127,14 @@ CANDIDATES = {
     "powers": [(int8_dot, "scale_product", lambda original: _without_powers)],
     "unit-powers": [(int8_backend, "_as_dots_read_it", _with_unit_weight_powers),
                     (StaticScale, "stored_in", _with_unit_static_power)],
+    "marked-codes": [(static_scales, "saturated_codes", lambda original: _marked)],
     "no-row-power": [(int8_dot, "_scaled", lambda original: _lhs_power_as(None))],
     "one-row-power": [(int8_dot, "_scaled", lambda original: _lhs_power_as(_largest))],
 }
+# The candidates that change only a TPU's program (on CPU and GPU the same program: an A/B there times one program
+# twice), and the one that changes only an MLP's (a matrix's static codes; the block's activations have three axes).
+TPU_ONLY = frozenset({"xla-layouts", "marked-codes"})
+MLP_ONLY = frozenset({"marked-codes"})
 
 
 def compiled(fn, args, options: dict, candidate: str | None = None):
@@ -162,26 +179,16 @@ def int8_copies(hlo: str) -> int:
 
 
 def candidate_rows(candidates, tokens, batch: int, pairs: int, rounds: int, reps: int, d: int = 384,
-                   head_dim: int = 64):
-    """The table's rows (Markdown): each candidate against int8ify's program for the block at each token count,
-    with dynamic scales and with static scales (attention's too)."""
-    params = init_block(jax.random.PRNGKey(2), d=d, mlp_dim=4 * d)
-
-    def model(p, v):
-        return block(p, v, heads=d // head_dim)
-
-    for n_tokens in tokens:
-        x = jax.random.normal(jax.random.PRNGKey(3), (batch, n_tokens, d))
-        bf16 = (jax.jit(model), cast_floats((params, x), jnp.bfloat16))  # the reference every row times beside
-        attention = calibrate_activation_dots(model, params, x)
-        static = quantize_params(model, params, x, activations="static", calibration=[(x,)])
-        modes = {"qparams": ((quantize_params(model, params, x), x), {}),
-                 "static + attention": ((static, x), {"activation_scales": attention})}
-        for mode, (args, options) in modes.items():
-            base = compiled(model, args, options)  # int8ify's program, once for every candidate
+                   head_dim: int = 64, model: str = "block"):
+    """The table's rows (Markdown): each candidate against int8ify's program for the block at each token count (or
+    the MLP, ``model="mlp"``: 4 layers of width ``d``, ``tokens`` ignored), with dynamic scales and with static
+    scales (the block's attention's too)."""
+    for label, bf16, modes in (_mlp_cases(d, batch) if model == "mlp" else _block_cases(tokens, batch, d, head_dim)):
+        for mode, (fn, args, options) in modes.items():
+            base = compiled(fn, args, options)  # int8ify's program, once for every candidate
             base_out, base_hlo = np.asarray(base(*args)), base.as_text()
             for candidate in candidates:
-                new = compiled(model, args, options, candidate)
+                new = compiled(fn, args, options, candidate)
                 new_hlo = new.as_text()
                 same = np.array_equal(base_out, np.asarray(new(*args)), equal_nan=True)
                 ratios, times = [], []
@@ -191,12 +198,37 @@ def candidate_rows(candidates, tokens, batch: int, pairs: int, rounds: int, reps
                                          rounds=rounds, reps=reps)
                     ratios.append(t["candidate"] / t["int8ify"])
                     times.append((t["bf16"], t["int8ify"], t["candidate"]))
-                heads = "" if head_dim == 64 else f" (heads of {head_dim})"
-                label = f"block d {d}{heads}, {batch} x {n_tokens} tokens, {mode}: {candidate}"
                 medians = " | ".join(f"{m:.3f}" for m in np.median(times, axis=0))
                 another = program_text(base_hlo) != program_text(new_hlo)
-                yield (f"| {label} | {medians} | {min(ratios):.3f}-{max(ratios):.3f} | {same} | {another} "
-                       f"| {int8_copies(base_hlo)} / {int8_copies(new_hlo)} |")
+                yield (f"| {label}, {mode}: {candidate} | {medians} | {min(ratios):.3f}-{max(ratios):.3f} | {same} "
+                       f"| {another} | {int8_copies(base_hlo)} / {int8_copies(new_hlo)} |")
+
+
+def _block_cases(tokens, batch: int, d: int, head_dim: int):
+    """``(label, bf16's program and arguments, {mode: (fn, arguments, int8ify's options)})`` per token count."""
+    params = init_block(jax.random.PRNGKey(2), d=d, mlp_dim=4 * d)
+
+    def model(p, v):
+        return block(p, v, heads=d // head_dim)
+
+    heads = "" if head_dim == 64 else f" (heads of {head_dim})"
+    for n_tokens in tokens:
+        x = jax.random.normal(jax.random.PRNGKey(3), (batch, n_tokens, d))
+        bf16 = (jax.jit(model), cast_floats((params, x), jnp.bfloat16))  # the reference every row times beside
+        attention = calibrate_activation_dots(model, params, x)
+        static = quantize_params(model, params, x, activations="static", calibration=[(x,)])
+        yield (f"block d {d}{heads}, {batch} x {n_tokens} tokens", bf16,
+               {"qparams": (model, (quantize_params(model, params, x), x), {}),
+                "static + attention": (model, (static, x), {"activation_scales": attention})})
+
+
+def _mlp_cases(d: int, batch: int):
+    """:func:`_block_cases` for the MLP of ``examples/mlp.py`` (4 x Dense(d) + gelu) at ``batch``."""
+    params = init_mlp(jax.random.PRNGKey(0), d, 4)
+    x = jax.random.normal(jax.random.PRNGKey(1), (batch, d))
+    static = quantize_params(mlp, params, x, activations="static", calibration=[(x,)])
+    yield (f"MLP 4 x {d}, batch {batch}", (jax.jit(mlp), cast_floats((params, x), jnp.bfloat16)),
+           {"qparams": (mlp, (quantize_params(mlp, params, x), x), {}), "static": (mlp, (static, x), {})})
 
 
 def main(argv=None) -> int:
@@ -206,6 +238,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--d", type=int, default=384, help="the block's width")
     parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--model", choices=["block", "mlp"], default="block",
+                        help="the transformer block, or the MLP of examples/mlp.py (4 layers of width --d)")
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="a small block, one pair of one round")
     parser.add_argument("--out", type=Path, help="also write the table here")
@@ -214,7 +248,7 @@ def main(argv=None) -> int:
                                           (ns.batch, ns.tokens, ns.pairs, 10, 5))
     lines = [f"{jax.devices()[0].device_kind}, JAX {jax.__version__}", "", *TABLE_HEADER]
     print("\n".join(lines), flush=True)
-    for row in candidate_rows(ns.candidates, tokens, batch, pairs, rounds, reps, ns.d, ns.head_dim):
+    for row in candidate_rows(ns.candidates, tokens, batch, pairs, rounds, reps, ns.d, ns.head_dim, ns.model):
         lines.append(row)
         print(row, flush=True)
     if ns.out:

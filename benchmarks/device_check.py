@@ -419,18 +419,23 @@ def static_steps(dry_run: bool, progress) -> str:
 def candidate_steps(dry_run: bool, progress) -> str:
     """``benchmarks/candidate_ab.py``'s table: each candidate change to the rewrite against int8ify's program, both
     compiled ahead of time, on the block at d 384; then the TPU layout rule against the program without it on wider
-    blocks (d 768, and d 512 with heads of 128), where its best form differed from d 384's on a v5e chip.
-    ``progress(table)`` receives it after each row."""
+    blocks (d 768, and d 512 with heads of 128), where its best form differed from d 384's on a v5e chip; then the
+    candidates that change only an MLP's program, on the MLP at d 4096. ``progress(table)`` receives it after each
+    row."""
     import candidate_ab
 
     batch, tokens, pairs, rounds, reps = (2, [20], 1, 1, 1) if dry_run else (128, [197, 128], 4, 10, 5)
     wider = [(128, 128)] if dry_run else [(768, 64), (512, 128)]  # (d, head_dim); the dry run's stands in for both
-    rows = [f"Transformer block, batch {batch}; ms, medians of {rounds} interleaved rounds, {pairs} pairs", "",
+    rows = [f"Transformer block, batch {batch} (the MLP's in its rows); ms, medians of {rounds} interleaved rounds, "
+            f"{pairs} pairs", "",
             *candidate_ab.TABLE_HEADER]
-    runs = [(sorted(candidate_ab.CANDIDATES), tokens, 384, 64),
-            *((["xla-layouts"], tokens[:1], d, head_dim) for d, head_dim in wider)]
-    for candidates, run_tokens, d, head_dim in runs:
-        for row in candidate_ab.candidate_rows(candidates, run_tokens, batch, pairs, rounds, reps, d, head_dim):
+    mlp_width, mlp_batch = (64, 8) if dry_run else (4096, 4096)
+    runs = [(sorted(set(candidate_ab.CANDIDATES) - candidate_ab.MLP_ONLY), tokens, batch, 384, 64, "block"),
+            *((["xla-layouts"], tokens[:1], batch, d, head_dim, "block") for d, head_dim in wider),
+            (sorted(candidate_ab.MLP_ONLY), [], mlp_batch, mlp_width, 64, "mlp")]
+    for candidates, run_tokens, run_batch, d, head_dim, model in runs:
+        for row in candidate_ab.candidate_rows(candidates, run_tokens, run_batch, pairs, rounds, reps, d, head_dim,
+                                               model):
             rows.append(row)
             progress("\n".join(rows))
     return "\n".join(rows)

@@ -20,7 +20,8 @@ The programs, from the floor up (each step keeps those before it):
 * ``NaN rows``: a per-row check over the values (a sum of ``y - y``, NaN where one is NaN or Inf) feeds the next
   layer's row factor, so that a row holding NaN or Inf gives NaN outputs;
 * ``NaN codes``: a value that is NaN or Inf gets the code -128, clipped and marked before the rounding as int8ify
-  does: int8ify's program, written by hand;
+  does on CPU and GPU: int8ify's program there, written by hand (on TPU, whose row check never reads the codes,
+  int8ify's matrix codes are unmarked, as ``NaN rows``' are);
 * ``int8ify static``: ``int8ify`` with ``quantize_params(..., activations="static")``.
 
 Each program's outputs are compared with int8ify's (the relative error printed): from the contract's order on, every

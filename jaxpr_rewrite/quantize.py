@@ -78,6 +78,7 @@ __all__ = [
     "quantize_dynamic_parts",
     "quantize_parts",
     "quantize_parts_nan_as_inf",
+    "saturated_codes",
     "scale_parts",
     "scale_values",
     "scale_product",
@@ -237,6 +238,16 @@ def marked_codes(values, quotients):
     marked = lax.select(lax.is_finite(values), lax.clamp(-limit, quotients, limit),
                         lax.full_like(quotients, NONFINITE_CODE))
     return lax.convert_element_type(lax.round(marked, lax.RoundingMethod.TO_NEAREST_EVEN), np.int8)
+
+
+def saturated_codes(quotients):
+    """int8 codes of ``quotients`` (``values`` times a static scale's reciprocal), rounded to nearest, ties to even,
+    and clipped, with no mark for NaN or Inf: for an operand whose slices holding them are found in its values (their
+    factor NaN, so their codes are never read), where :func:`marked_codes`' select is two vector operations per element
+    more for nothing. Clipped before the rounding, which is the conversion's operand as there."""
+    limit = quotients.dtype.type(INT8_MAX)
+    return lax.convert_element_type(lax.round(lax.clamp(-limit, quotients, limit), lax.RoundingMethod.TO_NEAREST_EVEN),
+                                    np.int8)
 
 
 def nan_marked_codes(rounded):

@@ -12,8 +12,8 @@ from jax import lax
 from .exact_division import reciprocal
 from .int32_dot import with_a_zero_row
 from .layout import is_static
-from .quantize import (NONFINITE_CODE, epilogue_factors, holds_nonfinite, marked_codes, poison, scale_parts,
-                       to_compute)
+from .quantize import (NONFINITE_CODE, epilogue_factors, holds_nonfinite, marked_codes, poison, saturated_codes,
+                       scale_parts, to_compute)
 
 __all__ = ["SMALLEST_STATIC_ABSMAX", "StaticScale", "quantize_static_parts"]
 
@@ -82,7 +82,9 @@ def quantize_static_parts(x, static: StaticScale, reduce_axes: Sequence[int], tp
     int8 codes, fused into the quantization's pass) makes that slice's scale NaN. A GPU takes each slice's factor
     straight from a reduction over the codes instead (:func:`_factor_or_inf`), Inf for a slice holding NaN or Inf,
     so its outputs are Inf or NaN, as with dynamic scales. With ``tpu_sums_values``, a TPU takes each slice's factor
-    from a sum over its values (:func:`_sum_with_nonfinite`): the same factors as the CPU's, bit for bit.
+    from a sum over its values (:func:`_sum_with_nonfinite`): the same factors as the CPU's, bit for bit; its codes
+    are then not marked (:func:`~jaxpr_rewrite.quantize.saturated_codes`): a slice holding NaN or Inf has a NaN
+    factor, whatever its codes.
 
     Arguments:
         x: a floating array.
@@ -101,7 +103,12 @@ def quantize_static_parts(x, static: StaticScale, reduce_axes: Sequence[int], tp
     reduce_axes = tuple(reduce_axes)
     kept_shape = tuple(x.shape[a] for a in range(x.ndim) if a not in reduce_axes)
     values = to_compute(x)
-    codes = marked_codes(values, lax.mul(values, to_compute(static.reciprocal, values.dtype)))
+    quotients = lax.mul(values, to_compute(static.reciprocal, values.dtype))
+    if tpu_sums_values:  # the TPU finds NaN and Inf in the values' sum, and needs no marks in the codes
+        codes = lax.platform_dependent(values, quotients, tpu=lambda values, quotients: saturated_codes(quotients),
+                                       default=marked_codes)
+    else:
+        codes = marked_codes(values, quotients)
 
     def per_slice(value):
         return lax.broadcast(to_compute(value, values.dtype), kept_shape)
