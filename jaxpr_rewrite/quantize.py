@@ -243,8 +243,9 @@ def marked_codes(values, quotients):
 def saturated_codes(quotients):
     """int8 codes of ``quotients`` (``values`` times a static scale's reciprocal), rounded to nearest, ties to even,
     and clipped, with no mark for NaN or Inf: for an operand whose slices holding them are found in its values (their
-    factor NaN, so their codes are never read), where :func:`marked_codes`' select is two vector operations per element
-    more for nothing. Clipped before the rounding, which is the conversion's operand as there."""
+    factor is NaN, so their outputs are NaN whatever their codes), where :func:`marked_codes`' test and select would
+    be two vector operations per element for nothing. Clipped before the rounding, which is the conversion's operand,
+    as there."""
     limit = quotients.dtype.type(INT8_MAX)
     return lax.convert_element_type(lax.round(lax.clamp(-limit, quotients, limit), lax.RoundingMethod.TO_NEAREST_EVEN),
                                     np.int8)
