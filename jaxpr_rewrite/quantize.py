@@ -234,10 +234,8 @@ def marked_codes(values, quotients):
     convert in seven more (the static MLP's dot kernels, v5e: 0.93x the bundles; the input's quantization pass
     0.51x). The same codes: rounding to nearest is monotone and keeps the integers -127, 127 and -128.
     """
-    limit = quotients.dtype.type(INT8_MAX)
-    marked = lax.select(lax.is_finite(values), lax.clamp(-limit, quotients, limit),
-                        lax.full_like(quotients, NONFINITE_CODE))
-    return lax.convert_element_type(lax.round(marked, lax.RoundingMethod.TO_NEAREST_EVEN), np.int8)
+    marked = lax.select(lax.is_finite(values), _clipped(quotients), lax.full_like(quotients, NONFINITE_CODE))
+    return _rounded_to_int8(marked)
 
 
 def saturated_codes(quotients):
@@ -246,9 +244,17 @@ def saturated_codes(quotients):
     factor is NaN, so their outputs are NaN whatever their codes), where :func:`marked_codes`' test and select would
     be two vector operations per element for nothing. Clipped before the rounding, which is the conversion's operand,
     as there."""
+    return _rounded_to_int8(_clipped(quotients))
+
+
+def _clipped(quotients):
     limit = quotients.dtype.type(INT8_MAX)
-    return lax.convert_element_type(lax.round(lax.clamp(-limit, quotients, limit), lax.RoundingMethod.TO_NEAREST_EVEN),
-                                    np.int8)
+    return lax.clamp(-limit, quotients, limit)
+
+
+def _rounded_to_int8(clipped):
+    """Rounded to nearest, ties to even, as the conversion's operand (XLA:TPU folds such a rounding into it)."""
+    return lax.convert_element_type(lax.round(clipped, lax.RoundingMethod.TO_NEAREST_EVEN), np.int8)
 
 
 def nan_marked_codes(rounded):

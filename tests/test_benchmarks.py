@@ -46,12 +46,13 @@ def test_device_check_dry_run(tmp_path, monkeypatch):
     assert nan_codes_row.endswith("| 0.0e+00 |"), nan_codes_row
     # each candidate against int8ify's program: another program, so the pair is not one program timed twice; the
     # TPU's layout rule away, the same program on a CPU
-    candidate_rows = {row.split(": ")[1].split(" |")[0] + row.split(": ")[0]: row.split(" | ")[6]
+    # a row's program is "| block d 384, 2 x 20 tokens, MODE: CANDIDATE"; its seventh column "another program"
+    candidate_rows = {tuple(row.split(" | ")[0].split(", ")[-1].split(": ")): row.split(" | ")[6]
                       for row in text.splitlines() if row.startswith("| block d 384, 2 x 20 tokens")}
     candidate_ab = sys.modules["candidate_ab"]
     assert len(candidate_rows) == 2 * len(set(candidate_ab.CANDIDATES) - candidate_ab.MLP_ONLY), candidate_rows
-    assert all(another == str(name.split("|")[0] not in candidate_ab.TPU_ONLY)
-               for name, another in candidate_rows.items())
+    assert all(another == str(candidate not in candidate_ab.TPU_ONLY)
+               for (_, candidate), another in candidate_rows.items()), candidate_rows
     assert "| MLP 4 x 64, batch 8, static: marked-codes |" in text
     assert "| block d 128 (heads of 128), 2 x 20 tokens, static + attention: xla-layouts |" in text
     for step in ("Environment", "Tests on the device", "Speed", "What exactness costs", "Where the device time goes",
