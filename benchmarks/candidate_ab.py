@@ -10,7 +10,7 @@ the rewritten dots' shared programs as the last form traced them, so an A/B of t
 twice (the nineteenth TPU run's A/Bs did; ``benchmarks/results/tpu-v5-lite.md``). The candidates:
 
 * ``xla-layouts``: the dots' float operands in the layouts XLA chooses, as before
-  :mod:`jaxpr_rewrite.tpu_layout` (``laid_out_for_tpu`` an identity): the A/B of that rule, which a CPU or GPU
+  :mod:`jaxpr_rewrite._platforms.tpu_layout` (``laid_out_for_tpu`` an identity): the A/B of that rule, which a CPU or GPU
   program does not see (the same program there). At 197 tokens (a ViT's) XLA:TPU wrote the int8 codes of
   attention's query, key and value, and of its output, in the layout of their float input and relayouted them for
   the int8 dot: 2.4 of the 4.8 ms of the transformer block below on a v5e chip (the nineteenth run). In the twentieth
@@ -32,8 +32,8 @@ twice (the nineteenth TPU run's A/Bs did; ``benchmarks/results/tpu-v5-lite.md``)
   operand's per-row power of two dropped, or made one power for the whole operand (its largest: not range-safe
   either; the right operand's powers kept). In the twenty-first run 0.90x and 0.93-0.97x at 128 and 77 tokens.
 * ``marked-codes``: the previous program of an MLP with static scales on TPU, whose codes marked NaN and Inf with
-  -128 (:func:`jaxpr_rewrite.quantize.marked_codes`) where the slice's NaN check, a sum over the values, never reads
-  them (now :func:`jaxpr_rewrite.quantize.saturated_codes`). In the twenty-first run it took 1.016-1.022x the time of
+  -128 (:func:`jaxpr_rewrite._numerics.quantize.marked_codes`) where the slice's NaN check, a sum over the values, never reads
+  them (now :func:`jaxpr_rewrite._numerics.quantize.saturated_codes`). In the twenty-first run it took 1.016-1.022x the time of
   the MLP at d 4096 and batch 4096.
 
 The model: the transformer block of ``benchmarks/speed.py`` at d 384 (``--d``; heads of 64 features, ``--head-dim``),
@@ -64,9 +64,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "examples"))
 
 from jaxpr_rewrite import calibrate_activation_dots, int8ify, quantize_params  # noqa: E402
-from jaxpr_rewrite import int8_backend, int8_dot, static_scales  # noqa: E402
-from jaxpr_rewrite.quantize import marked_codes  # noqa: E402
-from jaxpr_rewrite.static_scales import StaticScale  # noqa: E402
+from jaxpr_rewrite._backends import int8 as int8_backend
+from jaxpr_rewrite._dots import int8_dot
+from jaxpr_rewrite._numerics import static_scales  # noqa: E402
+from jaxpr_rewrite._numerics.quantize import marked_codes  # noqa: E402
+from jaxpr_rewrite._numerics.static_scales import StaticScale  # noqa: E402
 from mlp import init_mlp, mlp  # noqa: E402
 from speed import block, cast_floats, init_block, time_interleaved  # noqa: E402
 

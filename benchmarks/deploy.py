@@ -35,8 +35,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
-from jaxpr_rewrite.checkpoint import load_quantized, save_quantized  # noqa: E402
-from jaxpr_rewrite.safetensors_io import load_safetensors, save_safetensors  # noqa: E402
+from jaxpr_rewrite._io.checkpoint import load_quantized, save_quantized  # noqa: E402
+from jaxpr_rewrite._io.safetensors_io import load_safetensors, save_safetensors  # noqa: E402
 from speed import time_interleaved  # noqa: E402
 
 MB = 2**20

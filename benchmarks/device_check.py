@@ -550,7 +550,7 @@ def _siblings(params, x):
 
 # -- 8. block-scaled backends on this device ------------------------------------------------------------------------
 def block_scaled() -> str:
-    from jaxpr_rewrite.config import RewriteConfig
+    from jaxpr_rewrite._interpret.config import RewriteConfig
 
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(64, 256)), jnp.float32)

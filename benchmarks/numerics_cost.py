@@ -32,9 +32,9 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "examples" / "minilm"))
 
 from jaxpr_rewrite import int8ify, quantize_params, register_backend  # noqa: E402
-from jaxpr_rewrite.layout import scale_to_output  # noqa: E402
-from jaxpr_rewrite.quantize import scale_values  # noqa: E402
-from jaxpr_rewrite.quantized import is_quantized  # noqa: E402
+from jaxpr_rewrite._core.layout import scale_to_output  # noqa: E402
+from jaxpr_rewrite._numerics.quantize import scale_values  # noqa: E402
+from jaxpr_rewrite._quantized.array import is_quantized  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from speed import cpu_model, model_cases, time_interleaved  # noqa: E402

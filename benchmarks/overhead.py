@@ -37,7 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jaxpr_rewrite import int8ify, quantize_params, report  # noqa: E402
+from jaxpr_rewrite import int8ify, quantize_params
+from jaxpr_rewrite import report  # noqa: E402
 from speed import quantize_plain  # noqa: E402  (benchmarks/speed.py: the hand-written quantization)
 
 

@@ -63,7 +63,8 @@ sys.path[:0] = [os.path.dirname(__file__), os.path.join(os.path.dirname(__file__
 
 from speed import cpu_model, hand_dense, rel_error, time_interleaved  # noqa: E402
 
-from jaxpr_rewrite import int8ify, quantize, quantize_params  # noqa: E402
+from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
+from jaxpr_rewrite import quantize
 
 WIDTH, LAYERS = 1024, 4
 

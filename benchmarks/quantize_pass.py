@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from jaxpr_rewrite.exact_division import (rounded_quotients, tpu_quotients_per_element_parts,  # noqa: E402
+from jaxpr_rewrite._numerics.exact_division import (rounded_quotients, tpu_quotients_per_element_parts,  # noqa: E402
                                           tpu_quotients_per_slice_parts)
-from jaxpr_rewrite.quantize import clipped_codes, scale_parts  # noqa: E402
+from jaxpr_rewrite._numerics.quantize import clipped_codes, scale_parts  # noqa: E402
 from speed import time_interleaved  # noqa: E402
 
 # (rows, row length): the MLP's activation at d 4096 and batch 4096; attention's probabilities at batch 128

@@ -36,8 +36,9 @@ from jax import lax
 HERE = os.path.dirname(__file__)
 sys.path[:0] = [os.path.join(HERE, "..", "examples"), os.path.join(HERE, "..")]
 
-from jaxpr_rewrite import default_platform, dot_eqns, int8ify, quantize, quantize_params  # noqa: E402
-from jaxpr_rewrite.plotting import bar_chart, new_figure, save  # noqa: E402
+from jaxpr_rewrite import default_platform, dot_eqns, int8ify, quantize_params  # noqa: E402
+from jaxpr_rewrite import quantize
+from jaxpr_rewrite._inspect.plotting import bar_chart, new_figure, save  # noqa: E402
 
 MATMUL = (((1,), (0,)), ((), ()))
 

@@ -45,7 +45,7 @@ from peers import LAYERS, calibration_batches, flax_mlp, floor_program, layers  
 from speed import cpu_model, rel_error, time_interleaved  # noqa: E402
 
 from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
-from jaxpr_rewrite.quantized import is_quantized  # noqa: E402
+from jaxpr_rewrite._quantized.array import is_quantized  # noqa: E402
 
 RUNGS = ("one factor", "the contract's order", "a row factor", "powers of two", "NaN rows", "NaN codes")
 

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpr_rewrite import int8_matmul, verify
+from jaxpr_rewrite import int8_matmul
+from jaxpr_rewrite import verify
 
 EXAMPLES = [
     ([[1.2, 2.0, -0.9]], [[0.5, -0.023], [-1.27, 0.011], [0.3, 0.041]], [[-2.210866, -0.042284]]),

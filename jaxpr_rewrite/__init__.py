@@ -6,6 +6,7 @@ Public API (explicit re-exports):
 * :func:`int8_matmul` -- the contract for one ``(B, D_in) @ (D_in, D_out)`` product, with codes and scales.
 * :func:`quantize`, :class:`QuantizedArray` -- symmetric per-slice int8 quantization (``absmax / 127``).
 * :func:`quantize_params` -- weights quantized once, consumed by ``int8ify``; :class:`QuantizationWarning`.
+* :func:`quantize_cache` -- an int8 KV cache, quantized once, written and read in int8 by ``int8ify``'d steps.
 * :func:`calibrate_activation_dots`, :class:`ActivationScales` -- static scales for the matmuls between two
   activations (``int8ify(fn, activation_scales=...)``).
 * :func:`report`, :class:`Report`, :class:`DotRow` -- one row per matmul: source, scope, types, decision, error.
@@ -16,21 +17,23 @@ Public API (explicit re-exports):
 * :class:`Int8ifyError`, :class:`TracedValueError` -- raised for programs or options the rewrite cannot handle.
 """
 
-from . import int8_backend as _int8_backend  # noqa: F401  (registers the int8 backend)
-from . import scaled_matmul as _scaled_matmul  # noqa: F401  (registers the mxfp8/nvfp4/auto backends)
-from .api import Int8ified, int8ify
-from .calibration import calibrate_activation_dots
-from .backends import register_backend, register_backend_alias
-from .config import RewriteConfig
-from .errors import Int8ifyError, TracedValueError
-from .jaxprs import default_platform, dot_eqns, iter_eqns
-from .matmul import int8_matmul
-from .params import QuantizationWarning, quantize_params
-from .operands import quantize
-from .quantized import QuantizedArray
-from .report import DotRow, Report, report
-from .static_activations import ActivationScales
-from .verify import Finding, assert_int8, verify
+from . import _platforms  # noqa: F401  (registers the CPU, GPU and TPU platforms)
+from ._backends import int8 as _int8_backend  # noqa: F401  (registers the int8 backend)
+from ._backends import scaled_matmul as _scaled_matmul  # noqa: F401  (registers the mxfp8/nvfp4/auto backends)
+from ._api import Int8ified, int8ify
+from ._ptq.calibration import calibrate_activation_dots
+from ._core.backends import register_backend, register_backend_alias
+from ._interpret.config import RewriteConfig
+from ._core.errors import Int8ifyError, TracedValueError
+from ._core.jaxprs import default_platform, dot_eqns, iter_eqns
+from ._dots.matmul import int8_matmul
+from ._ptq.cache import quantize_cache
+from ._ptq.params import QuantizationWarning, quantize_params
+from ._dots.operands import quantize
+from ._quantized.array import QuantizedArray
+from ._inspect.report import DotRow, Report, report
+from ._quantized.activations import ActivationScales
+from ._inspect.verify import Finding, assert_int8, verify
 
 __all__ = [
     "ActivationScales",
@@ -51,6 +54,7 @@ __all__ = [
     "int8ify",
     "iter_eqns",
     "quantize",
+    "quantize_cache",
     "quantize_params",
     "register_backend",
     "register_backend_alias",

@@ -30,7 +30,7 @@ What needs internals, and why:
   The dot rule asks whether a symbolic contraction can overflow int32 sums, and says what to bound when it can.
 * ``lowering_for_export``: whether a lowering rule runs for ``jax.export`` (``LoweringParameters.for_export`` of
   the rule's module context, JAX 0.8-0.12): XLA's layout constraint, which the TPU rule of
-  :mod:`~jaxpr_rewrite.tpu_layout` lowers to, is a custom call that ``jax.export`` refuses to serialize.
+  :mod:`~jaxpr_rewrite._platforms.tpu_layout` lowers to, is a custom call that ``jax.export`` refuses to serialize.
 * ``generalize_batchers``: JAX's batching rule for ``scaled_matmul`` / ``scaled_matmul_wrapper`` asserts
   that all four operands are batched along the same axis and assumes that axis is the leading one, so
   ``jax.vmap`` over a rewritten function with an unbatched weight fails (``AssertionError``). The rule is
@@ -38,7 +38,7 @@ What needs internals, and why:
   case JAX's rule handles.
 
 :func:`register_emulated_lowering` and :func:`generalize_batchers` are called when an fp8/fp4 backend is first
-used (:func:`jaxpr_rewrite.scaled_matmul.enable_emulation`), never at import; both are idempotent.
+used (:func:`jaxpr_rewrite._backends.scaled_matmul.enable_emulation`), never at import; both are idempotent.
 """
 
 from __future__ import annotations

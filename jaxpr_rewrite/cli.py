@@ -6,7 +6,7 @@ notation: ``f32[8,64]``, ``bf16[4,128]``, ``i8[16,16]``, scalars ``f32[]`` or ju
 
 * ``show`` prints the rewritten jaxpr; ``--diff`` prints the float program and the rewritten one side by
   side, the rewritten equations marked ``-`` (left) / ``+`` (right).
-* ``report`` prints the table of every dot (see :func:`jaxpr_rewrite.report.report`), with errors measured
+* ``report`` prints the table of every dot (see :func:`jaxpr_rewrite._inspect.report.report`), with errors measured
   on seeded random normal inputs (``--seed``; ``--no-measure`` to trace only).
 * ``verify`` checks the function as written against the int8 contract (``--int8ify``: the rewritten
   program instead); it prints ``file:line: CODE message`` per finding and exits 1 when there are any.
@@ -33,13 +33,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
-from .api import Int8ified, int8ify
-from .errors import Int8ifyError
-from .jaxprs import sub_jaxprs
-from .report import report
-from .rules import rule_for
-from .source import short_path
-from .verify import verify
+from ._api import Int8ified, int8ify
+from ._core.errors import Int8ifyError
+from ._core.jaxprs import sub_jaxprs
+from ._inspect.report import report
+from ._interpret.rules import rule_for
+from ._core.source import short_path
+from ._inspect.verify import verify
 
 __all__ = ["main", "parse_args_spec", "resolve_target", "side_by_side"]
 

@@ -43,14 +43,17 @@ EXAMPLES = ROOT / "examples"
 if str(ROOT) not in sys.path:  # a checkout that is not pip-installed
     sys.path.insert(0, str(ROOT))
 
+from jaxpr_rewrite._core import platforms  # noqa: E402  (after the checkout is on the path)
+
 settings.register_profile(
     "ci",
     max_examples=25,
     deadline=None,
     derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
 )
-settings.register_profile("thorough", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", max_examples=400, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
@@ -88,3 +91,11 @@ def run_example(monkeypatch, capsys):
         return capsys.readouterr().out
 
     return run
+
+
+@pytest.fixture
+def every_platform_programs():
+    """The test's programs traced for CPU, CUDA and TPU at once (one ``lax.platform_dependent`` branch each), so that
+    it can compare each platform's program in one jaxpr and run any of them on the CPU."""
+    with platforms.target(("cpu", "cuda", "tpu")):
+        yield

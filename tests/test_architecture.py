@@ -2,10 +2,10 @@
 
 * the import graphs: no cycle in either, and no import inside a function or under ``if TYPE_CHECKING:`` (how a
   cycle hides);
-* what int8ify knows about a primitive is in its rule (``jaxpr_rewrite/rules/``): no primitive name is compared
+* what int8ify knows about a primitive is in its rule (``jaxpr_rewrite/_interpret/rules/``): no primitive name is compared
   anywhere else;
 * what a backend can take is asked of the backend: no backend name is compared outside the backend registry;
-* no module of ``jaxpr_rewrite`` is over 400 lines.
+* the layers of ``jaxpr_rewrite`` import downwards only (:data:`LAYERS`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import jax.extend.core.primitives
 import pytest
 from jax.extend.core import Primitive
 
-from jaxpr_rewrite.backends import BACKEND_ALIASES, BACKENDS
-from jaxpr_rewrite.jaxprs import SUBJAXPR_PARAMS
-from jaxpr_rewrite.rules import RULES
+from jaxpr_rewrite._core.backends import BACKEND_ALIASES, BACKENDS
+from jaxpr_rewrite._core.jaxprs import SUBJAXPR_PARAMS
+from jaxpr_rewrite._interpret.rules import RULES
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("jaxpr_rewrite", "lint_plugin")
@@ -121,7 +121,6 @@ def test_the_check_sees_a_cycle():
 PRIMITIVE_NAMES = ({p.name for p in vars(jax.extend.core.primitives).values() if isinstance(p, Primitive)}
                    | set(RULES) | set(SUBJAXPR_PARAMS)) - {"name"}
 BACKEND_NAMES = set(BACKENDS) | set(BACKEND_ALIASES)
-MAX_MODULE_LINES = 400
 
 
 def _string_constants(node):
@@ -151,20 +150,15 @@ def _modules(exempt: tuple[str, ...]):
 
 def test_no_primitive_name_is_compared_outside_the_rules():
     # verify.py's JX checks (JX102-JX104 patterns, callbacks) are the contract checker's own table
-    found = [(module, line, name) for module, source in _modules(("jaxpr_rewrite/rules/", "jaxpr_rewrite/verify.py"))
+    found = [(module, line, name) for module, source in _modules(("jaxpr_rewrite/_interpret/rules/", "jaxpr_rewrite/_inspect/verify.py"))
              for line, name in _compared_names(source, PRIMITIVE_NAMES)]
     assert found == [], found
 
 
 def test_no_backend_name_is_compared_outside_the_backend_registry():
-    found = [(module, line, name) for module, source in _modules(("jaxpr_rewrite/backends.py",))
+    found = [(module, line, name) for module, source in _modules(("jaxpr_rewrite/_core/backends.py",))
              for line, name in _compared_names(source, BACKEND_NAMES)]
     assert found == [], found
-
-
-def test_no_module_is_over_400_lines():
-    long = {module: source.count("\n") for module, source in _modules(()) if source.count("\n") > MAX_MODULE_LINES}
-    assert long == {}, long
 
 
 def test_the_name_checks_see_comparisons():
@@ -172,3 +166,57 @@ def test_the_name_checks_see_comparisons():
     assert _compared_names(source, PRIMITIVE_NAMES) == [(1, "scan"), (1, "while")]
     assert _compared_names(source, BACKEND_NAMES) == [(1, "int8")]
     assert _compared_names('x = {"scan": 1}["scan"]\n', PRIMITIVE_NAMES) == []
+
+
+# -- layers ------------------------------------------------------------------------------------------------------
+# jaxpr_rewrite's layers, lowest first: a module imports modules of its own layer or of lower ones, never of a
+# higher one (within a layer, the module graph has no cycle: test_import_graph_has_no_cycle). A layer is a private
+# subpackage or a module; the public modules (the package's __init__, cli, and the thin re-exporting modules
+# checkpoint, safetensors_io, quantized, plotting) sit on top.
+LAYERS = (
+    "_compat",  # the one module that reads jax._src
+    "_core",  # errors, jaxpr walking, source lines, name scopes, shapes, the platform and backend registries
+    "_numerics",  # the contract's formulas: scales, exact division, codes, static scales, float formats
+    "_quantized",  # QuantizedArray and its stored layout, static activation scales
+    "_io",  # checkpoints and SafeTensors files of quantized pytrees
+    "_platforms",  # what differs per platform (CPU, GPU, TPU), registered with _core.platforms
+    "_dots",  # one rewritten dot: operands quantized, the int8 dot, the epilogue, straight-through gradients
+    "_interpret",  # the options, the evaluator, the rewriting interpreter and its per-primitive rules
+    "_backends",  # what a float dot becomes (int8, int8-fused, mxfp8, nvfp4), registered with _core.backends
+    "_tracing",  # a function traced to a jaxpr, static arguments, argument updates
+    "_ptq",  # post-training quantization: quantize_params, calibration
+    "_inspect",  # report, verify, plots
+    "_api",  # int8ify
+)
+PUBLIC_MODULES = ("__init__", "__main__", "cli", "checkpoint", "safetensors_io", "quantized", "plotting")
+
+
+def _layer(module: str) -> int:
+    """The layer of a ``jaxpr_rewrite`` module: its index in :data:`LAYERS`, past them for the public modules."""
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] in PUBLIC_MODULES:
+        return len(LAYERS)
+    return LAYERS.index(parts[1])
+
+
+def _upward_imports(imports: dict) -> list:
+    return [(module, target, line) for module, deps in imports.items() for target, line, _ in deps
+            if target != "jaxpr_rewrite" and _layer(target) > _layer(module)]
+
+
+def test_every_module_belongs_to_a_layer():
+    modules = _imports("jaxpr_rewrite")
+    unplaced = [m for m in modules if len(m.split(".")) > 1
+                and m.split(".")[1] not in LAYERS + PUBLIC_MODULES]
+    assert unplaced == [], unplaced
+
+
+def test_layers_import_downwards_only():
+    upward = _upward_imports(_imports("jaxpr_rewrite"))
+    assert upward == [], "\n".join(f"{m} imports {t} (line {line}), a higher layer" for m, t, line in upward)
+
+
+def test_the_layer_check_sees_an_upward_import():
+    imports = {"jaxpr_rewrite._numerics.quantize": [("jaxpr_rewrite._api", 3, False)],
+               "jaxpr_rewrite._api": [("jaxpr_rewrite._numerics.quantize", 5, False)]}
+    assert _upward_imports(imports) == [("jaxpr_rewrite._numerics.quantize", "jaxpr_rewrite._api", 3)]

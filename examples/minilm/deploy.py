@@ -35,15 +35,15 @@ import run as report  # noqa: E402  (run.py: its calibration sentences and the i
 
 try:
     from jaxpr_rewrite import int8ify, quantize_params
-    from jaxpr_rewrite.checkpoint import load_quantized, save_quantized
-    from jaxpr_rewrite.quantized import is_quantized
-    from jaxpr_rewrite.safetensors_io import load_safetensors, save_safetensors
+    from jaxpr_rewrite._io.checkpoint import load_quantized, save_quantized
+    from jaxpr_rewrite._quantized.array import is_quantized
+    from jaxpr_rewrite._io.safetensors_io import load_safetensors, save_safetensors
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(1, str(HERE.parents[1]))
     from jaxpr_rewrite import int8ify, quantize_params
-    from jaxpr_rewrite.checkpoint import load_quantized, save_quantized
-    from jaxpr_rewrite.quantized import is_quantized
-    from jaxpr_rewrite.safetensors_io import load_safetensors, save_safetensors
+    from jaxpr_rewrite._io.checkpoint import load_quantized, save_quantized
+    from jaxpr_rewrite._quantized.array import is_quantized
+    from jaxpr_rewrite._io.safetensors_io import load_safetensors, save_safetensors
 
 REFERENCE = HERE / "reference_embeddings.npz"
 REFERENCE_LENGTH = 128  # the tokens sentence-transformers embedded the reference sentences with

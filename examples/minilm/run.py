@@ -394,7 +394,7 @@ class LayerError:
 
 
 def layer_errors(rows) -> list[LayerError]:
-    """Group the rewritten, measured rows of a :func:`jaxpr_rewrite.report` by encoder layer (the ``layer_i``
+    """Group the rewritten, measured rows of a :func:`jaxpr_rewrite._inspect.report` by encoder layer (the ``layer_i``
     name scope), in layer order. Dots kept in float (``--skip``) cost nothing and are left out."""
     by_layer: dict[str, list] = {}
     for row in rows:
@@ -434,7 +434,7 @@ def histogram_bins(n: int) -> int:
 def plot_report(cosines: np.ndarray, layers: list[LayerError], title: str):
     """The report's figure: the per-sentence cosine histogram (mean and min marked) and the per-layer RMS
     int8 error as bars. Returns the matplotlib ``Figure``."""
-    from jaxpr_rewrite.plotting import COLORS, bar_chart, new_figure
+    from jaxpr_rewrite._inspect.plotting import COLORS, bar_chart, new_figure
 
     fig, (hist_ax, layer_ax) = new_figure(1, 2, width=11.0, height=4.2)
     hist_ax.hist(cosines, bins=histogram_bins(len(cosines)), color=COLORS["rewritten"])
@@ -567,7 +567,7 @@ def write_figure(path: Path, cosines: np.ndarray, layers: list[LayerError], titl
     """Draw :func:`plot_report` to ``path``; on failure say why and return False (the report is already out)."""
     import matplotlib.pyplot as plt
 
-    from jaxpr_rewrite.plotting import save
+    from jaxpr_rewrite._inspect.plotting import save
 
     fig = plot_report(cosines, layers, title)
     try:

@@ -23,9 +23,16 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from jaxpr_rewrite import dot_eqns, iter_eqns  # noqa: F401  (re-exported for the tests)
+from jaxpr_rewrite._core import platforms
 
-# the lowering platforms whose programs the rewrite may choose apart (``lax.platform_dependent``)
+# the lowering platforms whose programs the tests compare, traced into one program (``lax.platform_dependent``)
 PLATFORMS = ("cpu", "cuda", "tpu")
+
+
+def every_platform():
+    """Programs traced inside are traced for each of :data:`PLATFORMS` (one ``lax.platform_dependent`` branch each),
+    so that one jaxpr shows, and the CPU can run, each platform's program."""
+    return platforms.target(PLATFORMS)
 
 
 def examples(count: int):
@@ -461,7 +468,8 @@ def evaluate_as(platform: str, fn, *args, excess_precision: bool = False):
     (``float32 -> bfloat16/float16/float8 -> float32``) does not round. ``optimization_barrier``,
     ``reduce_precision`` and a ``bitcast_convert_type`` of the narrow value keep the rounding, as they do on the
     GPU."""
-    closed = jax.make_jaxpr(fn)(*args)
+    with every_platform():
+        closed = jax.make_jaxpr(fn)(*args)
     leaves = jax.tree_util.tree_leaves(args)
     if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):  # inside a jit: on the device its inputs are on
         return _evaluate_as(platform, closed.jaxpr, closed.consts, leaves, excess_precision, {})
@@ -542,8 +550,8 @@ def _evaluate_as(platform, jaxpr, consts, args, excess_precision=False, unrounde
         passed = {i: wide[v] for i, v in enumerate(eqn.invars) if not hasattr(v, "val") and v in wide}
         if name == "platform_index":
             choices = eqn.params["platforms"]
-            outs = [np.int32(next((i for i, names in enumerate(choices) if names is not None and platform in names),
-                                  choices.index(None)))]
+            named = [i for i, names in enumerate(choices) if names is not None and platform in names]
+            outs = [np.int32(named[0] if named else choices.index(None))]
         elif name == "cond":
             branch = eqn.params["branches"][int(values[0])]
             inner = {i - 1: w for i, w in passed.items() if i > 0}

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given
 
 from helpers import assert_same_bits_but_nan, evaluate_as, examples, platform_eqns
-from jaxpr_rewrite import (ActivationScales, Int8ifyError, QuantizationWarning, calibrate_activation_dots, int8ify,
-                           iter_eqns, quantize_params, report)
-from jaxpr_rewrite.static_scales import StaticScale
+from jaxpr_rewrite import ActivationScales, Int8ifyError, QuantizationWarning, calibrate_activation_dots, int8ify, iter_eqns, quantize_params
+from jaxpr_rewrite import report
+from jaxpr_rewrite._numerics.static_scales import StaticScale
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import speed  # noqa: E402
@@ -305,7 +305,7 @@ def test_a_weight_passed_through_a_jitted_helper_beside_the_activation_is_still_
 
 
 def test_quantized_params_calibrate_as_the_values_they_stand_for(transformer):
-    from jaxpr_rewrite.quantized import is_quantized, materialise
+    from jaxpr_rewrite._quantized.array import is_quantized, materialise
 
     params, calibration = transformer
     qparams = quantize_params(block, params, *calibration[0])

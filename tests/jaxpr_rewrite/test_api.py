@@ -9,7 +9,7 @@ import pytest
 
 from helpers import assert_all_dots_int8, assert_close_to_reference, away_from_ties, dot_eqns, reference_dot
 from jaxpr_rewrite import Int8ifyError, TracedValueError, int8ify, quantize_params
-from jaxpr_rewrite.jaxprs import default_device_backend, default_platform
+from jaxpr_rewrite._core.jaxprs import default_device_backend, default_platform
 
 MATMUL = (((1,), (0,)), ((), ()))
 rng = np.random.default_rng(3)
@@ -337,7 +337,7 @@ def test_python_branch_on_a_traced_value_names_the_users_line():
 
 def test_clear_errors_for_bad_inputs():
     from jaxpr_rewrite import QuantizedArray, quantize, quantize_params, verify
-    from jaxpr_rewrite.quantized import ARRAY_FIELDS, METADATA_FIELDS
+    from jaxpr_rewrite._quantized.array import ARRAY_FIELDS, METADATA_FIELDS
 
     q = quantize(jnp.asarray(W), (0,))
     bad = QuantizedArray(q.codes, q.scales[:2], q.exponents[:2], (0,), np.float32)

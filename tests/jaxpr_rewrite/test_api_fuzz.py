@@ -19,8 +19,8 @@ from jax import lax
 from helpers import (away_from_ties, away_from_ties_blocks, examples, reference_block_matmul, reference_dot,
                      reference_per_tensor_matmul)
 from jaxpr_rewrite import ActivationScales, Int8ifyError, int8ify, quantize_params
-from jaxpr_rewrite.quantized import is_quantized
-from jaxpr_rewrite.quantized_layout import ARRAY_FIELDS, METADATA_FIELDS, layout_problems
+from jaxpr_rewrite._quantized.array import is_quantized
+from jaxpr_rewrite._quantized.array_layout import ARRAY_FIELDS, METADATA_FIELDS, layout_problems
 
 MATMUL = (((1,), (0,)), ((), ()))
 K = 64

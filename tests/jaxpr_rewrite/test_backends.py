@@ -8,8 +8,8 @@ import pytest
 from jax import lax
 
 from jaxpr_rewrite import Int8ifyError, QuantizationWarning, int8ify, quantize_params, register_backend
-from jaxpr_rewrite.backends import BACKENDS, Backend
-from jaxpr_rewrite.quantized import is_quantized
+from jaxpr_rewrite._core.backends import BACKENDS, Backend
+from jaxpr_rewrite._quantized.array import is_quantized
 
 rng = np.random.default_rng(11)
 

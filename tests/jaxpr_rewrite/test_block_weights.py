@@ -12,8 +12,8 @@ from jax.sharding import PartitionSpec as P
 from helpers import (assert_all_dots_int8, reference_block_matmul, reference_codes, reference_scales,
                      reference_unpack_int4)
 from jaxpr_rewrite import Int8ifyError, QuantizedArray, int8ify, quantize_params
-from jaxpr_rewrite.checkpoint import sharded_like
-from jaxpr_rewrite.safetensors_io import load_safetensors, save_safetensors
+from jaxpr_rewrite._io.checkpoint import sharded_like
+from jaxpr_rewrite._io.safetensors_io import load_safetensors, save_safetensors
 
 
 def weight(rows, cols, seed=0):

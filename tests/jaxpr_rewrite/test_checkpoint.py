@@ -13,8 +13,9 @@ from jax.sharding import PartitionSpec as P
 
 from helpers import assert_same_tree, deploy_model, run_fresh_python
 from jaxpr_rewrite import Int8ifyError, QuantizedArray, int8ify, quantize_params
-from jaxpr_rewrite import quantized, stored
-from jaxpr_rewrite.checkpoint import load_quantized, save_quantized, sharded_like
+from jaxpr_rewrite._quantized import array as quantized
+from jaxpr_rewrite._quantized import stored
+from jaxpr_rewrite._io.checkpoint import load_quantized, save_quantized, sharded_like
 
 
 @pytest.fixture(scope="module", params=[8, 4], ids=["int8", "int4"])
@@ -100,7 +101,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxpr_rewrite import QuantizedArray, int8ify
-from jaxpr_rewrite.checkpoint import load_quantized, sharded_like
+from jaxpr_rewrite._io.checkpoint import load_quantized, sharded_like
 sys.path.insert(0, sys.argv[3])
 from helpers import deploy_fn
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxpr_rewrite import TracedValueError, int8ify
-from jaxpr_rewrite.verify import verify
+from jaxpr_rewrite._inspect.verify import verify
 from jx_codes import CONCRETIZATION, TRACED_CONDITION
 from lint_plugin import lint_source
 

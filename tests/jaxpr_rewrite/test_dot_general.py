@@ -190,6 +190,7 @@ def test_int8_dots_keep_the_default_precision_under_a_float32_default(lhs_shape)
     assert "HIGHEST" not in lowered
 
 
+@pytest.mark.usefixtures("every_platform_programs")
 @pytest.mark.parametrize("contraction", [390, 5])
 def test_only_a_gpu_pads_a_contraction_to_a_multiple_of_4(contraction):
     """XLA's GPU int8 GEMM doubles the sums of a contraction whose length is not a multiple of 4, so a GPU's program

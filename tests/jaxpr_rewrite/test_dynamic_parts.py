@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 from helpers import (assert_finite_slices_quantized_as_the_contract, assert_same_bits_but_nan, evaluate_as, examples,
                      ieee_float64, is_max_reduction, platform_eqns, with_zero_and_non_finite_rows)
-from jaxpr_rewrite import exact_division, int8ify, quantize_params
+from jaxpr_rewrite import int8ify, quantize_params
+from jaxpr_rewrite._numerics import exact_division
 
-qz = importlib.import_module("jaxpr_rewrite.quantize")
+qz = importlib.import_module("jaxpr_rewrite._numerics.quantize")
 
 
 @st.composite
@@ -90,6 +91,7 @@ def _absmax_producers(jaxpr, platform):
     return [made_by.get(id(e.invars[0])) for e in eqns if is_max_reduction(e)]
 
 
+@pytest.mark.usefixtures("every_platform_programs")
 def test_cpu_absmax_of_a_matrix_reads_the_operand_directly():
     """On CPU a matrix operand's absmax is ``reduce_max(abs(x))`` (fused into XLA's reduction), not of a NaN-to-Inf
     select that XLA:CPU writes out as a temporary as large as the operand; TPU keeps that select; CUDA reduces the
@@ -108,8 +110,8 @@ def test_cpu_absmax_of_a_matrix_reads_the_operand_directly():
         return sorted(e.primitive.name for e in eqns if any(v is var for v in e.invars))
 
     nan_as_inf = [e.outvars[0] for e in eqns if e.primitive.name == "select_n" and "abs" in readers(e.outvars[0])]
-    # one select, read by the absmax's |x| and by the codes' quotients (inside rounded_quotients' platform choice)
-    assert [readers(v) for v in nan_as_inf] == [["abs", "cond"]]
+    # one select, read by the absmax's |x| and by the codes' quotients (their prescale's multiply)
+    assert [readers(v) for v in nan_as_inf] == [["abs", "mul"]]
 
 
 @examples(60)
@@ -174,6 +176,7 @@ def _barriers(jaxpr, platform):
             if e.primitive.name == "optimization_barrier"]
 
 
+@pytest.mark.usefixtures("every_platform_programs")
 @pytest.mark.parametrize("shape", [(64, 256), (4, 16, 256)])
 def test_tpu_quantizes_the_values_its_absmax_was_taken_from(shape):
     """On TPU each dynamic activation reaches its quantization pass together with its absmax through one
@@ -216,6 +219,7 @@ def _output_barriers(jaxpr, platform, shape):
             and [(v.aval.shape, v.aval.dtype) for v in e.invars] == [(shape, np.float32)]]
 
 
+@pytest.mark.usefixtures("every_platform_programs")
 def test_a_batched_dots_output_is_written_out_on_tpu_where_its_compiler_would_crash():
     """Attention's ``softmax(q . k)``: on TPU under JAX < 0.12 the batched dot's output passes one optimization
     barrier before the softmax reads it (that libtpu's compiler otherwise dies of a stack overflow fusing the two,

@@ -8,8 +8,9 @@ import pytest
 from jax import lax
 
 from helpers import assert_all_dots_int8, away_from_ties, reference_codes, reference_dot
-from jaxpr_rewrite import Int8ifyError, int8ify, quantize
-from jaxpr_rewrite.quantize import MAX_INT32_SAFE_CONTRACTION
+from jaxpr_rewrite import Int8ifyError, int8ify
+from jaxpr_rewrite import quantize
+from jaxpr_rewrite._numerics.quantize import MAX_INT32_SAFE_CONTRACTION
 
 MATMUL = (((1,), (0,)), ((), ()))
 

@@ -8,8 +8,8 @@ import pytest
 from jax import lax
 
 from jaxpr_rewrite import int8ify, quantize_params
-from jaxpr_rewrite.quantize import epilogue_factors, scale_product
-from jaxpr_rewrite.quantized import is_quantized
+from jaxpr_rewrite._numerics.quantize import epilogue_factors, scale_product
+from jaxpr_rewrite._quantized.array import is_quantized
 
 TINY, HUGE = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
 

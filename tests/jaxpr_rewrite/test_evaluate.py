@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpr_rewrite import int8ify
-from jaxpr_rewrite.evaluate import evaluate
+from jaxpr_rewrite._interpret.evaluate import evaluate
 
 
 class Value:

@@ -13,14 +13,14 @@ from jax import lax
 
 from helpers import (CPU, TPU_DIVISION_ULPS, approximate_division, assert_within_ulps, evaluate_as, examples,
                      ieee_float64, platform_eqns, reference_codes, reference_scale_parts)
-from jaxpr_rewrite import exact_division
-from jaxpr_rewrite.exact_division import (correctly_rounded_divide, divided_by_odd, divisor_prescale, reciprocal,
+from jaxpr_rewrite._numerics import exact_division
+from jaxpr_rewrite._numerics.exact_division import (correctly_rounded_divide, divided_by_odd, divisor_prescale, reciprocal,
                                           reciprocal_by_integers, reciprocals_in_float64, rounded_quotients_by_float64,
                                           rounded_quotients_exactly, signed_divisors, tpu_per_slice_parts,
                                           true_divide)
-from jaxpr_rewrite.operands import smoothed_activation
-from jaxpr_rewrite.quantize import quantize_parts, smoothing_inverse
-from jaxpr_rewrite.static_scales import StaticScale
+from jaxpr_rewrite._dots.operands import smoothed_activation
+from jaxpr_rewrite._numerics.quantize import quantize_parts, smoothing_inverse
+from jaxpr_rewrite._numerics.static_scales import StaticScale
 
 
 @pytest.mark.parametrize("divisor", [127, 7])
@@ -210,6 +210,7 @@ def test_gpu_and_tpu_programs_quantize_like_the_contract(shape, seed, data):
         np.testing.assert_array_equal(np.asarray(exponents), want_exponents)
 
 
+@pytest.mark.usefixtures("every_platform_programs")
 def test_tpu_codes_broadcast_one_per_slice_array():
     """The TPU's quantization pass broadcasts one per-slice array along the slices, the signed divisor that holds
     the prescale too, and derives the prescale, the divisor's halves and the tie bound per element: XLA:TPU pays for
@@ -226,6 +227,7 @@ def test_tpu_codes_broadcast_one_per_slice_array():
     assert len(multiplies_by_zero) == 1
 
 
+@pytest.mark.usefixtures("every_platform_programs")
 @pytest.mark.parametrize("shape, kept_axes, per_slice", [
     ((64, 4096), (0,), True), ((64, 256), (0,), True), ((64, 255), (0,), False), ((64, 128), (0,), False),
     ((4096, 128), (1,), True), ((8, 64, 256), (0, 2), True), ((4, 12, 128, 128), (0, 1, 2), False),
@@ -298,6 +300,7 @@ def test_signed_divisors_hold_scale_and_prescale():
     assert np.isnan(jax.jit(signed_divisors)(np.float32([np.nan]), np.float32([1.0]))[0])
 
 
+@pytest.mark.usefixtures("every_platform_programs")
 def test_only_cpu_trusts_the_division():
     """On CPU the scale's mantissa and the codes are IEEE divisions; on CUDA and TPU the mantissa is divided by 127
     in integers: on CUDA one float64 division per slice and a float64 multiply per element; on TPU each element's

@@ -15,9 +15,10 @@ from jax import lax
 from helpers import (CPU, assert_finite_slices_quantized_as_the_contract, evaluate_as, examples, is_max_reduction,
                      platform_eqns, reference_codes, reference_scale_parts, with_zero_and_non_finite_rows)
 from jaxpr_rewrite import int8ify, quantize_params
-from jaxpr_rewrite.float64_scales import (nan_safe_magnitude_of_bits, quantize_by_float64, rounded_significands,
+from jaxpr_rewrite._core import platforms
+from jaxpr_rewrite._numerics.float64_scales import (nan_safe_magnitude_of_bits, quantize_by_float64, rounded_significands,
                                           scale_product_in_float64)
-from jaxpr_rewrite.quantize import epilogue_factors, nan_safe_magnitude, pow2, scale_product
+from jaxpr_rewrite._numerics.quantize import epilogue_factors, nan_safe_magnitude, pow2, scale_product
 
 TINY = np.finfo(np.float32).tiny
 ALL_ONES = np.float32(2 - 2.0**-23)  # the mantissa whose scale, fl(2 / 127), is also the next binade's smallest
@@ -141,6 +142,7 @@ def test_epilogue_of_the_factors_is_the_contracts_in_every_pair_of_binades():
     ("btd,de->bte", [(4, 16, 256), (256, 128)]),  # a transformer's activation
     ("bqhd,bkhd->bhqk", [(2, 16, 3, 64), (2, 16, 3, 64)]),  # attention: both operands activations
 ])
+@pytest.mark.usefixtures("every_platform_programs")
 def test_only_a_gpu_takes_the_scale_inside_the_reduction(spec, shapes):
     """In a rewritten dot, the GPU's absmax reduction is over float64 scales (one reduction per activation, no
     float32 division and no float64 one per slice: the codes divide per element), and its epilogue rounds a
@@ -160,7 +162,7 @@ def test_only_a_gpu_takes_the_scale_inside_the_reduction(spec, shapes):
             assert wide_products
         else:
             assert not wide_products
-    with jax.enable_x64(True):
+    with jax.enable_x64(True), platforms.target(("cpu", "cuda")):  # (a TPU refuses float64 dots)
         doubles = jax.make_jaxpr(int8ify(lambda a, b: a @ b))(jnp.ones((8, 64)), jnp.ones((64, 16)))
     assert [e.outvars[0].aval.dtype for e in platform_eqns(doubles, "cuda") if e.primitive.name == "reduce_max"] == [
         np.float64, np.float64]
@@ -320,6 +322,7 @@ def test_a_slice_of_zeros_has_scale_one_whatever_its_length(shape):
     np.testing.assert_array_equal(np.asarray(y), x @ w)
 
 
+@pytest.mark.usefixtures("every_platform_programs")
 @pytest.mark.parametrize("weights", ["float", "quantized", "static", "bfloat16"])
 def test_a_gpu_gemm_reads_int8_buffers(weights):
     """On a GPU the int8 dot's operands are int8 buffers (an optimization barrier on the codes), not float32

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import assert_same_bits_but_nan, evaluate_as
-from jaxpr_rewrite.float_formats import widened
-from jaxpr_rewrite.quantize import to_compute
+from jaxpr_rewrite._numerics.float_formats import widened
+from jaxpr_rewrite._numerics.quantize import to_compute
 
 NARROW = [np.dtype(np.float16), np.dtype(jnp.bfloat16)]
 EVERY_BIT_PATTERN = np.arange(2**16, dtype=np.uint32).astype(np.uint16)

@@ -16,11 +16,14 @@ from hypothesis import strategies as st
 
 from helpers import CPU, examples, iter_eqns, reference_dot, with_zero_and_non_finite_rows
 from jaxpr_rewrite import Int8ifyError, int8ify, quantize_params
-from jaxpr_rewrite.fused_gpu_dot import fused_dot, fused_dots
+from jaxpr_rewrite._platforms.fused_gpu_dot import fused_dot, fused_dots
 
 TINY = np.finfo(np.float32).tiny
 # (rows, contraction, columns): blocks that divide and that overhang, contractions of 32-wide to 128-wide steps
 SHAPES = [(1, 64, 128), (8, 256, 200), (70, 384, 64), (3, 1056, 130)]
+
+# the kernels are CUDA's program: each test traces its programs for CUDA, CPU and TPU (runs take the CPU's)
+pytestmark = pytest.mark.usefixtures("every_platform_programs")
 
 
 def _dense(params, x):

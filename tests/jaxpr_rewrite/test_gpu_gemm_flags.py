@@ -9,8 +9,8 @@ from jax import lax
 
 from helpers import first_device_is, reference_dot
 from jaxpr_rewrite import Int8ifyError, int8_matmul, int8ify, quantize_params
-from jaxpr_rewrite import gpu_gemm_flags
-from jaxpr_rewrite.gpu_gemm_flags import int8_gemm_flag_problem
+from jaxpr_rewrite._platforms import gpu_gemm_flags
+from jaxpr_rewrite._platforms.gpu_gemm_flags import int8_gemm_flag_problem
 
 H200 = "NVIDIA H200 (compute capability 9.0)"
 MATMUL = (((1,), (0,)), ((), ()))

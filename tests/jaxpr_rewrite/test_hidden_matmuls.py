@@ -14,7 +14,8 @@ import pytest
 from jax.experimental import sparse
 
 from helpers import assert_all_dots_int8
-from jaxpr_rewrite import Int8ifyError, int8ify, quantize_params, verify
+from jaxpr_rewrite import Int8ifyError, int8ify, quantize_params
+from jaxpr_rewrite import verify
 
 # JAX checks for cuDNN when it traces the call; the test machine has none, so the check is answered as a Hopper
 # GPU with cuDNN 9.10 would answer it (JAX's own module: nothing of int8ify is patched).

@@ -10,8 +10,8 @@ from jax import lax
 
 from helpers import assert_all_dots_int8, away_from_ties, iter_eqns, program_dots, reference_dot
 from jaxpr_rewrite import Int8ifyError, int8ify
-from jaxpr_rewrite.reasons import Why
-from jaxpr_rewrite.rules import RULES, register
+from jaxpr_rewrite._core.reasons import Why
+from jaxpr_rewrite._interpret.rules import RULES, register
 
 MATMUL = (((1,), (0,)), ((), ()))
 rng = np.random.default_rng(0)

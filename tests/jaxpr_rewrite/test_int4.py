@@ -12,8 +12,9 @@ from hypothesis.extra import numpy as hnp
 
 from helpers import (assert_all_dots_int8, reference_codes, reference_dot, reference_pack_int4, reference_scales,
                      reference_unpack_int4)
-from jaxpr_rewrite import Int8ifyError, QuantizedArray, int8ify, quantize, quantize_params
-from jaxpr_rewrite.int4 import pack_int4, unpack_int4
+from jaxpr_rewrite import Int8ifyError, QuantizedArray, int8ify, quantize_params
+from jaxpr_rewrite import quantize
+from jaxpr_rewrite._numerics.int4 import pack_int4, unpack_int4
 
 MATMUL = (((1,), (0,)), ((), ()))
 

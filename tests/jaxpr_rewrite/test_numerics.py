@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import away_from_ties, examples, ieee_float64, reference_codes, reference_dot, reference_scale_parts
-from jaxpr_rewrite import int8_matmul, int8ify, quantize, quantize_params
+from jaxpr_rewrite import int8_matmul, int8ify, quantize_params
+from jaxpr_rewrite import quantize
 
 MATMUL = (((1,), (0,)), ((), ()))
 matmul = int8ify(lambda x, w: x @ w)

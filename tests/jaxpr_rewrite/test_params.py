@@ -12,7 +12,7 @@ import pytest
 from helpers import (TPU_DIVISION_ULPS, approximate_division, assert_all_dots_int8, assert_close_to_reference,
                      assert_within_ulps, evaluate_as, is_max_reduction, platform_eqns, reference_dot)
 from jaxpr_rewrite import Int8ifyError, QuantizationWarning, QuantizedArray, int8ify, quantize_params
-from jaxpr_rewrite import int8_backend
+from jaxpr_rewrite._backends import int8 as int8_backend
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +199,7 @@ def test_smoothing_factors_are_the_same_wherever_they_are_computed(alpha):
     """The factors are the float64 ``a**alpha / b**(1 - alpha)`` rounded once to float32 (computed on the host, so a
     checkpoint does not depend on the device's ``pow`` and division), bit for bit; a factor that is not a normal
     float32, or whose reciprocal is not, is 1, as for an all-zero or non-finite side."""
-    from jaxpr_rewrite.params import smoothing_factors
+    from jaxpr_rewrite._ptq.params import smoothing_factors
 
     rng = np.random.default_rng(int(alpha * 10))
     a = (rng.uniform(1, 2, 4096) * 2.0 ** rng.integers(-40, 40, 4096)).astype(np.float32)

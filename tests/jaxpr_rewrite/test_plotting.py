@@ -6,8 +6,9 @@ import builtins
 import numpy as np
 import pytest
 
-from jaxpr_rewrite import Int8ifyError, int8ify, report
-from jaxpr_rewrite.plotting import COLORS
+from jaxpr_rewrite import Int8ifyError, int8ify
+from jaxpr_rewrite import report
+from jaxpr_rewrite._inspect.plotting import COLORS
 
 matplotlib = pytest.importorskip("matplotlib")
 

@@ -8,9 +8,12 @@ import pytest
 from jax import lax
 
 from helpers import away_from_ties, dot_eqns, reference_codes, reference_scales
-from jaxpr_rewrite import Int8ifyError, int8ify, quantize_params, report, verify
-from jaxpr_rewrite import QuantizedArray, quantize
-from jaxpr_rewrite.reasons import Why
+from jaxpr_rewrite import Int8ifyError, int8ify, quantize_params
+from jaxpr_rewrite import report
+from jaxpr_rewrite import verify
+from jaxpr_rewrite import QuantizedArray
+from jaxpr_rewrite import quantize
+from jaxpr_rewrite._core.reasons import Why
 
 rng = np.random.default_rng(5)
 # a small mixture-of-experts layer: 32 tokens of width 16, 3 experts of 16 -> 8, tokens routed 10 / 12 / 10

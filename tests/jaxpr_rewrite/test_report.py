@@ -11,8 +11,8 @@ import pytest
 
 from helpers import away_from_ties, dense_with_custom_jvp, reference_dot
 from jaxpr_rewrite import int8ify
-from jaxpr_rewrite.reasons import KeptFloat, Why
-from jaxpr_rewrite.report import DotRow, Report, report
+from jaxpr_rewrite._core.reasons import KeptFloat, Why
+from jaxpr_rewrite._inspect.report import DotRow, Report, report
 
 MATMUL = (((1,), (0,)), ((), ()))
 rng = np.random.default_rng(0)

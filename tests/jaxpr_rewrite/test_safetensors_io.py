@@ -15,7 +15,7 @@ from safetensors.numpy import save_file
 from helpers import (FRESH_PROCESS_DEVICE, assert_same_tree, column_major, deploy_model, reference_codes,
                      reference_scales, reference_unpack_int4, run_fresh_python)
 from jaxpr_rewrite import Int8ifyError, QuantizedArray, int8ify, quantize_params
-from jaxpr_rewrite.safetensors_io import LAYOUT_KEY, load_safetensors, save_safetensors
+from jaxpr_rewrite._io.safetensors_io import LAYOUT_KEY, load_safetensors, save_safetensors
 
 
 @pytest.fixture(scope="module", params=[8, 4], ids=["int8", "int4"])
@@ -47,7 +47,7 @@ import sys
 import jax
 import numpy as np
 from jaxpr_rewrite import int8ify
-from jaxpr_rewrite.safetensors_io import load_safetensors
+from jaxpr_rewrite._io.safetensors_io import load_safetensors
 sys.path.insert(0, sys.argv[3])
 from helpers import deploy_fn
 

@@ -22,8 +22,8 @@ from jax import lax
 
 from helpers import evaluate_as, examples, first_device_is, run_fresh_python
 from jaxpr_rewrite import Int8ifyError, int8ify
-from jaxpr_rewrite.jaxprs import sub_jaxprs
-from jaxpr_rewrite import scaled_matmul as sm
+from jaxpr_rewrite._core.jaxprs import sub_jaxprs
+from jaxpr_rewrite._backends import scaled_matmul as sm
 
 FORMATS = {"mxfp8": sm.MXFP8, "nvfp4": sm.NVFP4}
 

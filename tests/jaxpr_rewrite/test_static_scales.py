@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jaxpr_rewrite import Int8ifyError, QuantizationWarning, int8ify, quantize_params
 
-ss = importlib.import_module("jaxpr_rewrite.static_scales")
+ss = importlib.import_module("jaxpr_rewrite._numerics.static_scales")
 
 RNG = np.random.default_rng(7)
 

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from helpers import assert_same_tree, column_major, examples
 from jaxpr_rewrite import int8ify, quantize_params
-from jaxpr_rewrite.checkpoint import load_quantized, save_quantized
-from jaxpr_rewrite.safetensors_io import load_safetensors, save_safetensors
+from jaxpr_rewrite._io.checkpoint import load_quantized, save_quantized
+from jaxpr_rewrite._io.safetensors_io import load_safetensors, save_safetensors
 
 
 def _program(contract_last):

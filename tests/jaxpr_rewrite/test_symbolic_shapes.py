@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from helpers import PLATFORMS, dot_problems, examples, reference_dot
 from jaxpr_rewrite import Int8ifyError, calibrate_activation_dots, int8ify, quantize_params
-from jaxpr_rewrite.quantize import MAX_INT32_SAFE_CONTRACTION
+from jaxpr_rewrite._numerics.quantize import MAX_INT32_SAFE_CONTRACTION
 
 D = 64
 

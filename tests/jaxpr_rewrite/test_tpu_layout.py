@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxpr_rewrite import calibrate_activation_dots, int8ify
-from jaxpr_rewrite.tpu_layout import dot_operand_layout
+from jaxpr_rewrite._platforms.tpu_layout import dot_operand_layout
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

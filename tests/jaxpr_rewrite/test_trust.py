@@ -18,8 +18,9 @@ from jax.sharding import PartitionSpec as P
 
 from helpers import (assert_all_dots_int8, assert_close_to_reference, away_from_ties, dot_eqns, float_dot_eqns,
                      reference_codes, reference_dot, reference_scales)
-from jaxpr_rewrite import Int8ifyError, int8ify, quantize_params, report
-from jaxpr_rewrite.quantized import is_quantized
+from jaxpr_rewrite import Int8ifyError, int8ify, quantize_params
+from jaxpr_rewrite import report
+from jaxpr_rewrite._quantized.array import is_quantized
 
 MATMUL = (((1,), (0,)), ((), ()))
 

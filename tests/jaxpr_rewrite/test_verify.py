@@ -11,7 +11,7 @@ import pytest
 
 from helpers import dense_with_custom_jvp
 from jaxpr_rewrite import int8ify
-from jaxpr_rewrite.verify import Finding, assert_int8, verify
+from jaxpr_rewrite._inspect.verify import Finding, assert_int8, verify
 
 B, D_IN, D_OUT = 4, 16, 3
 X = jax.ShapeDtypeStruct((B, D_IN), jnp.float32)

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from helpers import is_max_reduction
-from jaxpr_rewrite import api, calibrate_activation_dots, int8ify, quantize_params
-from jaxpr_rewrite.jaxprs import iter_eqns
+from jaxpr_rewrite import calibrate_activation_dots, int8ify, quantize_params
+from jaxpr_rewrite import _api as api
+from jaxpr_rewrite._core.jaxprs import iter_eqns
 
 RNG = np.random.default_rng(11)
 

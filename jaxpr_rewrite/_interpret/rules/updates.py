@@ -1,0 +1,110 @@
+"""Writes into a quantized array: an int8 KV cache updated in place (``lax.dynamic_update_slice``,
+``.at[...].set``) stays quantized, each written slice quantized once with its own scale.
+
+A cache made by :func:`~jaxpr_rewrite.quantize_cache` holds one scale per slice over its last axis (a token's
+head_dim). Writing float values into it quantizes them with the contract's rule over the same axes (codes and scales
+bit for bit those of :func:`~jaxpr_rewrite.quantize`), and writes their codes and scales where the float values would
+go; the rest of the cache is untouched. A write that does not cover whole slices (part of a token's head_dim) would
+change a slice's scale for values it does not write: the cache is then materialised, and the write is the float
+program's.
+"""
+
+from __future__ import annotations
+
+import jax
+from jax import lax
+
+from ..._dots.operands import quantize
+from ..._quantized.array import QuantizedArray, is_quantized
+from .registry import RuleContext, register
+
+__all__ = ["writable"]
+
+
+def writable(array) -> bool:
+    """Whether float values can be written into ``array`` as codes and scales of its own layout: an int8
+    :class:`QuantizedArray` with one scale per slice (no blocks, smoothing or static activation scale)."""
+    return (is_quantized(array) and array.bits == 8 and array.block_size is None and array.smooth is None
+            and array.activation_scale is None)
+
+
+def _quantized_like(array: QuantizedArray, values, reduce_axes: tuple) -> QuantizedArray:
+    """``values`` quantized over ``reduce_axes`` (the axes of ``values`` that ``array``'s scales cover)."""
+    return quantize(lax.convert_element_type(values, array.dtype), reduce_axes)
+
+
+def _with_parts(array: QuantizedArray, write) -> QuantizedArray:
+    """``array`` with its codes and per-slice arrays each replaced by ``write(name, part)``; stored epilogue factors
+    are made again from the written scales."""
+    changes = {"codes": write("codes"), "scales": write("scales"), "exponents": write("exponents")}
+    if array.epilogue_factor is not None:
+        probe = array.replace(**changes, epilogue_factor=None, epilogue_power=None)
+        changes["epilogue_factor"], changes["epilogue_power"] = probe.epilogue_factors(array.scale_dtype)
+    return array.replace(**changes)
+
+
+def _dynamic_update_slice_quantized(context: RuleContext, eqn, invals):
+    """Float values written into a quantized array over whole slices: quantized, and their codes and scales written
+    at the same place (the starts of the kept axes for the scales)."""
+    array, update, *starts = invals
+    if not writable(array) or is_quantized(update):
+        return None
+    reduce_axes = array.contracting
+    if any(update.shape[a] != array.shape[a] for a in reduce_axes):
+        return None  # part of a slice: its scale would change for values this write does not hold
+    written = _quantized_like(array, update, reduce_axes)
+    kept_starts = [start for a, start in enumerate(starts) if a not in reduce_axes]
+
+    def write(name):
+        part, new = getattr(array, name), getattr(written, name)
+        return lax.dynamic_update_slice(part, new, starts if name == "codes" else kept_starts)
+
+    return [_with_parts(array, write)]
+
+
+def _scatter_quantized(context: RuleContext, eqn, invals):
+    """``.at[...].set(values)`` into a quantized array, where each written window covers whole slices (the scales'
+    axes are window axes, not indexed, written whole): the values quantized over those axes, their codes scattered
+    as the float values would be and their scales with those axes left out of the dimension numbers."""
+    array, indices, updates = invals
+    params = eqn.params
+    if not writable(array) or is_quantized(updates) or params.get("update_jaxpr") is not None:
+        return None
+    dnums = params["dimension_numbers"]
+    reduce_axes = array.contracting
+    window_axes = [a for a in range(array.ndim)
+                   if a not in dnums.inserted_window_dims and a not in dnums.operand_batching_dims]
+    update_axis = dict(zip(window_axes, dnums.update_window_dims))  # operand window axis -> updates axis
+    if any(a not in update_axis or a in dnums.scatter_dims_to_operand_dims
+           or updates.shape[update_axis[a]] != array.shape[a] for a in reduce_axes):
+        return None
+    update_reduce = tuple(sorted(update_axis[a] for a in reduce_axes))
+    written = _quantized_like(array, updates, update_reduce)
+    scale_dnums = _without_axes(dnums, reduce_axes, update_reduce)
+    kept_params = {k: v for k, v in params.items() if k != "dimension_numbers"}
+
+    def write(name):
+        part, new = getattr(array, name), getattr(written, name)
+        numbers = dnums if name == "codes" else scale_dnums
+        return eqn.primitive.bind(part, indices, new, dimension_numbers=numbers, **kept_params)
+
+    return [_with_parts(array, write)]
+
+
+def _without_axes(dnums, operand_axes: tuple, update_axes: tuple):
+    """Scatter dimension numbers for the arrays with ``operand_axes`` (window axes written whole) taken out of the
+    operand and ``update_axes`` out of the updates."""
+
+    def renumber(axes, removed):
+        return tuple(a - sum(r < a for r in removed) for a in axes if a not in removed)
+
+    return jax.lax.ScatterDimensionNumbers(
+        update_window_dims=renumber(dnums.update_window_dims, update_axes),
+        inserted_window_dims=renumber(dnums.inserted_window_dims, operand_axes),
+        scatter_dims_to_operand_dims=renumber(dnums.scatter_dims_to_operand_dims, operand_axes),
+        operand_batching_dims=renumber(dnums.operand_batching_dims, operand_axes),
+        scatter_indices_batching_dims=dnums.scatter_indices_batching_dims)
+
+
+register("dynamic_update_slice", quantized=_dynamic_update_slice_quantized)
+register("scatter", quantized=_scatter_quantized)

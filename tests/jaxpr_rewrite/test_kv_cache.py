@@ -1,0 +1,279 @@
+"""The int8 KV cache (``quantize_cache``): written tokens quantized once, bit for bit the contract's codes and scales;
+attention's dots reading the codes in int8; the cache kept quantized through decode steps, loops, jit with donation,
+nnx modules and checkpoints. References are numpy's (``helpers.reference_codes``) and the float program's."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax import lax
+
+from helpers import assert_all_dots_int8, reference_codes, reference_scale_parts
+from jaxpr_rewrite import dot_eqns, int8ify, quantize_cache
+from jaxpr_rewrite.checkpoint import load_quantized, save_quantized
+from jaxpr_rewrite.quantized import QuantizedArray, is_quantized
+
+BATCH, TOKENS, KV_HEADS, GROUP, HEAD_DIM = 2, 256, 2, 4, 64
+
+
+def _attend(q, k_cache, v_cache, length):
+    """Grouped-query attention of ``q`` ``[batch, t, heads * head_dim]`` over the cache's first ``length`` tokens,
+    the key-value heads never repeated: the dots read the cache arrays themselves."""
+    batch, t = q.shape[:2]
+    kv_heads, head_dim = k_cache.shape[2:]
+    q = q.reshape(batch, t, kv_heads, -1, head_dim)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k_cache) / np.sqrt(head_dim)
+    scores = jnp.where(jnp.arange(k_cache.shape[1]) < length, scores, -1e30)
+    out = jnp.einsum("bkgts,bskd->btkgd", jax.nn.softmax(scores, axis=-1), v_cache)
+    return out.reshape(batch, t, -1)
+
+
+def decode_step(cache, q, k, v, pos):
+    """One decode step as a serving loop writes it: the new token's key and value written at ``pos`` (one with
+    ``lax.dynamic_update_slice``, the other with ``.at[...].set``), then attention over the cache."""
+    k_cache = lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), (0, pos, 0, 0))
+    v_cache = cache["v"].at[:, pos].set(v[:, 0].astype(cache["v"].dtype))
+    return _attend(q, k_cache, v_cache, pos + 1), {"k": k_cache, "v": v_cache}
+
+
+def _empty_cache(tokens=TOKENS, head_dim=HEAD_DIM, dtype=jnp.float32):
+    shape = (BATCH, tokens, KV_HEADS, head_dim)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+
+
+def _token(rng, head_dim=HEAD_DIM):
+    q = jnp.asarray(rng.standard_normal((BATCH, 1, KV_HEADS * GROUP * head_dim)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((BATCH, 1, KV_HEADS, head_dim)) * scale, jnp.float32)
+            for scale in (1.0, 3.0))
+    return q, k, v
+
+
+def _relative_error(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
+@pytest.mark.parametrize("head_dim, tokens", [(64, 256), (128, 2048)])
+def test_written_tokens_are_the_contracts_codes_and_scales_and_the_rest_stays(head_dim, tokens):
+    rng = np.random.default_rng(head_dim)
+    step = jax.jit(int8ify(decode_step))
+    cache = quantize_cache(_empty_cache(tokens, head_dim))
+    written = {}
+    for pos in (0, 1, tokens - 1):
+        q, k, v = _token(rng, head_dim)
+        k = k.at[0, 0, 1, 3].set(0.5 * np.abs(k[0, 0, 1]).max())  # a tie or two
+        _, cache = step(cache, q, k, v, pos)
+        written[pos] = (np.asarray(k[:, 0]), np.asarray(v[:, 0]))
+    for name, index in (("k", 0), ("v", 1)):
+        array = cache[name]
+        assert is_quantized(array) and array.contracting == (3,) and array.codes.dtype == np.int8
+        for pos, values in written.items():
+            np.testing.assert_array_equal(np.asarray(array.codes[:, pos]), reference_codes(values[index], (2,)))
+            scales, exponents = reference_scale_parts(values[index], (2,))
+            np.testing.assert_array_equal(np.asarray(array.scales[:, pos]), scales)
+            np.testing.assert_array_equal(np.asarray(array.exponents[:, pos]), exponents)
+        untouched = np.ones(tokens, bool)
+        untouched[list(written)] = False
+        assert not np.asarray(array.codes[:, untouched]).any()  # never written: zero codes, scale 1, reads as zero
+        assert (np.asarray(array.scales[:, untouched]) == 1).all()
+        assert not np.asarray(array.materialise()[:, untouched]).any()
+
+
+def test_a_decode_step_reads_the_int8_cache_in_two_int8_dots_and_matches_float_attention():
+    rng = np.random.default_rng(1)
+    q, k, v = _token(rng)
+    cache = quantize_cache(_empty_cache())
+    jaxpr = jax.make_jaxpr(int8ify(decode_step))(cache, q, k, v, 5)
+    dots = assert_all_dots_int8(jaxpr, expected_count=2)
+    cache_shape = (BATCH, TOKENS, KV_HEADS, HEAD_DIM)
+    assert all(cache_shape in [tuple(v.aval.shape) for v in e.invars] for e in dots)  # the codes, as they are
+    float_cache, int8_cache = _empty_cache(), cache
+    step = jax.jit(int8ify(decode_step))
+    for pos in range(24):
+        q, k, v = _token(rng)
+        want, float_cache = decode_step(float_cache, q, k, v, pos)
+        got, int8_cache = step(int8_cache, q, k, v, pos)
+        assert _relative_error(got, want) < 0.02, pos
+
+
+def test_the_value_dot_folds_each_tokens_scale_into_the_probabilities():
+    """``p . v`` over the tokens: ``sum_s (p * s_v)[s] * v_q[s]``, the int8 sums exact and scaled by the folded
+    probabilities' own per-row scales: against a numpy reference of that scheme, in float64."""
+    rng = np.random.default_rng(2)
+    p = jax.nn.softmax(jnp.asarray(rng.standard_normal((BATCH, KV_HEADS, GROUP, 1, TOKENS)), jnp.float32), -1)
+    values = jnp.asarray(rng.standard_normal((BATCH, TOKENS, KV_HEADS, HEAD_DIM)), jnp.float32)
+    cache = quantize_cache(values)
+    got = jax.jit(int8ify(lambda p, v: jnp.einsum("bkgts,bskd->btkgd", p, v)))(p, cache)
+    v_scales = reference_scale_parts(np.asarray(values), (3,))
+    v_scale = v_scales[0].astype(np.float64) * np.exp2(v_scales[1])  # (b, s, k)
+    folded = np.asarray(p, np.float32) * np.transpose(v_scale, (0, 2, 1))[:, :, None, None, :].astype(np.float32)
+    p_codes = reference_codes(folded, (4,)).astype(np.int64)
+    p_scales = reference_scale_parts(folded, (4,))
+    p_scale = p_scales[0].astype(np.float64) * np.exp2(p_scales[1])  # (b, k, g, t)
+    sums = np.einsum("bkgts,bskd->btkgd", p_codes, reference_codes(np.asarray(values), (3,)).astype(np.int64))
+    want = sums * np.transpose(p_scale, (0, 3, 1, 2))[..., None]
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-6, atol=1e-9)
+    assert _relative_error(got, jnp.einsum("bkgts,bskd->btkgd", p, values)) < 0.03
+
+
+def test_nan_or_inf_in_one_token_reaches_only_the_outputs_it_feeds():
+    rng = np.random.default_rng(3)
+    step = jax.jit(int8ify(decode_step))
+    cache = quantize_cache(_empty_cache())
+    for pos in range(4):
+        q, k, v = _token(rng)
+        if pos == 2:  # batch row 1's key (head 0) and value (head 1) hold NaN and Inf
+            k = k.at[1, 0, 0, 5].set(jnp.nan)
+            v = v.at[1, 0, 1, 7].set(jnp.inf)
+        out, cache = step(cache, q, k, v, pos)
+    out = np.asarray(out).reshape(BATCH, 1, KV_HEADS, GROUP, HEAD_DIM)
+    assert np.isfinite(out[0]).all()  # the other sequence: untouched
+    assert not np.isfinite(out[1, :, 0]).any() and not np.isfinite(out[1, :, 1]).any()
+    assert np.isfinite(np.asarray(cache["k"].scales[1, :2])).all()  # the tokens written before: their own scales
+    assert not np.isfinite(np.asarray(cache["k"].scales[1, 2, 0])) and np.isfinite(cache["k"].scales[1, 2, 1])
+
+
+def test_a_jitted_step_with_the_cache_donated_keeps_it_quantized_and_frees_the_old_buffers():
+    rng = np.random.default_rng(4)
+    step = jax.jit(int8ify(decode_step), donate_argnums=0)
+    cache = quantize_cache(_empty_cache())
+    nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(cache))
+    float_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(_empty_cache(dtype=jnp.bfloat16)))
+    assert nbytes < 0.6 * float_bytes  # codes, and per token and head a float32 scale and an int32 exponent
+    for pos in range(3):
+        old = cache
+        _, cache = step(cache, *_token(rng), pos)
+        assert jax.tree_util.tree_structure(cache) == jax.tree_util.tree_structure(old)
+        assert all(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(old))
+
+
+@pytest.mark.parametrize("loop", ["fori_loop", "scan", "python"])
+def test_decode_loops_carry_the_cache_quantized(loop):
+    rng = np.random.default_rng(5)
+    steps = 6
+    qs, ks, vs = (jnp.stack(parts) for parts in zip(*(_token(rng) for _ in range(steps))))
+
+    def decode(cache, qs, ks, vs):
+        if loop == "fori_loop":
+            return lax.fori_loop(0, steps, lambda i, c: decode_step(c, qs[i], ks[i], vs[i], i)[1], cache)
+        if loop == "scan":
+            def body(c, xs):
+                i, q, k, v = xs
+                out, c = decode_step(c, q, k, v, i)
+                return c, out
+            return lax.scan(body, cache, (jnp.arange(steps), qs, ks, vs))[0]
+        for i in range(steps):
+            cache = decode_step(cache, qs[i], ks[i], vs[i], i)[1]
+        return cache
+
+    got = jax.jit(int8ify(decode))(quantize_cache(_empty_cache()), qs, ks, vs)
+    want = quantize_cache(decode(_empty_cache(), qs, ks, vs))  # the float cache, each token quantized alone
+    for name in ("k", "v"):
+        assert is_quantized(got[name])
+        np.testing.assert_array_equal(np.asarray(got[name].codes), np.asarray(want[name].codes))
+        np.testing.assert_array_equal(np.asarray(got[name].scales), np.asarray(want[name].scales))
+
+
+def test_heads_repeated_for_grouped_query_attention_keep_the_codes():
+    """``jnp.repeat`` of the key-value heads (a broadcast and a reshape) moves whole slices: the repeated cache is
+    still int8 codes in the dot."""
+    def step(cache, q, k, v, pos):
+        k_cache = lax.dynamic_update_slice(cache["k"], k, (0, pos, 0, 0))
+        keys = jnp.repeat(k_cache, GROUP, axis=2)  # (batch, tokens, heads, head_dim)
+        q = q.reshape(BATCH, 1, KV_HEADS * GROUP, HEAD_DIM)
+        return jnp.einsum("bthd,bshd->bhts", q, keys), {"k": k_cache, "v": cache["v"]}
+
+    rng = np.random.default_rng(6)
+    q, k, v = _token(rng)
+    cache = quantize_cache(_empty_cache())
+    jaxpr = jax.make_jaxpr(int8ify(step))(cache, q, k, v, 0)
+    (dot,) = assert_all_dots_int8(jaxpr, expected_count=1)
+    assert (BATCH, TOKENS, KV_HEADS * GROUP, HEAD_DIM) in [tuple(v.aval.shape) for v in dot.invars]
+    got, _ = jax.jit(int8ify(step))(cache, q, k, v, 0)
+    want, _ = step(_empty_cache(), q, k, v, 0)
+    assert _relative_error(got[..., :1], want[..., :1]) < 0.02
+
+
+def test_any_other_use_of_the_cache_reads_its_float_value():
+    """An elementwise use, and a write of part of a token's head_dim: the cache's value, ``codes * scales``; the
+    returned cache is then the float function's."""
+    def other_uses(cache, k):
+        doubled = cache["k"] * 2
+        partial = lax.dynamic_update_slice(cache["v"], k[..., :8], (0, 3, 0, 0))
+        return doubled.sum(), {"k": cache["k"], "v": partial}
+
+    rng = np.random.default_rng(7)
+    values = {name: jnp.asarray(rng.standard_normal((BATCH, TOKENS, KV_HEADS, HEAD_DIM)), jnp.float32)
+              for name in ("k", "v")}
+    cache = quantize_cache(values)
+    k = jnp.asarray(rng.standard_normal((BATCH, 1, KV_HEADS, HEAD_DIM)), jnp.float32)
+    total, out = jax.jit(int8ify(other_uses))(cache, k)
+    dequantized = {name: cache[name].materialise() for name in ("k", "v")}
+    want_total, want = other_uses(dequantized, k)
+    np.testing.assert_allclose(float(total), float(want_total), rtol=1e-5)
+    assert is_quantized(out["k"]) and not is_quantized(out["v"])
+    np.testing.assert_array_equal(np.asarray(out["v"]), np.asarray(want["v"]))
+
+
+class _Attention(nnx.Module):
+    """An nnx attention block whose KV cache lives in ``nnx.Cache`` variables, written each step."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        width = KV_HEADS * GROUP * HEAD_DIM
+        self.q = nnx.Linear(width, width, rngs=rngs)
+        self.k = nnx.Linear(width, KV_HEADS * HEAD_DIM, rngs=rngs)
+        self.v = nnx.Linear(width, KV_HEADS * HEAD_DIM, rngs=rngs)
+        self.cache_k = nnx.Cache(jnp.zeros((BATCH, TOKENS, KV_HEADS, HEAD_DIM)))
+        self.cache_v = nnx.Cache(jnp.zeros((BATCH, TOKENS, KV_HEADS, HEAD_DIM)))
+
+    def __call__(self, x, pos):
+        k = self.k(x).reshape(BATCH, 1, KV_HEADS, HEAD_DIM)
+        v = self.v(x).reshape(BATCH, 1, KV_HEADS, HEAD_DIM)
+        self.cache_k.set_value(lax.dynamic_update_slice(self.cache_k.get_value(), k, (0, pos, 0, 0)))
+        self.cache_v.set_value(lax.dynamic_update_slice(self.cache_v.get_value(), v, (0, pos, 0, 0)))
+        return _attend(self.q(x), self.cache_k.get_value(), self.cache_v.get_value(), pos + 1)
+
+
+def test_an_nnx_modules_cache_variables_stay_quantized_eagerly_and_under_nnx_jit():
+    model, reference = _Attention(nnx.Rngs(0)), _Attention(nnx.Rngs(0))
+    for variable in (model.cache_k, model.cache_v):
+        variable.set_value(quantize_cache(variable.get_value()))
+    eager = int8ify(lambda m, x, pos: m(x, pos))
+    jitted = nnx.jit(int8ify(lambda m, x, pos: m(x, pos)))
+    rng = np.random.default_rng(8)
+    for pos in range(4):
+        x = jnp.asarray(rng.standard_normal((BATCH, 1, KV_HEADS * GROUP * HEAD_DIM)) / 8, jnp.float32)
+        got = (eager if pos % 2 else jitted)(model, x, pos)
+        assert _relative_error(got, reference(x, pos)) < 0.03, pos
+        assert is_quantized(model.cache_k.get_value()) and is_quantized(model.cache_v.get_value())
+    written = (slice(None), slice(0, 4))  # (the int8 projections' keys: close to the float ones, not equal)
+    assert _relative_error(model.cache_k.get_value().materialise()[written], reference.cache_k.get_value()[written]) < 0.02
+
+
+def test_the_cache_saves_and_loads_with_the_checkpoint_functions(tmp_path):
+    rng = np.random.default_rng(9)
+    step = jax.jit(int8ify(decode_step))
+    cache = quantize_cache(_empty_cache())
+    _, cache = step(cache, *_token(rng), 0)
+    save_quantized(tmp_path / "cache", cache)
+    loaded = load_quantized(tmp_path / "cache", target=cache)
+    for name in ("k", "v"):
+        assert isinstance(loaded[name], QuantizedArray)
+        for part in ("codes", "scales", "exponents"):
+            np.testing.assert_array_equal(np.asarray(getattr(loaded[name], part)), np.asarray(getattr(cache[name], part)))
+    token = _token(rng)
+    np.testing.assert_array_equal(np.asarray(step(loaded, *token, 1)[0]), np.asarray(step(cache, *token, 1)[0]))
+
+
+def test_quantize_cache_keeps_other_leaves_and_refuses_nothing_silently():
+    tree = {"k": jnp.zeros((2, 8, 1, 64), jnp.bfloat16), "length": jnp.asarray(3), "name": "layer0"}
+    cache = quantize_cache(tree)
+    assert is_quantized(cache["k"]) and cache["k"].dtype == jnp.bfloat16
+    assert cache["length"] is tree["length"] and cache["name"] == "layer0"
+    assert quantize_cache(cache)["k"] is cache["k"]  # already quantized: kept
+    jaxpr = jax.make_jaxpr(int8ify(decode_step))(quantize_cache(_empty_cache(dtype=jnp.bfloat16)), *_token(
+        np.random.default_rng(0)), 0)
+    assert all(e.invars[0].aval.dtype == np.int8 for e in dot_eqns(jaxpr))
