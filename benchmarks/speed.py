@@ -152,18 +152,6 @@ def bare_dots(program_fn, *args, platform=None):
 
 
 # -- timing ---------------------------------------------------------------------------------------------------
-def model_cases(text: str) -> list[tuple[int | None, int]]:
-    """``"mlp4096:1024,minilm:128"`` as ``[(4096, 1024), (None, 128)]``: each model's width (the MLP's; None for
-    the MiniLM encoder) and batch."""
-    cases = []
-    for case in text.split(","):
-        match = re.fullmatch(r"(mlp(\d+)|minilm):(\d+)", case.strip())
-        if match is None:
-            raise ValueError(f"{case!r} is neither mlpWIDTH:BATCH nor minilm:BATCH")
-        cases.append((int(match.group(2)) if match.group(2) else None, int(match.group(3))))
-    return cases
-
-
 def cpu_model() -> str:
     """The CPU's model name from ``/proc/cpuinfo`` and whether it has AMX-INT8 (XLA's int8 dots run ~7x float32
     with it, ~1.5x without), so that results from different machines compare."""
@@ -191,11 +179,6 @@ def time_interleaved(fns: dict, rounds: int, reps: int) -> dict:
             jax.block_until_ready(out)
             samples[name].append((time.perf_counter() - start) / reps * 1e3)
     return {name: float(np.median(s)) for name, s in samples.items()}
-
-
-def cast_floats(tree, dtype):
-    """``tree`` with its floating arrays cast to ``dtype`` (token ids and masks as they are): a model's bf16 run."""
-    return jax.tree_util.tree_map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
 
 
 def rel_error(a, b) -> float:

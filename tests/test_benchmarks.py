@@ -1,7 +1,6 @@
-"""The prepared GPU check runs anywhere with --dry-run (toy sizes), so it is known to work before a GPU window."""
+"""The public benchmarks under ``benchmarks/``: each runs at a small size, and what they read off their times."""
 
 import re
-import subprocess
 import sys
 
 import jax
@@ -10,158 +9,6 @@ import pytest
 from conftest import ROOT
 
 from jaxpr_rewrite import int8ify
-
-
-def test_device_check_dry_run(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    sys.modules.pop("device_check", None)
-    import device_check
-
-    replaced = []  # (title, body) of each rewrite of the last section: the speed table after each model
-    replace_last = device_check.Report.replace_last
-    monkeypatch.setattr(device_check.Report, "replace_last",
-                        lambda self, title, body: replaced.append((title, body)) or replace_last(self, title, body))
-    out = tmp_path / "device.md"
-    assert device_check.main(["--dry-run", "--out", str(out)]) == 0
-    text = out.read_text()
-    partial = [body for title, body in replaced if title.startswith("Speed") and title.endswith("(models so far)")]
-    assert len(partial) == 2 and "MLP 4x64" in partial[0] and "MiniLM" not in partial[0] and "MiniLM" in partial[1]
-    exactness = [body for title, body in replaced
-                 if title.startswith("What exactness costs") and title.endswith("(models so far)")]
-    # a partial table after each row: the model's two, then the quantization pass's five
-    assert len(exactness) == 7 and "| MLP 4x64, batch 8 | per call |" in exactness[0] and "256 x 256" in exactness[2]
-    assert "| MLP 4x64, batch 8 | once |" in text
-    # the quantization pass alone; the TPU's two exact forms' codes were checked against int8ify's on this device
-    pass_variants = ("exact, per-slice parts", "exact, per-element parts", "memory floor")
-    assert all(f"| 256 x 256 | {name} |" in text for name in pass_variants)
-    # the profile: every variant's row, on a CPU without a device timeline
-    assert all(f"| {name} | (no device timeline on cpu) |" in text
-               for name in ("bf16", "hand W8A8", "int8ify+qparams", "int8ify plain formulas", "int8ify static",
-                            "int8ify static+attn", "int8ify+qparams, bf16 model", "int8ify static+attn, bf16 model",
-                            "bare int8 dots"))
-    assert "MiniLM encoder, batch 8 x 128, 2 calls profiled, kernels by kind" in text
-    # static scales step by step: every step's row, the hand-written program giving int8ify's bits from its order on
-    assert all(f"| 8 | {name} | " in text for name in ("floor", "one factor", "NaN codes", "int8ify static"))
-    nan_codes_row = text.split("| 8 | NaN codes | ")[1].split("\n")[0]
-    assert nan_codes_row.endswith("| 0.0e+00 |"), nan_codes_row
-    # each candidate against int8ify's program: another program, so the pair is not one program timed twice; the
-    # TPU's layout rule away, the same program on a CPU
-    # a row's program is "| block d 384, 2 x 20 tokens, MODE: CANDIDATE"; its seventh column "another program"
-    candidate_rows = {tuple(row.split(" | ")[0].split(", ")[-1].split(": ")): row.split(" | ")[6]
-                      for row in text.splitlines() if row.startswith("| block d 384, 2 x 20 tokens")}
-    candidate_ab = sys.modules["candidate_ab"]
-    assert len(candidate_rows) == 2 * len(set(candidate_ab.CANDIDATES) - candidate_ab.MLP_ONLY), candidate_rows
-    assert all(another == str(candidate not in candidate_ab.TPU_ONLY)
-               for (_, candidate), another in candidate_rows.items()), candidate_rows
-    assert "| MLP 4 x 64, batch 8, static: marked-codes |" in text
-    assert "| block d 128 (heads of 128), 2 x 20 tokens, static + attention: xla-layouts |" in text
-    for step in ("Environment", "Tests on the device", "Speed", "What exactness costs", "Where the device time goes",
-                 "Static scales, step by step", "Candidate changes against int8ify's program",
-                 "What the dots compile to", "Block-scaled backends",
-                 "XLA's int8 GEMM under each autotuning setting"):
-        assert f"## {step}" in text, step
-    assert "FAILED" not in text
-    assert "3 passed, 0 failed of 3 run" in text
-    assert "| MiniLM 2x16 | 2 | int8ify+qparams |" in text and "| MiniLM 2x16 | 2 | int8ify static |" in text
-    assert ("| MiniLM 2x16 | 2 | int8ify+qparams, late inlining |" in text) == hasattr(jax, "Inline")
-    assert "4 GEMM(s), 4 with s8 x s8 operands" in text
-    assert "`auto` resolves to `int8`" in text and "`nvfp4`: ran" in text
-    assert text.count("512x512 @ 512x512: exact") == 3 and text.count("int8ify: runs") == 3  # a CPU: no tiling
-
-
-def test_kernel_profile_reads_the_device_timeline_of_a_trace():
-    """Each kernel's launches and time per call from the device processes of a Perfetto trace: their ``XLA Ops``
-    threads where they have them (the modules' thread nests the same time), every thread of a device without
-    them, nothing of the host's."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import kernel_profile
-
-    def meta(kind, pid, name, tid=0):
-        return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": {"name": name}}
-
-    def op(pid, tid, name, dur):
-        return {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": 0, "dur": dur}
-
-    events = [meta("process_name", 1, "/host:CPU"), meta("process_name", 2, "/device:TPU:0"),
-              meta("thread_name", 2, "XLA Ops", 7), meta("thread_name", 2, "XLA Modules", 8),
-              meta("process_name", 3, "/device:GPU:0"), meta("thread_name", 3, "Stream #1", 1),
-              op(1, 0, "PjitFunction(mlp)", 500.0), op(2, 8, "jit_mlp", 90.0),
-              op(2, 7, "fusion.25", 30.0), op(2, 7, "fusion.25", 34.0), op(2, 7, "convolution.3", 20.0),
-              op(3, 1, "gemm_fusion", 8.0)]
-    assert kernel_profile.device_kernel_times(events, calls=2) == {
-        "fusion.25": (1.0, 32.0), "convolution.3": (0.5, 10.0), "gemm_fusion": (0.5, 4.0)}
-    assert kernel_profile.device_kernel_times(events[:1] + events[6:7], calls=1) == {}
-    times = kernel_profile.device_kernel_times(events, calls=2)
-    assert kernel_profile.by_kind({**times, "fusion": (1.0, 5.0)}) == {
-        "fusion": (2.0, 37.0), "convolution": (0.5, 10.0), "gemm_fusion": (0.5, 4.0)}
-
-
-def test_gemm_reader_tells_int8_from_float():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import device_check
-
-    hlo = """
-%fused (p0: s8[4,4], p1: s8[4,4]) -> s32[4,4] {
-  %p0 = s8[4,4]{1,0} parameter(0)
-  %p1 = s8[4,4]{1,0} parameter(1)
-  ROOT %d = s32[4,4]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-}
-ENTRY %main (a: f32[4,4], b: f32[4,4]) -> (f32[4,4], f32[4,4]) {
-  %a = f32[4,4]{1,0} parameter(0)
-  %b = f32[4,4]{1,0} parameter(1)
-  %c = (f32[4,4]{1,0}, s8[16]{0}) custom-call(%a, %b), custom_call_target="__cublas$lt$matmul"
-  %qa = s8[4,4]{1,0} convert(%a)
-  %qb = s8[4,4]{1,0} convert(%b)
-  %e = s32[4,4]{1,0} convolution(s8[4,4]{1,0} %qa, s8[4,4]{1,0} %qb), dim_labels=bf_io->bf
-}
-"""
-    assert device_check.gemms(hlo) == [("dot", "s8", "s8"), ("__cublas$lt$matmul", "f32", "f32"),
-                                       ("convolution", "s8", "s8")]
-
-
-def test_a_tpu_host_runs_the_tests_in_one_process_and_leaves_out_the_gpu_only_steps(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    sys.modules.pop("device_check", None)
-    import device_check
-
-    monkeypatch.setattr(device_check, "tpu_host", lambda: True)
-    commands = []
-    monkeypatch.setattr(device_check.subprocess, "run",
-                        lambda command, **kwargs: commands.append(command) or subprocess.CompletedProcess(command, 0,
-                                                                                                          "", ""))
-    # every step that measures is stubbed (the dry run covers them): at full size they took minutes on a CPU
-    measuring = ("speed", "exactness", "kernel_profile", "static_steps", "candidate_steps", "hlo_check",
-                 "block_scaled")
-    for name in measuring:
-        monkeypatch.setattr(device_check, name, lambda *args, name=name: f"{name} ran")
-    out = tmp_path / "device.md"
-    assert device_check.main(["--out", str(out)]) == 0
-    text = out.read_text()
-    assert all(f"{name} ran" in text for name in measuring)
-    assert "fused kernel" not in text and "autotuning" not in text
-    [pytest_command] = [c for c in commands if "pytest" in c]  # and no autotune subprocess
-    assert not [c for c in commands if "-c" in c]
-    assert "-n" not in pytest_command and device_check.ACCELERATOR_TESTS[0] in pytest_command
-
-
-def test_failure_lines_say_where_each_test_failed():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import device_check
-
-    output = f"""
-tests/jaxpr_rewrite/test_ragged.py::test_a FAILED                        [ 50%]
-=================================== FAILURES ===================================
-E   AssertionError: x was 1
-    assert 1 == 2
-{ROOT}/tests/jaxpr_rewrite/test_ragged.py:3: AssertionError: x was 1
-/elsewhere/jax/_src/core.py:120: TypeError: bad operand
-=========================== short test summary info ============================
-FAILED tests/jaxpr_rewrite/test_ragged.py::test_a - AssertionError: x was 1
-"""
-    assert device_check._failure_lines(output) == [
-        "tests/jaxpr_rewrite/test_ragged.py:3: AssertionError: x was 1",
-        "/elsewhere/jax/_src/core.py:120: TypeError: bad operand",
-    ]
 
 
 @pytest.fixture
@@ -297,23 +144,6 @@ def test_peers_bf16_targets_are_read_only_where_bf16_was_measured(peers):
                             "weights quantized on every call: at least bf16's speed": ("1.25 x bf16", "no")}
 
 
-def test_static_ladder_steps_give_int8ifys_outputs_bit_for_bit(tmp_path, monkeypatch):
-    """The hand-written static programs are int8ify's, step by step: from the contract's order of the scale
-    multiplies on, each gives int8ify's outputs bit for bit (its relative error to them is 0)."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    sys.modules.pop("static_ladder", None)
-    import static_ladder
-
-    out = tmp_path / "ladder.md"
-    assert static_ladder.main(["--quick", "--width", "128", "--batches", "16", "--out", str(out)]) == 0
-    rows = {line.split(" | ")[1]: line.rstrip(" |").split(" | ")[-1] for line in out.read_text().splitlines()
-            if line.startswith("| 16 | ")}
-    assert list(rows) == ["floor", *static_ladder.RUNGS, "int8ify static"]
-    exact = static_ladder.RUNGS[static_ladder.RUNGS.index("the contract's order"):]
-    assert all(float(rows[name]) == 0 for name in (*exact, "int8ify static")), rows
-    assert float(rows["one factor"]) > 0  # one multiply by the product of the scales rounds differently
-
-
 def test_kernels_benchmark_splits_each_variant_into_its_int8_dots_and_the_rest(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     sys.modules.pop("kernels", None)
@@ -366,28 +196,3 @@ def test_accelerator_targets_read_off_kernel_counts_and_cycles(monkeypatch):
     assert tpu[2:] == ["| MLP | v5e | int8ify+qparams | 1.12 | 1.80 | 1.73 | no |",
                        "| MLP | v5e | int8ify static | 0.63 | 1.01 | 0.97 | no |",
                        "| MLP | v6e | int8ify static | 0.70 | 1.40 | - | yes |"]
-
-
-def test_test_outcomes_are_read_with_and_without_xdist():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import device_check
-
-    output = """
-tests/jaxpr_rewrite/test_ragged.py::test_a PASSED                        [ 50%]
-tests/jaxpr_rewrite/test_ragged.py::test_b FAILED                        [100%]
-tests/jaxpr_rewrite/test_dot_general.py::test_e[jnp.einsum attention] FAILED [ 60%]
-tests/jaxpr_rewrite/test_dot_general.py::test_f[a b] PASSED
-[gw0] [ 33%] PASSED tests/jaxpr_rewrite/test_api.py::test_c
-[gw3] [100%] ERROR tests/jaxpr_rewrite/test_api.py::test_d
-[gw1] [ 40%] FAILED tests/jaxpr_rewrite/test_dot_general.py::test_e[matmul @]
-"""
-    # a parametrized test's id may hold spaces: each such test is counted, a failure named
-    assert device_check._outcomes(output) == [
-        ("tests/jaxpr_rewrite/test_ragged.py::test_a", "PASSED"),
-        ("tests/jaxpr_rewrite/test_ragged.py::test_b", "FAILED"),
-        ("tests/jaxpr_rewrite/test_dot_general.py::test_e[jnp.einsum attention]", "FAILED"),
-        ("tests/jaxpr_rewrite/test_dot_general.py::test_f[a b]", "PASSED"),
-        ("tests/jaxpr_rewrite/test_api.py::test_c", "PASSED"),
-        ("tests/jaxpr_rewrite/test_api.py::test_d", "ERROR"),
-        ("tests/jaxpr_rewrite/test_dot_general.py::test_e[matmul @]", "FAILED"),
-    ]
