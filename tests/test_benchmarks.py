@@ -1,31 +1,253 @@
-"""The public benchmarks under ``benchmarks/``: each runs at a small size, and what they read off their times."""
+"""The public benchmarks under ``benchmarks/``: their shared harness (interleaving, medians, tables, the header), a
+dry run of each at toy sizes, and what they read off their times.
 
+Dry runs that take tens of seconds are marked ``slow``, which the default run leaves out (``pytest.ini``); run them
+with ``python -m pytest -m slow tests/test_benchmarks.py``. ``benchmarks/lint_speed.py``'s dry run is in
+``tests/lint_plugin/test_lint_speed_script.py``. ``benchmarks/accelerators.py`` runs under the deviceless
+compilers' environments (``../shared/tools``), which CI does not have: its dry run is slow and needs the path of
+such an environment's Python in ``INT8IFY_GPU_COMPILE_PYTHON`` or ``INT8IFY_TPU_COMPILE_PYTHON``.
+"""
+
+import importlib
+import math
+import os
 import re
+import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
+import jaxlib
 import numpy as np
 import pytest
 from conftest import ROOT
 
 from jaxpr_rewrite import int8ify
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import harness  # noqa: E402
+
 
 @pytest.fixture
-def peers(monkeypatch):
-    """``benchmarks/peers.py``, imported afresh from beside this checkout's benchmarks."""
+def load_benchmark(monkeypatch):
+    """``load_benchmark("speed")``: ``benchmarks/speed.py`` imported afresh from this checkout."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    sys.modules.pop("peers", None)
-    import peers
 
-    return peers
+    def load(name: str):
+        sys.modules.pop(name, None)
+        return importlib.import_module(name)
+
+    return load
 
 
+@pytest.fixture
+def peers(load_benchmark):
+    """``benchmarks/peers.py``, imported afresh."""
+    return load_benchmark("peers")
+
+
+def table_rows(text: str, first_cell: str) -> list[list[str]]:
+    """The cells of each Markdown table row of ``text`` whose first cell is ``first_cell``."""
+    return [line[2:-2].split(" | ") for line in text.splitlines() if line.startswith(f"| {first_cell} | ")]
+
+
+# -- the harness ---------------------------------------------------------------------------------------------------
+def test_interleaved_samples_take_each_measurement_in_turn_round_by_round():
+    taken = []
+    measures = {name: (lambda name=name: taken.append(name) or len(taken)) for name in "abc"}
+    assert harness.interleaved_samples(measures, rounds=3) == {"a": [1, 4, 7], "b": [2, 5, 8], "c": [3, 6, 9]}
+    assert taken == list("abcabcabc")
+    taken.clear()
+    harness.interleaved_samples(measures, rounds=3, alternate=True)
+    assert taken == list("abccbaabc")
+
+
+def test_time_interleaved_warms_up_then_gives_the_median_milliseconds_per_call():
+    """A fake clock that each call moves on: the warm-up calls are not timed, each sample is its calls' time over
+    their number, the result the median of the rounds' samples (not their mean, which one slow round would move)."""
+    now, calls = [0.0], []
+
+    def variant(name: str, seconds: list[float]) -> harness.AsCalled:
+        durations = iter(seconds)
+
+        def call(x):
+            calls.append(name)
+            now[0] += next(durations)
+            return x
+
+        return harness.AsCalled(call)
+
+    warmup = [100.0, 100.0]  # two calls each, waited for one by one
+    fast = variant("fast", warmup + [0.001, 0.001, 0.005, 0.005, 0.002, 0.002])  # 1, 5, 2 ms per call
+    slow = variant("slow", warmup + [0.003, 0.003, 0.004, 0.002, 0.060, 0.060])  # 3, 3, 60 ms per call
+    times = harness.time_interleaved({"fast": (fast, (1,)), "slow": (slow, (1,))}, rounds=3, reps=2,
+                                     clock=lambda: now[0])
+    assert calls == ["fast", "fast", "slow", "slow"] + ["fast", "fast", "slow", "slow"] * 3
+    assert times == pytest.approx({"fast": 2.0, "slow": 3.0})
+    assert harness.speedups(times, "slow") == pytest.approx({"fast": 1.5, "slow": 1.0})
+
+
+def test_a_variant_compiled_ahead_keeps_its_program_whatever_is_traced_later():
+    """A variant's program is the one traced when it was made: a ``jax.jit`` function would compile at its first
+    timed call, after the state its trace reads (here a factor; a benchmark's candidate form) has changed."""
+    factor = [2.0]
+
+    def scaled(x):
+        return x * factor[0]
+
+    x = jnp.arange(4.0)
+    before = harness.compile_ahead({"before": (scaled, (x,))})
+    factor[0] = 3.0
+    jax.clear_caches()
+    after = harness.compile_ahead({"after": (scaled, (x,)), "as called": (harness.AsCalled(scaled), (x,))})
+    variants = {**before, **after}
+    assert isinstance(variants["before"][0], jax.stages.Compiled) and variants["as called"][0].fn is scaled
+    assert harness.compile_ahead(variants) == variants  # compiled or marked as called: kept as they are
+    assert set(harness.time_interleaved(variants, rounds=1, reps=1)) == {"before", "after", "as called"}
+    outputs = {name: np.asarray(fn(*args)) for name, (fn, args) in variants.items()}
+    np.testing.assert_array_equal(outputs["before"], [0, 2, 4, 6])
+    np.testing.assert_array_equal(outputs["after"], [0, 3, 6, 9])
+    np.testing.assert_array_equal(outputs["as called"], [0, 3, 6, 9])
+
+
+def test_tables_and_the_result_file(tmp_path, capsys):
+    assert harness.table(["batch", "variant", "ms"], [(8, "float32", "0.120"), (8, "int8ify", "")]) == [
+        "| batch | variant | ms |", "|---|---|---|", "| 8 | float32 | 0.120 |", "| 8 | int8ify |  |"]
+    path = tmp_path / "results" / "run.md"
+    report = harness.Report(path)
+    report.add("header", *harness.table(["a", "b"]))
+    report.save()  # the folder made; the file rewritten by each save, so a stopped run keeps its finished parts
+    assert path.read_text() == "header\n| a | b |\n|---|---|\n"
+    report.add(harness.table_row([1, 2.5]))
+    report.save()
+    assert path.read_text() == "header\n| a | b |\n|---|---|\n| 1 | 2.5 |\n"
+    printed = capsys.readouterr().out.splitlines()
+    assert [line for line in printed if not line.startswith("saved to")] == path.read_text().splitlines()
+    harness.Report().save()  # no result file: printed only
+    assert capsys.readouterr().out == ""
+
+
+def test_the_header_names_the_device_cpu_and_versions():
+    line = harness.environment(("flax", "no-such-distribution"))
+    assert line.startswith(f"device: {jax.devices()[0].device_kind}; CPU: ")
+    assert f"{os.cpu_count()} cores" in line and re.search(r"\((AMX-INT8|no AMX)\)", line)
+    assert f"JAX {jax.__version__}, jaxlib {jaxlib.__version__}" in line
+    assert line.endswith(f"; flax {harness.package_version('flax')}") and "no-such-distribution" not in line
+
+
+# -- speed.py, overhead.py, kernels.py, deploy.py -------------------------------------------------------------------
+def test_speed_benchmark_times_each_variant_and_reads_its_error(load_benchmark):
+    """The MLP's rows and the compile times at toy sizes (the whole script: the slow dry run below)."""
+    speed = load_benchmark("speed")
+    params = speed.init_mlp(jax.random.PRNGKey(0), 64, 4)
+    x = jax.random.normal(jax.random.PRNGKey(1), (8, 64))
+    rows = speed.bench_model("MLP", speed.mlp, params, x, speed.hand_mlp, speed.hand_mlp_weights(params), 1, 1)
+    assert [(model, batch, variant) for model, batch, variant, *_ in rows] == [
+        ("MLP", 8, variant) for variant in ("float32", "int8ify", "int8ify+qparams", "hand W8A8", "bare int8 dots")]
+    values = {variant: (ms, speed_, over_bare, error) for _, _, variant, ms, speed_, over_bare, error in rows}
+    assert values["float32"][1] == 1.0 and values["float32"][3] == 0.0
+    assert values["bare int8 dots"][2] == 1.0 and math.isnan(values["bare int8 dots"][3])
+    for variant, (ms, speed_, over_bare, error) in values.items():
+        assert ms > 0 and speed_ == pytest.approx(values["float32"][0] / ms), variant
+        assert over_bare == pytest.approx(ms / values["bare int8 dots"][0]), variant
+    for variant in ("int8ify", "int8ify+qparams", "hand W8A8"):  # int8 rounding: an error, and a small one
+        assert 1e-4 < values[variant][3] < 0.05, (variant, values[variant])
+    compile_seconds = speed.compile_times(2, 64)
+    assert list(compile_seconds) == ["jit(float32)", "jit(int8ify): trace + rewrite + compile",
+                                     "quantize_params (preparation)",
+                                     "jit(int8ify) with qparams: trace + rewrite + compile"]
+    assert all(seconds > 0 for seconds in compile_seconds.values())
+
+
+@pytest.mark.slow
+def test_speed_benchmark_dry_run(load_benchmark, tmp_path):
+    speed = load_benchmark("speed")
+    out = tmp_path / "speed.md"
+    assert speed.main(["--dry-run", "--out", str(out), "--plot", str(tmp_path / "speed.png")]) == 0
+    text = out.read_text()
+    assert text.startswith("device: ") and (tmp_path / "speed.png").stat().st_size > 0
+    for model in ("MLP 4x64", "transformer block"):
+        rows = {row[2]: row[3:] for row in table_rows(text, model)}
+        assert list(rows) == ["float32", "int8ify", "int8ify+qparams", "hand W8A8", "bare int8 dots"], model
+        assert rows["float32"][1] == "1.00x" and float(rows["float32"][3]) == 0
+        for variant in ("int8ify", "int8ify+qparams", "hand W8A8"):
+            assert 1e-4 < float(rows[variant][3]) < 0.05, (model, variant, rows[variant])
+    quantized = float(re.search(r"quantized [\d,]+ \((\d\.\d+)x\)", text).group(1))
+    assert 0.25 < quantized < 0.35  # int8 codes, their scales and float biases: about a quarter of float32's bytes
+    assert "| 6-layer MLP (width 64) | seconds |" in text
+    assert "| jit(int8ify) with qparams: trace + rewrite + compile | " in text
+
+
+def test_overhead_benchmark_dry_run(load_benchmark, tmp_path):
+    overhead = load_benchmark("overhead")
+    out = tmp_path / "overhead.md"
+    assert overhead.main(["--dry-run", "--repeats", "1", "--out", str(out)]) == 0
+    text = out.read_text()
+    rows = [line[2:-2].split(" | ") for line in text.splitlines()[5:] if line.startswith("| ")]
+    assert [row[0].strip() for row in rows] == [
+        "4-layer MLP: rewrite vs make_jaxpr", "2-layer Flax MLP: first call", "the same, hand-written W8A8 (the floor)",
+        "2-layer MLP: report vs float first call", "report vs int8ify first call (the floor)",
+        "4x128 MLP, closed-over weights: first call"]
+    assert [row[4] for row in rows] == ["5.0x", "1.5x", "", "2.0x", "", "1.5x"]  # each row's target, the floors none
+    assert all(float(base) > 0 and float(measured) > 0 and ratio.endswith("x") for _, base, measured, ratio, _ in rows)
+    assert re.search(r"quantized params: -?\d+\.\d us; the same \d+ arrays as a list: -?\d+\.\d us", text)
+
+
+def test_kernels_benchmark_splits_each_variant_into_its_int8_dots_and_the_rest(load_benchmark, tmp_path):
+    kernels = load_benchmark("kernels")
+    out = tmp_path / "kernels.md"
+    assert kernels.main(["--quick", "--batches", "8", "--width", "256", "--out", str(out)]) == 0
+    rows = {row[1]: row[2:] for row in table_rows(out.read_text(), "8")}
+    assert list(rows) == ["floor", "hand W8A8", "int8ify+qparams", "int8ify static", "int8ify (weights/call)"]
+    for name, (wall, dots, passes, _) in rows.items():
+        assert float(wall) > 0 and float(dots) > 0 and float(passes) > 0, name  # the four int8 dots were found
+    # quantizing 256K float weights every call costs more than the floor's bias and gelu on 8 rows
+    assert float(rows["int8ify (weights/call)"][2]) > float(rows["floor"][2])
+
+
+def test_deploy_benchmark_checkpoint_bytes_and_exported_programs(load_benchmark, tmp_path):
+    """Every format's bytes against float32's (int8 about a quarter, int4 about an eighth, plus their scales), and
+    the program exported for any batch compiling, at each batch, to as many kernels as the one traced there."""
+    deploy = load_benchmark("deploy")
+    params = deploy.mlp_params(2, 256)
+    x = np.zeros((8, 256), np.float32)
+    report = harness.Report()
+    deploy.checkpoint_costs(report, params, x, tmp_path)
+    deploy.exported_program_costs(report, deploy.quantize_params(deploy.mlp, params, x), 256, [1, 8])
+    text = "\n".join(report.lines)
+    for weights, most in (("float32", 1.05), ("int8", 0.3), ("int4 (W4A8)", 0.17)):
+        for kind in ("Orbax", "SafeTensors"):
+            [row] = [row for row in table_rows(text, weights) if row[1] == kind]
+            assert float(row[3].rstrip("x")) <= most and float(row[4]) > 0, row
+    for batch in (1, 8):
+        [row] = table_rows(text, str(batch))
+        any_batch, traced = row[1].split(" / ")
+        assert any_batch == traced and int(traced) > 0, row
+
+
+@pytest.mark.slow
+def test_deploy_benchmark_prints_bytes_load_times_and_peak_memory(load_benchmark, tmp_path, capsys):
+    """At a small size: every format's bytes and load time, quantize_params' peak memory within float params
+    + quantized copy + one layer's temporaries (the exit code says so), and the exported program's kernels."""
+    deploy = load_benchmark("deploy")
+    assert deploy.main(["--layers", "6", "--width", "2048", "--out", str(tmp_path), "--batches", "1,8"]) == 0
+    printed = capsys.readouterr().out
+    for weights in ("float32", "int8", "int4 (W4A8)"):
+        for kind in ("Orbax", "SafeTensors"):
+            assert f"| {weights} | {kind} | " in printed
+    # the program exported for any batch compiles, at each batch, to as many kernels as the one traced there
+    for batch in (1, 8):
+        kernels = re.search(rf"^\| {batch} \| (\d+) / (\d+) \| ", printed, re.M)
+        assert kernels and kernels.group(1) == kernels.group(2), printed
+    assert "MALLOC_MMAP_THRESHOLD_=1MiB: " in printed and ": within float + quantized + one layer" in printed
+
+
+# -- peers.py -------------------------------------------------------------------------------------------------------
 def test_peers_benchmark_runs_and_names_the_machine(tmp_path, peers):
     out = tmp_path / "peers.md"
     assert peers.main(["--quick", "--batches", "1", "--repeats", "2", "--pairs", "1", "--out", str(out)]) == 0
     text = out.read_text()
-    assert text.startswith("CPU: ") and f"JAX {jax.__version__}" in text
+    assert text.startswith("device: ") and f"JAX {jax.__version__}" in text and "flax " in text
     for variant in ("float32", "hand W8A8", "int8ify+qparams", "int8ify static", "int8ify eager",
                     "int8ify closed over", "floor", "floor + NaN check", "floor, int8 input"):
         assert f"| 1 | {variant} |" in text, variant
@@ -144,46 +366,8 @@ def test_peers_bf16_targets_are_read_only_where_bf16_was_measured(peers):
                             "weights quantized on every call: at least bf16's speed": ("1.25 x bf16", "no")}
 
 
-def test_kernels_benchmark_splits_each_variant_into_its_int8_dots_and_the_rest(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    sys.modules.pop("kernels", None)
-    import kernels
-
-    out = tmp_path / "kernels.md"
-    assert kernels.main(["--quick", "--batches", "8", "--out", str(out)]) == 0
-    rows = {line.split(" | ")[1]: line.split(" | ")[2:] for line in out.read_text().splitlines()
-            if line.startswith("| 8 | ")}
-    assert list(rows) == ["floor", "hand W8A8", "int8ify+qparams", "int8ify static", "int8ify (weights/call)"]
-    for name, (wall, dots, passes, _) in rows.items():
-        assert float(wall) > 0 and float(dots) > 0 and float(passes) > 0, name  # the four int8 dots were found
-    # quantizing 4M float weights every call costs more than the floor's bias and gelu on 8 rows
-    assert float(rows["int8ify (weights/call)"][2]) > float(rows["floor"][2])
-
-
-def test_deploy_benchmark_prints_bytes_load_times_and_peak_memory(tmp_path, monkeypatch, capsys):
-    """At a small size: every format's bytes and load time, quantize_params' peak memory within float params
-    + quantized copy + one layer's temporaries (the exit code says so), and the exported program's kernels."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    sys.modules.pop("deploy", None)
-    import deploy
-
-    assert deploy.main(["--layers", "6", "--width", "2048", "--out", str(tmp_path), "--batches", "1,8"]) == 0
-    printed = capsys.readouterr().out
-    for weights in ("float32", "int8", "int4 (W4A8)"):
-        for kind in ("Orbax", "SafeTensors"):
-            assert f"| {weights} | {kind} | " in printed
-    # the program exported for any batch compiles, at each batch, to as many kernels as the one traced there
-    for batch in (1, 8):
-        kernels = re.search(rf"^\| {batch} \| (\d+) / (\d+) \| ", printed, re.M)
-        assert kernels and kernels.group(1) == kernels.group(2), printed
-    assert "MALLOC_MMAP_THRESHOLD_=1MiB: " in printed and ": within float + quantized + one layer" in printed
-
-
-def test_accelerator_targets_read_off_kernel_counts_and_cycles(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    sys.modules.pop("accelerators", None)
-    import accelerators
-
+def test_accelerator_targets_read_off_kernel_counts_and_cycles(load_benchmark):
+    accelerators = load_benchmark("accelerators")
     gpu = accelerators.gpu_target_lines({"MLP": {"bf16": 7, "hand W8A8": 13, "int8ify+qparams": 13,
                                                  "int8ify static": 9, "bare int8 dots": 4}}, {"MLP": 4})
     assert gpu[2:] == ["| MLP | int8ify+qparams | 13 | 11 | no |", "| MLP | int8ify static | 9 | 11 | yes |"]
@@ -196,3 +380,20 @@ def test_accelerator_targets_read_off_kernel_counts_and_cycles(monkeypatch):
     assert tpu[2:] == ["| MLP | v5e | int8ify+qparams | 1.12 | 1.80 | 1.73 | no |",
                        "| MLP | v5e | int8ify static | 0.63 | 1.01 | 0.97 | no |",
                        "| MLP | v6e | int8ify static | 0.70 | 1.40 | - | yes |"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["gpu", "tpu"])
+def test_accelerators_benchmark_dry_run_under_a_deviceless_compiler(which, tmp_path):
+    python = os.environ.get(f"INT8IFY_{which.upper()}_COMPILE_PYTHON")
+    if not python:
+        pytest.skip(f"INT8IFY_{which.upper()}_COMPILE_PYTHON names no deviceless {which.upper()} compiler's Python")
+    out = tmp_path / "accelerators.md"
+    done = subprocess.run([python, str(ROOT / "benchmarks" / "accelerators.py"), f"--{which}", "--quick",
+                           "--out", str(out)], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = out.read_text()
+    assert text.startswith("device: ") and f"deviceless {which.upper()} compile" in text
+    models = ("MLP 4x128, batch 64", "transformer block d 64, batch 2x16")
+    assert all(f"| {model} | " in text.split("Targets:")[1] for model in models)
