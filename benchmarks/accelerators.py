@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -119,6 +118,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, HERE)
     sys.path.insert(0, os.path.join(HERE, "..", "examples"))
     import speed
+    from harness import Report, environment, table, table_row
     from mlp import init_mlp, mlp
 
     from jaxpr_rewrite import calibrate_activation_dots, int8ify, quantize_params
@@ -144,12 +144,12 @@ def main(argv=None) -> int:
             speed.hand_weights(block_params, ["wq", "wk", "wv", "wo", "w1", "w2"])),
     }
     targets = ["h200"] if args.which == "gpu" else ["v5e", "v6e"]
-    lines = [f"JAX {jax.__version__}, deviceless {args.which.upper()} compile on {platform.machine()}", ""]
+    report = Report(args.out)
+    report.add(f"{environment()}; deviceless {args.which.upper()} compile", "")
     if args.which == "gpu":
-        lines += ["| model | variant | kernels on H200 | GEMM fusions | other kernels |", "|---|---|---|---|---|"]
+        report.add(*table(["model", "variant", "kernels on H200", "GEMM fusions", "other kernels"]))
     else:
-        lines += ["| model | target | variant | kernels | estimated cycles | MXU dtypes of the dots |",
-                  "|---|---|---|---|---|---|"]
+        report.add(*table(["model", "target", "variant", "kernels", "estimated cycles", "MXU dtypes of the dots"]))
     chosen = {key: name for key, name in zip(("mlp", "block"), models)}
     counted = {}  # GPU: model -> variant -> kernels; TPU: (model, target) -> variant -> estimated cycles
     int8_dots = {}
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
                     rows = compile_fn(fn, *fn_args).fusions()
                     gemms = sum(1 for r in rows if "gemm" in (r.get("backend_kind") or "")
                                 or r.get("what") == "custom-call")
-                    lines.append(f"| {name} | {variant} | {len(rows)} | {gemms} | {len(rows) - gemms} |")
+                    report.add(table_row([name, variant, len(rows), gemms, len(rows) - gemms]))
                     counted.setdefault(name, {})[variant] = len(rows)
                 else:
                     result = compile_fn(fn, *fn_args, target=target)
@@ -199,16 +199,11 @@ def main(argv=None) -> int:
                     from compile_tpu import llo_mxu_dtypes, llo_op_counts
 
                     mxu = sorted({llo_mxu_dtypes(llo_op_counts(text)) for text in result.llo.values()} - {""})
-                    lines.append(f"| {name} | {target} | {variant} | {len(rows)} | {cycles:,} | {', '.join(mxu)} |")
+                    report.add(table_row([name, target, variant, len(rows), f"{cycles:,}", ", ".join(mxu)]))
                     counted.setdefault((name, target), {})[variant] = cycles
-                print(lines[-1], flush=True)
-    lines += ["", "Targets:", "",
-              *(gpu_target_lines(counted, int8_dots) if args.which == "gpu" else tpu_target_lines(counted))]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    report.add("", "Targets:", "",
+               *(gpu_target_lines(counted, int8_dots) if args.which == "gpu" else tpu_target_lines(counted)))
+    report.save()
     return 0
 
 

@@ -2,13 +2,14 @@
 
 Usage::
 
-    python benchmarks/deploy.py [--layers 24] [--width 2048] [--out DIR]
+    python benchmarks/deploy.py [--layers 24] [--width 2048] [--out DIR] [--batches 1,32,256]
 
 On an MLP of ``--layers`` square float32 weights of ``--width`` (24 x 2048 is 403 MB of weights), prints:
 
 * the bytes of the float32 params and of the int8 and int4 (W4A8) quantized params, each as an Orbax checkpoint
   (:func:`~jaxpr_rewrite.checkpoint.save_quantized`) and a SafeTensors file
-  (:func:`~jaxpr_rewrite.safetensors_io.save_safetensors`), with its load time (median of 3, onto no target);
+  (:func:`~jaxpr_rewrite.safetensors_io.save_safetensors`), with its load time (median of 3, the files' loads
+  interleaved, onto no target);
 * ``quantize_params``' peak resident memory, measured in a fresh process (``VmHWM``) against its bound: the
   float params plus the quantized copy plus one layer's temporaries (three float copies of it) plus a fixed part
   (compiling the quantizer, the trace) measured on a one-layer model of width 256;
@@ -23,11 +24,9 @@ import argparse
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import jax
@@ -35,9 +34,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
-from jaxpr_rewrite._io.checkpoint import load_quantized, save_quantized  # noqa: E402
-from jaxpr_rewrite._io.safetensors_io import load_safetensors, save_safetensors  # noqa: E402
-from speed import time_interleaved  # noqa: E402
+from jaxpr_rewrite.checkpoint import load_quantized, save_quantized  # noqa: E402
+from jaxpr_rewrite.safetensors_io import load_safetensors, save_safetensors  # noqa: E402
+from harness import Report, compile_ahead, environment, median_seconds, table, table_row, time_interleaved  # noqa: E402
 
 MB = 2**20
 SMALL_WIDTH = 256  # the one-layer model whose peak is the fixed part of quantize_params' memory
@@ -57,15 +56,6 @@ def mlp_params(layers: int, width: int):
 
 def size_on_disk(path: Path) -> int:
     return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def median_seconds(fn, repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def peak_memory(layers: int, width: int, fixed_mmap_threshold: bool) -> dict:
@@ -118,28 +108,79 @@ def resident(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field} (this measurement needs Linux)")
 
 
-def kernels(program, *args) -> int:
-    """The fusions, dots and custom calls of ``program``'s optimized HLO at ``args``: the kernels XLA:CPU runs."""
-    return len(re.findall(r"= \S+ (?:fusion|dot|custom-call)\(", program.lower(*args).compile().as_text()))
+def kernels(executable) -> int:
+    """The fusions, dots and custom calls of a compiled program's optimized HLO: the kernels XLA:CPU runs."""
+    return len(re.findall(r"= \S+ (?:fusion|dot|custom-call)\(", executable.as_text()))
 
 
-def exported_program_costs(qparams, width: int, batches) -> None:
-    """Print the exported int8 program's bytes, and per batch size its kernels and time against the traced one."""
-    traced = jax.jit(int8ify(mlp))
+def checkpoint_costs(report: Report, params, x, out: Path) -> None:
+    """Add the table of each format's bytes and load time: the float32, int8 and int4 params of ``mlp``, each
+    written to ``out`` as an Orbax checkpoint and a SafeTensors file."""
+    float_bytes = sum(w.nbytes for w in params)
+    files = {}
+    for label, bits in (("float32", None), ("int8", 8), ("int4 (W4A8)", 4)):
+        tree = params if bits is None else quantize_params(mlp, params, x, bits=bits)
+        for kind, save, load in (("Orbax", save_quantized, load_quantized),
+                                 ("SafeTensors", save_safetensors, load_safetensors)):
+            path = out / f"{label.split()[0]}.{kind.lower()}"
+            shutil.rmtree(path, ignore_errors=True)
+            save(path, tree)
+            files[label, kind] = path, load
+        del tree
+    seconds = median_seconds({key: lambda path=path, load=load: jax.tree_util.tree_leaves(load(path))
+                              for key, (path, load) in files.items()}, rounds=3)
+    rows = []
+    for (label, kind), (path, _) in files.items():
+        size = size_on_disk(path)
+        rows.append([label, kind, f"{size / MB:.1f} MB", f"{size / float_bytes:.2f}x",
+                     f"{seconds[label, kind]:.3f}"])
+    report.add(*table(["weights", "file", "bytes", "vs float32", "load (s)"], rows))
+
+
+def exported_program_costs(report: Report, qparams, width: int, batches) -> None:
+    """Add the exported int8 program's bytes, and per batch size its kernels and time against the traced one."""
+    traced = int8ify(mlp)
     example = np.zeros((max(batches), width), np.float32)
-    one_batch = jax.export.export(traced)(qparams, example)
-    any_batch = jax.export.export(traced)(qparams, jax.ShapeDtypeStruct(
+    one_batch = jax.export.export(jax.jit(traced))(qparams, example)
+    any_batch = jax.export.export(jax.jit(traced))(qparams, jax.ShapeDtypeStruct(
         (*jax.export.symbolic_shape("batch"), width), np.float32))
-    print(f"exported int8 program (weights passed in): {len(one_batch.serialize()) / 1024:.1f} KiB for batch "
-          f"{example.shape[0]}, {len(any_batch.serialize()) / 1024:.1f} KiB for any batch")
-    print("| batch | kernels, any batch / traced | ms, any batch | ms, traced | any batch / traced |")
-    print("|---:|---|---:|---:|---:|")
-    called = jax.jit(any_batch.call)
+    report.add(f"exported int8 program (weights passed in): {len(one_batch.serialize()) / 1024:.1f} KiB for batch "
+               f"{example.shape[0]}, {len(any_batch.serialize()) / 1024:.1f} KiB for any batch",
+               *table(["batch", "kernels, any batch / traced", "ms, any batch", "ms, traced", "any batch / traced"]))
     for batch in batches:
         x = np.random.default_rng(batch).standard_normal((batch, width)).astype(np.float32)
-        ms = time_interleaved({"any": (called, (qparams, x)), "traced": (traced, (qparams, x))}, rounds=21, reps=1)
-        print(f"| {batch} | {kernels(called, qparams, x)} / {kernels(traced, qparams, x)} | {ms['any']:.3f} | "
-              f"{ms['traced']:.3f} | {ms['any'] / ms['traced']:.2f}x |")
+        variants = compile_ahead({"any": (any_batch.call, (qparams, x)), "traced": (traced, (qparams, x))})
+        ms = time_interleaved(variants, rounds=21, reps=1)
+        report.add(table_row([batch, f"{kernels(variants['any'][0])} / {kernels(variants['traced'][0])}",
+                              f"{ms['any']:.3f}", f"{ms['traced']:.3f}", f"{ms['any'] / ms['traced']:.2f}x"]))
+
+
+def peak_memory_lines(layers: int, width: int) -> tuple[list[str], bool]:
+    """``quantize_params``' peak memory against its bound, with ``MALLOC_MMAP_THRESHOLD_`` fixed and with glibc's
+    default: one line each, and whether the bound holds with the threshold fixed (the default malloc's peak is
+    reported, not held to it: :func:`peak_memory`).
+
+    The fixed part (XLA's compile of the quantizer, the trace) is measured on one small layer; one layer's
+    temporaries are bounded by three float copies of it (its device copy, the compiled pass's argument buffer,
+    that pass's intermediates), so the full model may add only its params and quantized copy on top of that."""
+    float_bytes = layers * width * width * 4
+    lines, within = [], True
+    for fixed_threshold, allocator in ((True, "MALLOC_MMAP_THRESHOLD_=1MiB"), (False, "default malloc")):
+        # the larger of two fresh processes: on a busy machine one measured 11 MB against 17-18 MB idle
+        fixed = max(beyond_params(peak_memory(1, SMALL_WIDTH, fixed_threshold), 1, SMALL_WIDTH) for _ in range(2))
+        full = peak_memory(layers, width, fixed_threshold)
+        extra = beyond_params(full, layers, width)
+        bound = fixed + TEMPORARY_COPIES * width * width * 4
+        ok = extra <= bound
+        within = within and (ok or not fixed_threshold)
+        total = full["peak"] - full["before"]
+        lines.append(f"quantize_params (int8) peak memory, {allocator}: {total / MB:.0f} MB above the process before "
+                     f"the params ({total / float_bytes:.2f}x the float model) = float params "
+                     f"{float_bytes / MB:.0f} MB + int8 copy {quantized_bytes(layers, width) / MB:.0f} MB + "
+                     f"{extra / MB:.0f} MB, against a bound "
+                     f"of {bound / MB:.0f} MB (fixed {fixed / MB:.0f} MB + {TEMPORARY_COPIES} float layers): "
+                     f"{'within' if ok else 'over'} float + quantized + one layer's temporaries")
+    return lines, within
 
 
 def main(argv=None) -> int:
@@ -153,42 +194,15 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     params = mlp_params(args.layers, args.width)
     x = np.zeros((8, args.width), np.float32)
-    float_bytes = sum(w.nbytes for w in params)
-    layer_bytes = params[0].nbytes
-    print(f"MLP {args.layers} x {args.width}x{args.width} float32: {float_bytes / MB:.1f} MB of weights, "
-          f"JAX {jax.__version__}")
-    print("| weights | file | bytes | vs float32 | load (s) |")
-    print("|---|---|---:|---:|---:|")
-    for label, bits in (("float32", None), ("int8", 8), ("int4 (W4A8)", 4)):
-        tree = params if bits is None else quantize_params(mlp, params, x, bits=bits)
-        for kind, save, load in (("Orbax", save_quantized, load_quantized),
-                                 ("SafeTensors", save_safetensors, load_safetensors)):
-            path = out / f"{label.split()[0]}.{kind.lower()}"
-            shutil.rmtree(path, ignore_errors=True)
-            save(path, tree)
-            size = size_on_disk(path)
-            seconds = median_seconds(lambda: jax.tree_util.tree_leaves(load(path)))
-            print(f"| {label} | {kind} | {size / MB:.1f} MB | {size / float_bytes:.2f}x | {seconds:.3f} |")
-        del tree
-    exported_program_costs(quantize_params(mlp, params, x), args.width, [int(b) for b in args.batches.split(",")])
-    # the fixed part (XLA's compile of the quantizer, the trace) is measured on one small layer; one layer's
-    # temporaries are bounded by three float copies of it (its device copy, the compiled pass's argument buffer,
-    # that pass's intermediates), so the full model may add only its params and quantized copy on top of that
-    within = True
-    for fixed_threshold, allocator in ((True, "MALLOC_MMAP_THRESHOLD_=1MiB"), (False, "default malloc")):
-        # the larger of two fresh processes: on a busy machine one measured 11 MB against 17-18 MB idle
-        fixed = max(beyond_params(peak_memory(1, SMALL_WIDTH, fixed_threshold), 1, SMALL_WIDTH) for _ in range(2))
-        full = peak_memory(args.layers, args.width, fixed_threshold)
-        extra = beyond_params(full, args.layers, args.width)
-        bound = fixed + TEMPORARY_COPIES * layer_bytes
-        ok = extra <= bound
-        within = within and (ok or not fixed_threshold)
-        total = full["peak"] - full["before"]
-        print(f"quantize_params (int8) peak memory, {allocator}: {total / MB:.0f} MB above the process before the "
-              f"params ({total / float_bytes:.2f}x the float model) = float params {float_bytes / MB:.0f} MB + int8 "
-              f"copy {quantized_bytes(args.layers, args.width) / MB:.0f} MB + {extra / MB:.0f} MB, against a bound "
-              f"of {bound / MB:.0f} MB (fixed {fixed / MB:.0f} MB + {TEMPORARY_COPIES} float layers): "
-              f"{'within' if ok else 'over'} float + quantized + one layer's temporaries")
+    report = Report()
+    report.add(environment(("orbax-checkpoint", "safetensors")),
+               f"MLP {args.layers} x {args.width}x{args.width} float32: {sum(w.nbytes for w in params) / MB:.1f} MB "
+               "of weights")
+    checkpoint_costs(report, params, x, out)
+    exported_program_costs(report, quantize_params(mlp, params, x), args.width,
+                           [int(b) for b in args.batches.split(",")])
+    lines, within = peak_memory_lines(args.layers, args.width)
+    report.add(*lines)
     return 0 if within else 1
 
 

@@ -1,6 +1,6 @@
 """Where the time of an int8 program goes on CPU: its int8 dots, and the passes around them, kernel by kernel.
 
-    python benchmarks/kernels.py [--quick] [--batches 32 256] [--out benchmarks/results/kernels.md]
+    python benchmarks/kernels.py [--quick] [--batches 32 256] [--width 1024] [--out benchmarks/results/kernels.md]
 
 End-to-end times (``benchmarks/peers.py``) add up the int8 dots and everything else, and on a shared machine the
 dots alone move by 10-30% from run to run, which hides the passes around them (absmax, scale, quantize,
@@ -9,7 +9,7 @@ and takes the median time of every kernel XLA:CPU runs (its thunks: fusions, YNN
 the calls, then splits it into the int8 dots (a fusion whose computation holds an s8 ``dot``) and the rest. XLA:CPU
 runs independent kernels at once (the quantization of each weight when the weights come per call, a reduction
 over the codes beside its dot), and then kernel times overlap: their sum exceeds the call's wall time, printed
-beside it (the median of a timed loop), so compare such a variant's passes with care.
+beside it (the median of single calls, the variants interleaved), so compare such a variant's passes with care.
 Variants: ``floor`` (the dots plus the model's own bias and gelu, each dot's input a cast to int8, the model's
 float input's too: ``peers.floor_program``), ``hand W8A8``, ``int8ify+qparams``,
 ``int8ify static`` and ``int8ify (weights/call)`` (the weights quantized in the program, under ``jit``). The
@@ -28,15 +28,14 @@ import os
 import re
 import sys
 import tempfile
-import time
 
 import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from peers import WIDTH, calibration_batches, flax_mlp, floor_program, hand_program, save_table  # noqa: E402
-from speed import cpu_model  # noqa: E402
+from harness import Report, compile_ahead, environment, table, table_row, time_interleaved  # noqa: E402
+from peers import WIDTH, calibration_batches, flax_mlp, floor_program, hand_program  # noqa: E402
 
 from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
 
@@ -71,20 +70,9 @@ def kernel_times(fn, args, calls: int) -> dict[str, float]:
     return {name: float(np.median(d)) * len(d) / calls for name, d in durations.items()}
 
 
-def wall_time(fn, args, calls: int) -> float:
-    """Median microseconds per call of ``fn(*args)``, each call waited for."""
-    samples = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        samples.append((time.perf_counter() - start) * 1e6)
-    return float(np.median(samples))
-
-
-def kernel_names(fn, args) -> tuple[set, set]:
-    """``(int8 dots, other kernels)``: the names of the kernels ``fn(*args)`` runs (``fn`` jitted), from its
-    optimized HLO."""
-    hlo = fn.lower(*args).compile().as_text()
+def kernel_names(executable) -> tuple[set, set]:
+    """``(int8 dots, other kernels)``: the names of the kernels a compiled program runs, from its optimized HLO."""
+    hlo = executable.as_text()
     entry = hlo[hlo.index("\nENTRY"):]
     kernels = set(re.findall(r"^\s*(?:ROOT )?%?([\w.\-]+) = ", entry, re.M))  # each runs as a thunk of its name
     dots = int8_dot_kernels(hlo)
@@ -99,43 +87,43 @@ def split(times: dict, names: tuple[set, set]) -> tuple[float, float]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[32, 256])
+    parser.add_argument("--width", type=int, default=WIDTH, help="the layers' width")
     parser.add_argument("--quick", action="store_true", help="fewer calls (a smoke run)")
     parser.add_argument("--out", help="also write the table (Markdown) here")
     args = parser.parse_args(argv)
     calls, repeats = (10, 1) if args.quick else (100, 3)
 
-    model, params = flax_mlp()
+    width = args.width
+    model, params = flax_mlp(width)
     apply = model.apply
-    lines = [f"CPU: {cpu_model()}, {os.cpu_count()} cores; JAX {jax.__version__}", "",
-             f"Flax MLP 4 x Dense({WIDTH}) + gelu; microseconds per call, each kernel's median over {calls} "
-             f"profiled calls, the best of {repeats} profiles", "",
-             "| batch | variant | wall | int8 dots | passes around them | passes x floor's |",
-             "|---|---|---|---|---|---|"]
-    print("\n".join(lines), flush=True)
+    report = Report(args.out)
+    report.add(environment(("flax",)), "",
+               f"Flax MLP 4 x Dense({width}) + gelu; microseconds per call, each kernel's median over {calls} "
+               f"profiled calls, the best of {repeats} profiles; wall: the median of {calls} interleaved calls", "",
+               *table(["batch", "variant", "wall", "int8 dots", "passes around them", "passes x floor's"]))
     for batch in args.batches:
-        x = jax.random.normal(jax.random.PRNGKey(batch), (batch, WIDTH))
-        wrapped = jax.jit(int8ify(apply))
+        x = jax.random.normal(jax.random.PRNGKey(batch), (batch, width))
+        wrapped = int8ify(apply)
         hand, hand_weights = hand_program(params)
         (floor, floor_args), _ = floor_program(params, x)
-        variants = {
+        variants = compile_ahead({
             "floor": (floor, floor_args),
             "hand W8A8": (hand, (hand_weights, x)),
             "int8ify+qparams": (wrapped, (quantize_params(apply, params, x), x)),
             "int8ify static": (wrapped, (quantize_params(apply, params, x, activations="static",
-                                                         calibration=calibration_batches(batch, WIDTH)), x)),
+                                                         calibration=calibration_batches(batch, width)), x)),
             "int8ify (weights/call)": (wrapped, (params, x)),
-        }
-        results = {}
+        })
+        best = {}
         for name, (fn, fn_args) in variants.items():
-            names = kernel_names(fn, fn_args)
-            results[name] = [split(kernel_times(fn, fn_args, calls), names) for _ in range(repeats)]
-        best = {name: (min(r[0] for r in runs), min(r[1] for r in runs)) for name, runs in results.items()}
-        walls = {name: wall_time(fn, fn_args, calls) for name, (fn, fn_args) in variants.items()}
+            names = kernel_names(fn)
+            runs = [split(kernel_times(fn, fn_args, calls), names) for _ in range(repeats)]
+            best[name] = (min(dots for dots, _ in runs), min(passes for _, passes in runs))
+        walls = time_interleaved(variants, rounds=calls, reps=1)
         for name, (dots, passes) in best.items():
-            lines.append(f"| {batch} | {name} | {walls[name]:.0f} | {dots:.1f} | {passes:.1f} | "
-                         f"{passes / best['floor'][1]:.2f} |")
-            print(lines[-1], flush=True)
-    save_table(lines, args.out)
+            report.add(table_row([batch, name, f"{walls[name] * 1e3:.0f}", f"{dots:.1f}", f"{passes:.1f}",
+                                  f"{passes / best['floor'][1]:.2f}"]))
+        report.save()
     return 0
 
 

@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/lint_speed.py [CORPUS_DIR] [--max-files 1000] [--repeats 3] [--jobs 1]
-                                    [--sample 20]
+                                    [--sample 20] [--out FILE]
 
 CORPUS_DIR is any directory of Python sources you did not write (relative paths are fine). Create
 one with::
@@ -14,7 +14,8 @@ one with::
 script does exactly that into a temporary directory (needs a package index).
 
 Both variants run the same flake8 (all installed plugins, default checks, output discarded) in a
-subprocess on the same files, interleaved, ``--repeats`` times each. The "without" run removes the
+subprocess on the same files, interleaved with their order alternating (``benchmarks/harness.py``),
+``--repeats`` times each. The "without" run removes the
 plugin before flake8 loads anything: a small driver filters the ``flake8.extension`` entry point
 ``lint_plugin.plugin:Int8Checker`` out of ``flake8.plugins.finder.find_plugins``, so the plugin's
 code is never imported; the "with" run uses the same driver without the filter. Afterwards one
@@ -34,7 +35,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import List, Sequence, Tuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Report, environment, interleaved_samples, table  # noqa: E402
 
 PLUGIN_ENTRY_POINT = "lint_plugin.plugin:Int8Checker"
 TARGET_RATIO = 1.5  # flake8 with the plugin, over flake8 without it
@@ -94,6 +98,7 @@ def main(argv: Sequence[str] = ()) -> int:
     ap.add_argument("--jobs", default="1", help="flake8 --jobs (default 1, for stable timings)")
     ap.add_argument("--sample", type=int, default=0, help="print this many JX flags for review")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", help="also write the results (Markdown) here")
     args = ap.parse_args(list(argv) or None)
 
     tmp = None
@@ -108,42 +113,41 @@ def main(argv: Sequence[str] = ()) -> int:
         print(f"lint_speed.py: no .py files under {corpus}, nothing to measure.", file=sys.stderr)
         return 2
     n_lines = sum(p.read_bytes().count(b"\n") for p in files)
-    print(f"corpus: {len(files)} files, {n_lines} lines, flake8 --jobs={args.jobs}, {args.repeats} repeats")
+    report = Report(args.out)
+    report.add(environment(("flake8", "libcst")),
+               f"corpus: {len(files)} files, {n_lines} lines, flake8 --jobs={args.jobs}, {args.repeats} repeats")
+
+    def measure(variant: str) -> Tuple[float, float]:
+        elapsed, cpu, _ = run_flake8(variant, files, args.jobs, ["--output-file", os.devnull])
+        print(f"  {variant:>7} plugin  wall {elapsed:7.2f} s  cpu {cpu:7.2f} s", flush=True)
+        return elapsed, cpu
 
     # CPU time (user+sys of every flake8 process) is robust to other load on the machine;
     # wall time is what a user waits.
-    times: Dict[str, List[float]] = {"without": [], "with": []}
-    cpus: Dict[str, List[float]] = {"without": [], "with": []}
-    for r in range(args.repeats):
-        order = ("without", "with") if r % 2 == 0 else ("with", "without")
-        for variant in order:
-            elapsed, cpu, _ = run_flake8(variant, files, args.jobs, ["--output-file", os.devnull])
-            times[variant].append(elapsed)
-            cpus[variant].append(cpu)
-            print(f"  repeat {r + 1}: {variant:>7} plugin  wall {elapsed:7.2f} s  cpu {cpu:7.2f} s", flush=True)
-
-    print()
-    print(f"{'flake8':<14}{'wall min':>10}{'wall med':>10}{'cpu min':>10}{'cpu med':>10}{'lines/cpu-s':>13}")
-    for variant in ("without", "with"):
-        ts, cs = times[variant], cpus[variant]
-        print(f"{variant + ' JX':<14}{min(ts):>10.2f}{statistics.median(ts):>10.2f}{min(cs):>10.2f}"
-              f"{statistics.median(cs):>10.2f}{n_lines / statistics.median(cs):>13.0f}")
+    samples = interleaved_samples({"without": lambda: measure("without"), "with": lambda: measure("with")},
+                                  args.repeats, alternate=True)
+    times = {variant: [wall for wall, _ in runs] for variant, runs in samples.items()}
+    cpus = {variant: [cpu for _, cpu in runs] for variant, runs in samples.items()}
+    rows = [[f"{variant} JX", f"{min(times[variant]):.2f}", f"{statistics.median(times[variant]):.2f}",
+             f"{min(cpus[variant]):.2f}", f"{statistics.median(cpus[variant]):.2f}",
+             f"{n_lines / statistics.median(cpus[variant]):.0f}"] for variant in ("without", "with")]
+    report.add("", *table(["flake8", "wall min", "wall med", "cpu min", "cpu med", "lines/cpu-s"], rows), "")
     for label, d in (("wall", times), ("cpu", cpus)):
         ratio_med = statistics.median(d["with"]) / statistics.median(d["without"])
         ratio_min = min(d["with"]) / min(d["without"])
-        print(f"ratio with/without ({label}): {ratio_med:.2f} (medians), {ratio_min:.2f} (minima); "
-              f"target <= {TARGET_RATIO:.2f}")
+        report.add(f"ratio with/without ({label}): {ratio_med:.2f} (medians), {ratio_min:.2f} (minima); "
+                   f"target <= {TARGET_RATIO:.2f}")
 
     elapsed, _, out = run_flake8("with", files, args.jobs, ["--select=JX"])
     flags = [line for line in out.splitlines() if ": JX" in line]
     counts = collections.Counter(line.split(": ", 1)[1].split()[0] for line in flags)
-    print(f"\nflake8 --select=JX: {len(flags)} flags in {elapsed:.2f} s")
-    for code in sorted(counts):
-        print(f"  {code}  {counts[code]}")
+    report.add("", f"flake8 --select=JX: {len(flags)} flags in {elapsed:.2f} s",
+               *(f"  {code}  {counts[code]}" for code in sorted(counts)))
     if args.sample and flags:
-        print(f"\nsample of {min(args.sample, len(flags))} flags:")
-        for line in random.Random(args.seed).sample(flags, min(args.sample, len(flags))):
-            print("  " + line.replace(str(corpus) + os.sep, ""))
+        report.add("", f"sample of {min(args.sample, len(flags))} flags:",
+                   *("  " + line.replace(str(corpus) + os.sep, "")
+                     for line in random.Random(args.seed).sample(flags, min(args.sample, len(flags)))))
+    report.save()
     if tmp is not None:
         tmp.cleanup()
     return 0

@@ -2,9 +2,10 @@
 
 Usage::
 
-    python benchmarks/overhead.py [--repeats 3]
+    python benchmarks/overhead.py [--repeats 3] [--dry-run] [--out FILE]
 
-Prints, each a median of ``--repeats`` runs on fresh function objects (so no JAX trace cache is reused):
+Prints, each a median of ``--repeats`` runs on fresh function objects (so no JAX trace cache is reused), the two
+programs of each row interleaved (``benchmarks/harness.py``; ``--dry-run``: toy sizes, in seconds):
 
 * the rewrite of a 96-layer MLP (``Int8ified.rewritten_jaxpr``: trace + rewrite) against ``jax.make_jaxpr`` of
   the float program (target: at most 5x);
@@ -26,10 +27,9 @@ Prints, each a median of ``--repeats`` runs on fresh function objects (so no JAX
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,9 +37,26 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jaxpr_rewrite import int8ify, quantize_params
-from jaxpr_rewrite import report  # noqa: E402
+from harness import AsCalled, Report, environment, median_seconds, table, table_row, time_interleaved  # noqa: E402
 from speed import quantize_plain  # noqa: E402  (benchmarks/speed.py: the hand-written quantization)
+
+from jaxpr_rewrite import int8ify, quantize_params, report  # noqa: E402
+
+
+class Sizes(NamedTuple):
+    """The models' sizes: the layers of the MLP rewritten, of the Flax MLP and of the MLP ``report`` measures, the
+    MLPs' width, the width of the MLP that closes over its weights, and the calls per dispatch sample."""
+
+    rewrite_layers: int
+    flax_layers: int
+    report_layers: int
+    width: int
+    closed_width: int
+    dispatch_calls: int
+
+
+SIZES = Sizes(96, 24, 8, 256, 1024, 5000)
+DRY_RUN_SIZES = Sizes(4, 2, 2, 64, 128, 50)  # the same steps in seconds: numbers that mean nothing
 
 
 def mlp_params(layers: int, width: int, seed: int = 0):
@@ -62,16 +79,6 @@ def fresh_mlp():
 def closing_over(fn, params):
     """``fn`` with its weights closed over (constants of its program), as ``lambda x: model.apply(params, x)``."""
     return lambda x: fn(params, x)
-
-
-def timed(fn) -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - start
-
-
-def median(fn, repeats: int) -> float:
-    return statistics.median(timed(fn) for _ in range(repeats))
 
 
 def flax_mlp(layers: int, width: int):
@@ -101,73 +108,75 @@ def hand_w8a8_flax_mlp(layers: int):
     return apply
 
 
-def dispatch_us(params, x, repeats: int, calls: int = 5000) -> tuple[float, float]:
+def dispatch_us(params, x, repeats: int, calls: int) -> tuple[float, float]:
     """Microseconds per call ``jax.jit`` spends on ``params`` (as they are, then as a list of their leaves) in a
-    program that ignores them, over the same call without them: medians of ``repeats`` interleaved rounds."""
-    ignoring = jax.jit(lambda params, x: x * 2)
+    program that ignores them, over the same call without them: medians of ``repeats`` interleaved rounds of
+    ``calls`` calls each, through ``jax.jit``'s own dispatch (what is measured: not compiled ahead of time)."""
+    ignoring = AsCalled(jax.jit(lambda params, x: x * 2))
+    times = time_interleaved({"without": (ignoring, ((), x)), "params": (ignoring, (params, x)),
+                              "leaves": (ignoring, (jax.tree_util.tree_leaves(params), x))},
+                             rounds=repeats, reps=calls, warmup=200)
+    return tuple(float((times[name] - times["without"]) * 1e3) for name in ("params", "leaves"))
 
-    def per_call(params) -> float:
-        for _ in range(200):
-            ignoring(params, x)
-        start = time.perf_counter()
-        for _ in range(calls):
-            out = ignoring(params, x)
-        jax.block_until_ready(out)
-        return (time.perf_counter() - start) / calls * 1e6
 
-    leaves = jax.tree_util.tree_leaves(params)
-    rounds = []
-    for _ in range(repeats):
-        without = per_call(())
-        rounds.append((per_call(params) - without, per_call(leaves) - without))
-    return tuple(float(v) for v in np.median(np.array(rounds), axis=0))
+def row(what: str, base: float, measured: float, target: float | None = None) -> str:
+    """A table row: the two medians, their ratio and the target it is held to (none for a floor's row)."""
+    return table_row([what, f"{base:.3f}", f"{measured:.3f}", f"{measured / base:.2f}x",
+                      "" if target is None else f"{target:.1f}x"])
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="toy sizes: that the script runs, in seconds (its numbers mean nothing)")
+    parser.add_argument("--out", help="also write the table (Markdown) here")
     ns = parser.parse_args(argv)
-    rows = []
+    sizes = DRY_RUN_SIZES if ns.dry_run else SIZES
+    width = sizes.width
+    out = Report(ns.out)
+    out.add(environment(("flax",)), "", f"Median of {ns.repeats} runs on fresh functions, interleaved", "",
+            *table(["what", "base s", "measured s", "ratio", "target"]))
 
-    params, x = mlp_params(96, 256), jnp.ones((8, 256))
-    trace = median(lambda: jax.make_jaxpr(fresh_mlp())(params, x), ns.repeats)
-    rewrite = median(lambda: int8ify(fresh_mlp()).rewritten_jaxpr(params, x), ns.repeats)
-    rows.append(("96-layer MLP: rewrite vs make_jaxpr", trace, rewrite, 5.0))
+    params, x = mlp_params(sizes.rewrite_layers, width), jnp.ones((8, width))
+    seconds = median_seconds({"trace": lambda: jax.make_jaxpr(fresh_mlp())(params, x),
+                              "rewrite": lambda: int8ify(fresh_mlp()).rewritten_jaxpr(params, x)}, ns.repeats)
+    out.add(row(f"{sizes.rewrite_layers}-layer MLP: rewrite vs make_jaxpr", seconds["trace"], seconds["rewrite"], 5.0))
 
     try:
-        model = flax_mlp(24, 256)
-        variables = model.init(jax.random.PRNGKey(0), jnp.ones((8, 256)))
-        x = jnp.ones((32, 256))
-        float_first = median(lambda: jax.jit(lambda v, x: model.apply(v, x))(variables, x), ns.repeats)
-        int8_first = median(lambda: jax.jit(int8ify(lambda v, x: model.apply(v, x)))(variables, x), ns.repeats)
-        hand_first = median(lambda: jax.jit(hand_w8a8_flax_mlp(24))(variables, x), ns.repeats)
-        rows.append(("24-layer Flax MLP: first call", float_first, int8_first, 1.5))
-        rows.append(("  the same, hand-written W8A8 (the floor)", float_first, hand_first, None))
+        model = flax_mlp(sizes.flax_layers, width)
     except ImportError:
         print("flax not installed: first-call row skipped")
+    else:
+        variables = model.init(jax.random.PRNGKey(0), jnp.ones((8, width)))
+        x = jnp.ones((32, width))
+        seconds = median_seconds({
+            "float": lambda: jax.jit(lambda v, x: model.apply(v, x))(variables, x),
+            "int8ify": lambda: jax.jit(int8ify(lambda v, x: model.apply(v, x)))(variables, x),
+            "hand": lambda: jax.jit(hand_w8a8_flax_mlp(sizes.flax_layers))(variables, x)}, ns.repeats)
+        out.add(row(f"{sizes.flax_layers}-layer Flax MLP: first call", seconds["float"], seconds["int8ify"], 1.5),
+                row("  the same, hand-written W8A8 (the floor)", seconds["float"], seconds["hand"]))
 
-    params, x = mlp_params(8, 256), jnp.asarray(np.random.default_rng(1).normal(size=(32, 256)), jnp.float32)
-    float_first = median(lambda: jax.jit(fresh_mlp())(params, x), ns.repeats)
-    int8_first = median(lambda: jax.jit(int8ify(fresh_mlp()))(params, x), ns.repeats)
-    report_time = median(lambda: report(fresh_mlp(), params, x).rows[0].error, ns.repeats)
-    rows.append(("8-layer MLP: report vs float first call", float_first, report_time, 2.0))
-    rows.append(("  report vs int8ify first call (the floor)", int8_first, report_time, None))
+    params = mlp_params(sizes.report_layers, width)
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(32, width)), jnp.float32)
+    seconds = median_seconds({"float": lambda: jax.jit(fresh_mlp())(params, x),
+                              "int8ify": lambda: jax.jit(int8ify(fresh_mlp()))(params, x),
+                              "report": lambda: report(fresh_mlp(), params, x).rows[0].error}, ns.repeats)
+    out.add(row(f"{sizes.report_layers}-layer MLP: report vs float first call", seconds["float"], seconds["report"],
+                2.0),
+            row("  report vs int8ify first call (the floor)", seconds["int8ify"], seconds["report"]))
 
-    params, x = mlp_params(4, 1024), jnp.asarray(np.random.default_rng(2).normal(size=(32, 1024)), jnp.float32)
-    float_first = median(lambda: jax.jit(closing_over(fresh_mlp(), params))(x), ns.repeats)
-    int8_first = median(lambda: jax.jit(int8ify(closing_over(fresh_mlp(), params)))(x), ns.repeats)
-    rows.append(("4x1024 MLP, closed-over weights: first call", float_first, int8_first, 1.5))
+    closed = sizes.closed_width
+    params, x = mlp_params(4, closed), jnp.asarray(np.random.default_rng(2).normal(size=(32, closed)), jnp.float32)
+    seconds = median_seconds({"float": lambda: jax.jit(closing_over(fresh_mlp(), params))(x),
+                              "int8ify": lambda: jax.jit(int8ify(closing_over(fresh_mlp(), params)))(x)}, ns.repeats)
+    out.add(row(f"4x{closed} MLP, closed-over weights: first call", seconds["float"], seconds["int8ify"], 1.5))
 
     quantized = quantize_params(fresh_mlp(), params, x)
-    quantized_us, list_us = dispatch_us(quantized, x, ns.repeats)
-
-    print(f"jax {jax.__version__}, {jax.devices()[0].platform}, median of {ns.repeats} runs on fresh functions")
-    print(f"{'what':44s} {'base s':>9s} {'measured s':>10s} {'ratio':>7s} {'target':>7s}")
-    for what, base, ours, target in rows:
-        target = "" if target is None else f"{target:6.1f}x"
-        print(f"{what:44s} {base:9.3f} {ours:10.3f} {ours / base:6.2f}x {target:>7s}")
-    print(f"jit dispatch per call of the 4x1024 MLP's quantized params: {quantized_us:.1f} us; the same "
-          f"{len(jax.tree_util.tree_leaves(quantized))} arrays as a list: {list_us:.1f} us")
+    quantized_us, list_us = dispatch_us(quantized, x, ns.repeats, sizes.dispatch_calls)
+    out.add("", f"jit dispatch per call of the 4x{closed} MLP's quantized params: {quantized_us:.1f} us; the same "
+                f"{len(jax.tree_util.tree_leaves(quantized))} arrays as a list: {list_us:.1f} us")
+    out.save()
     return 0
 
 

@@ -3,9 +3,9 @@
     python benchmarks/peers.py [--quick] [--batches 256 32 1] [--width 1024] [--repeats 1] [--pairs 0]
                                [--out benchmarks/results/peers.md]
 
-The model: 4 x ``nn.Dense(1024)`` (``--width``) + gelu (the last layer linear), float32. Variants, all
-``jax.jit``-compiled and timed interleaved round by round (medians after warm-up), speed printed as float32 time /
-variant time:
+The model: 4 x ``nn.Dense(1024)`` (``--width``) + gelu (the last layer linear), float32. Variants, each compiled
+ahead of time (but the eager one) and timed interleaved round by round (medians after warm-up;
+``benchmarks/harness.py``), speed printed as float32 time / variant time:
 
 * ``float32``                 the Flax model as written;
 * ``bf16``                    the same with bfloat16 weights and input, on an accelerator (a CPU's bf16 is emulated);
@@ -47,7 +47,6 @@ the two orders alternating, per baseline; a third table gives those ratios.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 import statistics
 import sys
@@ -61,7 +60,9 @@ from jax import lax
 # speed.py beside this file, and the package itself where it is not installed (a checkout on an accelerator machine)
 sys.path[:0] = [os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), "..")]
 
-from speed import cpu_model, hand_dense, rel_error, time_interleaved  # noqa: E402
+from harness import (AsCalled, Report, compile_ahead, environment, package_version, speedups, table,  # noqa: E402
+                     table_row, time_interleaved)
+from speed import hand_dense, rel_error  # noqa: E402
 
 from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
 from jaxpr_rewrite import quantize
@@ -129,7 +130,7 @@ def target_lines(runs_by_batch: dict) -> list[str]:
     """The Markdown table of :data:`TARGETS` read off ``runs_by_batch`` (batch -> a list of measurements, each ms by
     variant): with one measurement its ratio and whether it holds; with several the range of the ratios, their
     median and in how many the target holds."""
-    lines = ["| target | batch | time / baseline | holds |", "|---|---|---|---|"]
+    lines = table(["target", "batch", "time / baseline", "holds"])
     for target in TARGETS:
         for batch, runs in runs_by_batch.items():
             readings = [reading for reading in (target.reading(batch, times) for times in runs) if reading is not None]
@@ -143,7 +144,7 @@ def target_lines(runs_by_batch: dict) -> list[str]:
             else:
                 ratio = f"{ratios[0]:.2f}-{ratios[-1]:.2f} (median {statistics.median(ratios):.2f})"
                 holds = f"{held} of {len(readings)}"
-            lines.append(f"| {target.text} | {batch} | {ratio} x {baselines} | {holds} |")
+            lines.append(table_row([target.text, batch, f"{ratio} x {baselines}", holds]))
     return lines
 
 
@@ -170,7 +171,7 @@ def pair_lines(readings: dict) -> list[str]:
     """The Markdown table of :data:`TARGETS` timed in pairs: ``readings`` maps ``(target, batch)`` to
     :func:`pair_ratios`' result. Each baseline's range and median; the target holds where every baseline's median
     ratio is within its factor (at most the best peer's time: at most each peer's)."""
-    lines = ["| target | batch | time / baseline, in pairs | holds |", "|---|---|---|---|"]
+    lines = table(["target", "batch", "time / baseline, in pairs", "holds"])
     for (target, batch), ratios in readings.items():
         if not ratios:
             continue
@@ -178,15 +179,8 @@ def pair_lines(readings: dict) -> list[str]:
         text = "; ".join(f"{min(values):.2f}-{max(values):.2f} (median {medians[name]:.2f}) x {name}"
                          for name, values in ratios.items())
         holds = "yes" if max(medians.values()) <= target.factor else "no"
-        lines.append(f"| {target.text} | {batch} | {text} | {holds} |")
+        lines.append(table_row([target.text, batch, text, holds]))
     return lines
-
-
-def version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def flax_mlp(width: int = WIDTH):
@@ -202,15 +196,6 @@ def new_array(x):
     that hands it the same input array on every call times it with the input's quantization skipped: on a TPU v5e
     9% of the MLP's time at d 4096 (``benchmarks/results/tpu-v5-lite.md``, the twelfth run)."""
     return jax.make_array_from_single_device_arrays(x.shape, x.sharding, [x])
-
-
-def save_table(lines: list[str], path: str | None) -> None:
-    """Write the printed table (Markdown lines) to ``path``, when one is given."""
-    if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as f:
-            f.write("\n".join(lines) + "\n")
-        print(f"saved to {path}")
 
 
 def layers(params):
@@ -319,32 +304,27 @@ def main(argv=None) -> int:
     width = args.width
     model, params = flax_mlp(width)
     apply = model.apply
-    peers = {name: version(name) for name in ("qwix", "aqtp", "flax")}
-    accelerator = "" if jax.default_backend() == "cpu" else f"device: {jax.devices()[0].device_kind}; "
-    lines = [f"{accelerator}CPU: {cpu_model()}, {os.cpu_count()} cores; JAX {jax.__version__}; "
-             + ", ".join(f"{k} {v}" for k, v in peers.items() if v), "",
-             f"Flax MLP {LAYERS} x Dense({width}) + gelu; ms per call (median of {rounds} interleaved rounds"
-             + (f", the median of {args.repeats} such measurements" if args.repeats > 1 else "") + "); "
-             "speed = float32 time / variant time; ratios to the bare int8 dots and to the floor", "",
-             "| batch | variant | ms | speed vs float32 | x bare int8 dots | x floor | rel. error |",
-             "|---|---|---|---|---|---|---|"]
-    print("\n".join(lines), flush=True)
+    report = Report(args.out)
+    report.add(environment(("qwix", "aqtp", "flax")), "",
+               f"Flax MLP {LAYERS} x Dense({width}) + gelu; ms per call (median of {rounds} interleaved rounds"
+               + (f", the median of {args.repeats} such measurements" if args.repeats > 1 else "") + "); "
+               "speed = float32 time / variant time; ratios to the bare int8 dots and to the floor", "",
+               *table(["batch", "variant", "ms", "speed vs float32", "x bare int8 dots", "x floor", "rel. error"]))
     times_by_batch, in_pairs = {}, {}
     for batch in args.batches:
         x = jax.random.normal(jax.random.PRNGKey(batch), (batch, width))
-        f32 = jax.jit(apply)
-        wrapped = jax.jit(int8ify(apply))
+        wrapped = int8ify(apply)
         dynamic = quantize_params(apply, params, x)
         static = quantize_params(apply, params, x, activations="static", calibration=calibration_batches(batch, width))
         hand, hand_weights = hand_program(params)
         (floor, floor_args), (bare, bare_args) = floor_program(params, x)
-        variants = {"float32": (f32, (params, x))}
+        variants = {"float32": (apply, (params, x))}
         if jax.default_backend() != "cpu":  # an accelerator's own float baseline (a CPU's bf16 is emulated)
-            variants["bf16"] = (f32, jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), (params, x)))
-        if peers["qwix"]:
+            variants["bf16"] = (apply, jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), (params, x)))
+        if package_version("qwix"):
             fn, qp = qwix_program(model, params, x)
             variants["Qwix PTQ"] = (fn, (qp, x))
-        if peers["aqtp"]:
+        if package_version("aqtp"):
             fn, served = aqt_program(params, x)
             variants["AQT SERVE"] = (fn, (served, x))
         variants.update({
@@ -352,36 +332,35 @@ def main(argv=None) -> int:
             "int8ify+qparams": (wrapped, (dynamic, x)),
             "int8ify static": (wrapped, (static, x)),
             "int8ify (weights/call)": (wrapped, (params, x)),
-            "int8ify eager": (lambda p, v, eager=int8ify(apply): eager(p, new_array(v)), (params, x)),
-            "int8ify closed over": (jax.jit(int8ify(lambda v: apply(params, v))), (x,)),
+            "int8ify eager": (AsCalled(lambda p, v, eager=int8ify(apply): eager(p, new_array(v))), (params, x)),
+            "int8ify closed over": (int8ify(lambda v: apply(params, v)), (x,)),
             "bare int8 dots": (bare, bare_args),
             "floor": (floor, floor_args),
             "floor + NaN check": floor_program(params, x, nan_check=True)[0],
             "floor, int8 input": floor_program(params, x.astype(jnp.int8))[0],
         })
+        variants = compile_ahead(variants)  # once: every measurement, pair and error below runs these executables
         runs = times_by_batch[batch] = [time_interleaved(variants, rounds, reps) for _ in range(args.repeats)]
         times = {name: statistics.median(run[name] for run in runs) for name in runs[0]}
-        reference = f32(params, x)
+        speeds = speedups(times, "float32")
+        reference = variants["float32"][0](params, x)
         for name, ms in times.items():
             fn, fn_args = variants[name]
             error = "" if name.startswith(("bare int8 dots", "floor")) else f"{rel_error(fn(*fn_args), reference):.2e}"
-            line = (f"| {batch} | {name} | {ms:.3f} | {times['float32'] / ms:.2f}x | "
-                    f"{ms / times['bare int8 dots']:.2f} | {ms / times['floor']:.2f} | {error} |")
-            lines.append(line)
-            print(line, flush=True)
+            report.add(table_row([batch, name, f"{ms:.3f}", f"{speeds[name]:.2f}x",
+                                  f"{ms / times['bare int8 dots']:.2f}", f"{ms / times['floor']:.2f}", error]))
         if args.pairs:
             in_pairs.update({(target, batch): pair_ratios(variants, target, batch, args.pairs, rounds, reps)
                              for target in TARGETS})
-        save_table(lines, args.out)  # each finished batch kept, should a later one not finish
+        report.save()  # each finished batch kept, should a later one not finish
     how = ("the medians above; one measurement, so a ratio within a few percent of its bound can go either way"
            if args.repeats == 1 else f"each of {args.repeats} measurements per batch; the range, median and count")
-    targets = ["", f"Speed targets on this machine ({how}):", "", *target_lines(times_by_batch)]
+    report.add("", f"Speed targets on this machine ({how}):", "", *target_lines(times_by_batch))
     if args.pairs:
-        targets += ["", f"The same targets timed in pairs (the variant and one baseline alone in each round, "
-                        f"{args.pairs} measurements with the two orders alternating; the ranges and medians):", "",
-                    *pair_lines(in_pairs)]
-    print("\n".join(targets), flush=True)
-    save_table(lines + targets, args.out)
+        report.add("", f"The same targets timed in pairs (the variant and one baseline alone in each round, "
+                       f"{args.pairs} measurements with the two orders alternating; the ranges and medians):", "",
+                   *pair_lines(in_pairs))
+    report.save()
     return 0
 
 

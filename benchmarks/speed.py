@@ -1,9 +1,10 @@
 """Speed, memory, compile time and error of int8ify against float32 and hand-written int8, in one process.
 
-    python benchmarks/speed.py [--quick] [--out benchmarks/results/speed.md]
+    python benchmarks/speed.py [--quick | --dry-run] [--out benchmarks/results/speed.md] [--plot PNG|none]
 
 Models: a 4 x Dense(1024) + gelu MLP, and a pre-LN transformer block (d=256, 4 heads, mlp 1024, seq 32),
-each at batch 1, 16 and 256. Variants, all jit-compiled and timed interleaved (medians after warm-up):
+each at batch 1, 16 and 256 (``--dry-run``: toy sizes, one round). Variants, each compiled ahead of time and timed
+interleaved (medians after warm-up; ``benchmarks/harness.py``):
 
 * ``float32``          the model as written;
 * ``int8ify``          ``jit(int8ify(model))``: weights and activations quantized on every call;
@@ -22,10 +23,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import re
 import sys
-import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,12 +35,11 @@ from jax import lax
 HERE = os.path.dirname(__file__)
 sys.path[:0] = [os.path.join(HERE, "..", "examples"), os.path.join(HERE, "..")]
 
-from jaxpr_rewrite import default_platform, dot_eqns, int8ify, quantize_params  # noqa: E402
-from jaxpr_rewrite import quantize
-from jaxpr_rewrite._inspect.plotting import bar_chart, new_figure, save  # noqa: E402
+from harness import (Report, compile_ahead, environment, median_seconds, speedups, table, table_row,  # noqa: E402
+                     time_interleaved)
 
-MATMUL = (((1,), (0,)), ((), ()))
-
+from jaxpr_rewrite import default_platform, dot_eqns, int8ify, quantize, quantize_params  # noqa: E402
+from jaxpr_rewrite.plotting import bar_chart, new_figure, save  # noqa: E402
 
 # -- models ---------------------------------------------------------------------------------------------
 from mlp import init_mlp, mlp  # noqa: E402  (examples/mlp.py: Dense + gelu layers)
@@ -153,148 +151,108 @@ def bare_dots(program_fn, *args, platform=None):
 
 
 # -- timing ---------------------------------------------------------------------------------------------------
-def model_cases(text: str) -> list[tuple[int | None, int]]:
-    """``"mlp4096:1024,minilm:128"`` as ``[(4096, 1024), (None, 128)]``: each model's width (the MLP's; None for
-    the MiniLM encoder) and batch."""
-    cases = []
-    for case in text.split(","):
-        match = re.fullmatch(r"(mlp(\d+)|minilm):(\d+)", case.strip())
-        if match is None:
-            raise ValueError(f"{case!r} is neither mlpWIDTH:BATCH nor minilm:BATCH")
-        cases.append((int(match.group(2)) if match.group(2) else None, int(match.group(3))))
-    return cases
-
-
-def cpu_model() -> str:
-    """The CPU's model name from ``/proc/cpuinfo`` and whether it has AMX-INT8 (XLA's int8 dots run ~7x float32
-    with it, ~1.5x without), so that results from different machines compare."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = f.read()
-    except OSError:
-        return platform.processor() or platform.machine()
-    names = re.findall(r"^model name\s*:\s*(.+)$", info, re.M)
-    amx = " (AMX-INT8)" if "amx_int8" in info else " (no AMX)"
-    return (names[0].strip() if names else platform.machine()) + amx
-
-
-def time_interleaved(fns: dict, rounds: int, reps: int) -> dict:
-    """Median ms per call of each ``name -> (fn, args)``, the variants interleaved round by round."""
-    for fn, args in fns.values():
-        jax.block_until_ready(fn(*args))
-        jax.block_until_ready(fn(*args))
-    samples = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, (fn, args) in fns.items():
-            start = time.perf_counter()
-            for _ in range(reps):
-                out = fn(*args)
-            jax.block_until_ready(out)
-            samples[name].append((time.perf_counter() - start) / reps * 1e3)
-    return {name: float(np.median(s)) for name, s in samples.items()}
-
-
-def cast_floats(tree, dtype):
-    """``tree`` with its floating arrays cast to ``dtype`` (token ids and masks as they are): a model's bf16 run."""
-    return jax.tree_util.tree_map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
-
-
 def rel_error(a, b) -> float:
+    """The relative Frobenius error of ``a`` against the reference ``b``."""
     return float(jnp.linalg.norm((a - b).ravel()) / jnp.linalg.norm(b.ravel()))
 
 
-def bench_model(name, model, params, x, hand_fn, hand_params, rounds, reps):
-    qparams = quantize_params(model, params, x)
-    f32 = jax.jit(model)
-    dyn = jax.jit(int8ify(model))
+class Sizes(NamedTuple):
+    """The models' sizes: the MLP's width, the transformer block's width, MLP width and tokens, the batches, and the
+    layers and width of the MLP whose compile time is measured."""
+
+    mlp_width: int
+    block_width: int
+    block_mlp_width: int
+    block_tokens: int
+    batches: tuple
+    compile_layers: int
+    compile_width: int
+
+
+SIZES = Sizes(1024, 256, 1024, 32, (1, 16, 256), 48, 256)
+DRY_RUN_SIZES = Sizes(64, 32, 128, 8, (8,), 6, 64)  # the same steps in seconds: numbers that mean nothing
+
+
+def bench_model(name, model, params, x, hand_fn, hand_params, rounds, reps) -> list[tuple]:
+    """The rows of one model at one batch: ``(model, batch, variant, ms, speed vs float32, x bare int8 dots, relative
+    error vs float32)`` per variant, the variants timed interleaved and each error read off the timed program."""
+    wrapped = int8ify(model)
     bare, bare_args = bare_dots(model, params, x)
-    variants = {
-        "float32": (f32, (params, x)),
-        "int8ify": (dyn, (params, x)),
-        "int8ify+qparams": (dyn, (qparams, x)),
-        "hand W8A8": (jax.jit(hand_fn), (hand_params, x)),
+    variants = compile_ahead({
+        "float32": (model, (params, x)),
+        "int8ify": (wrapped, (params, x)),
+        "int8ify+qparams": (wrapped, (quantize_params(model, params, x), x)),
+        "hand W8A8": (hand_fn, (hand_params, x)),
         "bare int8 dots": (bare, (bare_args,)),
-    }
+    })
     times = time_interleaved(variants, rounds, reps)
-    ref = f32(params, x)
-    errors = {
-        "float32": 0.0,
-        "int8ify": rel_error(dyn(params, x), ref),
-        "int8ify+qparams": rel_error(dyn(qparams, x), ref),
-        "hand W8A8": rel_error(jax.jit(hand_fn)(hand_params, x), ref),
-        "bare int8 dots": float("nan"),
-    }
-    rows = []
-    for variant, ms in times.items():
-        over_bare = ms / times["bare int8 dots"]
-        rows.append((name, x.shape[0], variant, ms, times["float32"] / ms, over_bare, errors[variant]))
-    return rows
+    speeds = speedups(times, "float32")
+    reference = variants["float32"][0](params, x)
+    errors = {variant: rel_error(fn(*args), reference) for variant, (fn, args) in variants.items()
+              if variant != "bare int8 dots"}
+    return [(name, x.shape[0], variant, ms, speeds[variant], ms / times["bare int8 dots"],
+             errors.get(variant, float("nan"))) for variant, ms in times.items()]
 
 
-def compile_times(layers=48, width=256):
+def compile_times(layers: int, width: int) -> dict[str, float]:
+    """Seconds to trace, rewrite and compile an MLP of ``layers`` x ``width`` under ``jax.jit(int8ify(...))`` against
+    plain ``jax.jit``, with float weights and with weights quantized once, and what ``quantize_params`` takes."""
     params = init_mlp(jax.random.PRNGKey(5), width, layers)
     x = jnp.ones((8, width))
-    out = {}
-    start = time.perf_counter()
-    jax.jit(mlp).lower(params, x).compile()
-    out["jit(float32)"] = time.perf_counter() - start
-    start = time.perf_counter()
-    jax.jit(int8ify(mlp)).lower(params, x).compile()
-    out["jit(int8ify): trace + rewrite + compile"] = time.perf_counter() - start
-    start = time.perf_counter()
-    q = jax.block_until_ready(quantize_params(mlp, params, x))
-    out["quantize_params (preparation)"] = time.perf_counter() - start
-    start = time.perf_counter()
-    jax.jit(int8ify(mlp)).lower(q, x).compile()
-    out["jit(int8ify) with qparams: trace + rewrite + compile"] = time.perf_counter() - start
-    return out
+    quantized = jax.block_until_ready(quantize_params(mlp, params, x))
+    # each once: a second compile of the same program would find JAX's caches
+    return median_seconds({
+        "jit(float32)": lambda: jax.jit(mlp).lower(params, x).compile(),
+        "jit(int8ify): trace + rewrite + compile": lambda: jax.jit(int8ify(mlp)).lower(params, x).compile(),
+        "quantize_params (preparation)": lambda: quantize_params(mlp, params, x),
+        "jit(int8ify) with qparams: trace + rewrite + compile":
+            lambda: jax.jit(int8ify(mlp)).lower(quantized, x).compile(),
+    }, rounds=1)
 
 
-def main(argv=None):
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="toy sizes and one round: that the script runs, in seconds (its numbers mean nothing)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "speed.md"))
     parser.add_argument("--plot", help="bar chart of the speed ratios (default: beside --out, .png; 'none' to skip)")
     args = parser.parse_args(argv)
-    rounds, reps = (3, 2) if args.quick else (9, 5)
+    rounds, reps = (1, 1) if args.dry_run else (3, 2) if args.quick else (9, 5)
+    sizes = DRY_RUN_SIZES if args.dry_run else SIZES
 
-    lines = [f"JAX {jax.__version__}, {jax.devices()[0].device_kind}; CPU: {cpu_model()}, {os.cpu_count()} cores", ""]
-    lines += ["| model | batch | variant | ms | speed vs float32 | x bare int8 dots | rel. error vs float32 |"]
-    lines += ["|---|---|---|---|---|---|---|"]
-    print("\n".join(lines), flush=True)  # the header first: rows follow as each model finishes
+    report = Report(args.out)
+    report.add(environment(), "", *table(["model", "batch", "variant", "ms", "speed vs float32", "x bare int8 dots",
+                                          "rel. error vs float32"]))
     ratios = []
     key = jax.random.PRNGKey(0)
-    mlp_params = init_mlp(key, 1024, 4)
+    mlp_params = init_mlp(key, sizes.mlp_width, 4)
     mlp_hand = hand_mlp_weights(mlp_params)
-    blk_params = init_block(key)
+    blk_params = init_block(key, d=sizes.block_width, mlp_dim=sizes.block_mlp_width)
     blk_hand = hand_weights(blk_params, ["wq", "wk", "wv", "wo", "w1", "w2"])
-    for batch in (1, 16, 256):
-        x = jax.random.normal(jax.random.PRNGKey(batch), (batch, 1024))
-        rows = bench_model("MLP 4x1024", mlp, mlp_params, x, hand_mlp, mlp_hand, rounds, reps)
-        xb = jax.random.normal(jax.random.PRNGKey(batch), (batch, 32, 256))
+    for batch in sizes.batches:
+        x = jax.random.normal(jax.random.PRNGKey(batch), (batch, sizes.mlp_width))
+        rows = bench_model(f"MLP 4x{sizes.mlp_width}", mlp, mlp_params, x, hand_mlp, mlp_hand, rounds, reps)
+        xb = jax.random.normal(jax.random.PRNGKey(batch), (batch, sizes.block_tokens, sizes.block_width))
         rows += bench_model("transformer block", block, blk_params, xb, hand_block, blk_hand, rounds, max(1, reps // 2))
         for model, b, variant, ms, speed, over_bare, err in rows:
-            line = f"| {model} | {b} | {variant} | {ms:.3f} | {speed:.2f}x | {over_bare:.2f} | {err:.2e} |"
-            lines.append(line)
+            report.add(table_row([model, b, variant, f"{ms:.3f}", f"{speed:.2f}x", f"{over_bare:.2f}", f"{err:.2e}"]))
             ratios.append((f"{model}, batch {b}: {variant}", speed, variant))
-            print(line, flush=True)
+        report.save()  # each finished batch kept, should a later one not finish
 
-    q = quantize_params(mlp, mlp_params, jnp.ones((1, 1024)))
+    q = quantize_params(mlp, mlp_params, jnp.ones((1, sizes.mlp_width)))
     float_bytes = sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(mlp_params))
     q_bytes = sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(q))
     ratio = q_bytes / float_bytes
-    rest = ["", f"MLP parameter bytes: float32 {float_bytes:,}, quantized {q_bytes:,} ({ratio:.3f}x)", ""]
-    rest += ["| 48-layer MLP (width 256) | seconds |", "|---|---|"]
-    rest += [f"| {what} | {seconds:.2f} |" for what, seconds in compile_times().items()]
-    print("\n".join(rest))
-    text = "\n".join(lines + rest)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(text + "\n")
-    print(f"\nsaved to {args.out}")
+    seconds = compile_times(sizes.compile_layers, sizes.compile_width)
+    report.add("", f"MLP parameter bytes: float32 {float_bytes:,}, quantized {q_bytes:,} ({ratio:.3f}x)", "",
+               *table([f"{sizes.compile_layers}-layer MLP (width {sizes.compile_width})", "seconds"],
+                      [(what, f"{time_:.2f}") for what, time_ in seconds.items()]))
+    report.save()
     plot_path = args.plot or os.path.splitext(args.out)[0] + ".png"
     if plot_path != "none":
         print(f"saved the chart to {plot_ratios(ratios, plot_path)}")
+    return 0
 
 
 VARIANT_COLORS = {"float32": "#888888", "int8ify": "#8fb3e0", "int8ify+qparams": "#3b6fb6", "hand W8A8": "#e08a2c",
@@ -313,4 +271,4 @@ def plot_ratios(ratios, path):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
