@@ -64,8 +64,7 @@ from harness import (AsCalled, Report, compile_ahead, environment, package_versi
                      table_row, time_interleaved)
 from speed import hand_dense, rel_error  # noqa: E402
 
-from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
-from jaxpr_rewrite import quantize
+from jaxpr_rewrite import int8ify, quantize, quantize_params  # noqa: E402
 
 WIDTH, LAYERS = 1024, 4
 
