@@ -14,7 +14,8 @@ Public API (explicit re-exports):
 * :class:`RewriteConfig`, :func:`register_backend` -- the options, and the registry of what a float dot becomes.
 * :func:`iter_eqns`, :func:`dot_eqns`, :func:`default_platform` -- every equation / matmul of a program, nested
   jaxprs included, of every platform's branch or of the one a platform runs.
-* :class:`Int8ifyError`, :class:`TracedValueError` -- raised for programs or options the rewrite cannot handle.
+* :class:`Int8ifyError`, :class:`TracedValueError` -- raised for programs or options the rewrite cannot handle;
+  :class:`RequantizationWarning` -- a dot that quantizes a large argument on every call, slower than float.
 """
 
 from . import _platforms  # noqa: F401  (registers the CPU, GPU and TPU platforms)
@@ -24,7 +25,7 @@ from ._api import Int8ified, int8ify
 from ._ptq.calibration import calibrate_activation_dots
 from ._core.backends import register_backend, register_backend_alias
 from ._interpret.config import RewriteConfig
-from ._core.errors import Int8ifyError, TracedValueError
+from ._core.errors import Int8ifyError, RequantizationWarning, TracedValueError
 from ._core.jaxprs import default_platform, dot_eqns, iter_eqns
 from ._dots.matmul import int8_matmul
 from ._ptq.cache import quantize_cache
@@ -44,6 +45,7 @@ __all__ = [
     "QuantizationWarning",
     "QuantizedArray",
     "Report",
+    "RequantizationWarning",
     "RewriteConfig",
     "TracedValueError",
     "assert_int8",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import functools
 import threading
+import warnings
 import weakref
 from typing import Any, Callable, Iterable, NamedTuple
 
@@ -14,12 +15,14 @@ from jax.extend.core import ClosedJaxpr
 from ._core import platforms
 from ._tracing.argument_updates import write_back
 from ._interpret.config import RewriteConfig
-from ._core.errors import Int8ifyError
+from ._core.errors import Int8ifyError, RequantizationWarning
 from ._ptq.params import quantizable_uses, quantized_weight
 from ._quantized.array import is_quantized, materialise
 from ._inspect.report import Report, report
+from ._interpret.requantized import requantized_arguments
 from ._interpret.rewrite import Rewriter
-from ._tracing.tracing import Int8ifiedBase, Signature, argument_tree, function_name, resolve_static, split_call, trace
+from ._tracing.tracing import (Int8ifiedBase, Signature, argument_tree, function_name, leaf_paths, resolve_static,
+                               split_call, trace)
 
 __all__ = ["Int8ified", "int8ify"]
 
@@ -52,6 +55,18 @@ def _layout(array) -> tuple:
     """A quantized array's layout: its pytree structure (metadata included) and its arrays' shapes and dtypes."""
     leaves, structure = jax.tree_util.tree_flatten(array)
     return structure, tuple((tuple(leaf.shape), str(leaf.dtype)) for leaf in leaves)
+
+
+def _warn_of_requantized_arguments(jaxpr, config: RewriteConfig, signature: Signature, dynamic: list) -> None:
+    """A :class:`~jaxpr_rewrite._core.errors.RequantizationWarning` for each rewritten dot that quantizes a large
+    float argument on every call at too few rows to pay for it
+    (:func:`~jaxpr_rewrite._interpret.requantized.requantized_arguments`), naming the dot and the argument."""
+    float_arguments = [i for i, x in enumerate(dynamic) if not is_quantized(x)]
+    found = requantized_arguments(jaxpr, config, float_arguments)
+    if found:
+        paths = leaf_paths(signature)
+        for dot in found:
+            warnings.warn(dot.message(paths[dot.argument]), RequantizationWarning, stacklevel=4)
 
 
 def _reads_activations_otherwise(dynamic: list) -> bool:
@@ -173,6 +188,7 @@ class Int8ified(Int8ifiedBase):
                 dynamic), calibrated=frozenset(() if scales is None else scales.assign(float_jaxpr.jaxpr)))
         program = _Program(float_jaxpr, out_tree, updates, Rewriter(self.config, float_jaxpr.jaxpr, constants),
                            cacheable, constants(float_jaxpr))
+        _warn_of_requantized_arguments(float_jaxpr.jaxpr, self.config, signature, dynamic)
         # A program that closes over an outer tracer belongs to that trace alone: never reuse it.
         if cacheable:
             with self._lock:

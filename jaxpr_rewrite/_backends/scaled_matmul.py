@@ -261,8 +261,8 @@ def tensor_scale_product(out, g_lhs, g_rhs):
 
 
 def _tensor_scale_factors(g):
-    """:func:`~jaxpr_rewrite._numerics.quantize.epilogue_factors` of a positive normal float32 scalar ``g`` (a tensor scale
-    of :func:`nvfp4_tensor_scale`), held as its mantissa in ``[1, 2)`` times ``2**exponent``; both read off its
+    """:func:`~jaxpr_rewrite._numerics.quantize.epilogue_factors` of a positive normal float32 scalar ``g`` (a tensor
+    scale of :func:`nvfp4_tensor_scale`), held as its mantissa in ``[1, 2)`` times ``2**exponent``; both read off its
     bits exactly."""
     bits = lax.bitcast_convert_type(g, np.int32)
     exponent = lax.sub(lax.shift_right_logical(bits, np.int32(23)), np.int32(127))
@@ -327,8 +327,8 @@ def _device_is_blackwell(device) -> bool:
 
 
 def is_blackwell() -> bool:
-    """Whether the default device (:func:`~jaxpr_rewrite._core.jaxprs.default_device`) is an NVIDIA Blackwell GPU (compute
-    capability >= 10)."""
+    """Whether the default device (:func:`~jaxpr_rewrite._core.jaxprs.default_device`) is an NVIDIA Blackwell GPU
+    (compute capability >= 10)."""
     return _device_is_blackwell(default_device())
 
 

@@ -2,8 +2,9 @@
 
 A :class:`Backend` says, as values, what it handles (pre-quantized weights, ragged dots, sibling dots), so no caller
 compares backend names. Backends are registered with :func:`register_backend` (the int8 contract in
-:mod:`~jaxpr_rewrite._backends.int8`, the block-scaled fp8/fp4 formats in :mod:`~jaxpr_rewrite._backends.scaled_matmul`), and
-names resolved when a program is rewritten (``"auto"``) with :func:`register_backend_alias`.
+:mod:`~jaxpr_rewrite._backends.int8`, the block-scaled fp8/fp4 formats in
+:mod:`~jaxpr_rewrite._backends.scaled_matmul`), and names resolved when a program is rewritten (``"auto"``) with
+:func:`register_backend_alias`.
 """
 
 from __future__ import annotations

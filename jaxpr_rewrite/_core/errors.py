@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["Int8ifyError", "QuantizationWarning", "TracedValueError"]
+__all__ = ["Int8ifyError", "QuantizationWarning", "RequantizationWarning", "TracedValueError"]
 
 
 class Int8ifyError(Exception):
@@ -15,6 +15,12 @@ class Int8ifyError(Exception):
 class QuantizationWarning(UserWarning):
     """A parameter that feeds a matmul was left float by :func:`~jaxpr_rewrite.quantize_params`, or a static
     activation scale was calibrated on activations that were all zero (it is then 1)."""
+
+
+class RequantizationWarning(UserWarning):
+    """A rewritten dot quantizes a large argument on every call at too few rows to pay for it, so it runs slower
+    than in float (a decode step's attention over a float KV cache): quantize that argument once instead
+    (:func:`~jaxpr_rewrite.quantize_cache`, :func:`~jaxpr_rewrite.quantize_params`)."""
 
 
 class TracedValueError(Int8ifyError):

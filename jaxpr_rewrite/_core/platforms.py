@@ -26,8 +26,8 @@ from jax import lax
 from .errors import Int8ifyError
 from .jaxprs import default_platform
 
-__all__ = ["PLATFORMS", "Platform", "PlatformChoice", "check_gemms", "checked_platforms", "current", "lowering_names", "per_platform",
-           "register_platform", "target", "targeted"]
+__all__ = ["PLATFORMS", "Platform", "PlatformChoice", "check_gemms", "checked_platforms", "current", "lowering_names",
+           "per_platform", "register_platform", "target", "targeted"]
 
 
 class Platform:

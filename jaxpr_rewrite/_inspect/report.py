@@ -27,14 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr
 
+from .._core.compile_policy import shared_jit
+from .._core.errors import Int8ifyError
+from .._core.jaxprs import (derivative_jaxprs, is_float_convolution, is_float_dot, is_matmul, iter_eqns,
+                            jaxpr_and_consts, matmul_dimension_numbers, sub_jaxprs)
 from .._interpret.config import RewriteConfig
 from .._interpret.error_sums import ERR, REF, RUNS, add, measured_sums, zeros
-from .._core.errors import Int8ifyError
 from .._interpret.evaluate import bind, evaluate
-from .._core.compile_policy import shared_jit
 from .plotting import COLORS, bar_chart, new_figure, save
-from .._core.jaxprs import (derivative_jaxprs, is_float_convolution, is_float_dot, is_matmul, iter_eqns, jaxpr_and_consts,
-                     matmul_dimension_numbers, sub_jaxprs)
 from .._quantized.array import is_quantized, materialise
 from .._core.reasons import KeptFloat, Why
 from .._interpret.rewrite import Rewriter
@@ -42,7 +42,8 @@ from .._interpret.rules import rule_for
 from .._interpret.rules.dots import is_plain_dot, is_unsupported_ragged, skip_reason
 from .._core.scopes import join_scope
 from .._core.source import Location, eqn_location, short_path
-from .._tracing.tracing import target_of, trace
+from .._interpret.requantized import requantized_arguments
+from .._tracing.tracing import leaf_paths, target_of, trace
 
 __all__ = ["DotRow", "Report", "report"]
 
@@ -72,6 +73,9 @@ class DotRow:
         primitive: ``"dot_general"`` or ``"ragged_dot_general"``.
         path: position in the nested program (equation and sub-jaxpr indices), identifying the matmul.
         eqn: the equation itself.
+        requantizes: the argument (its path among the call's arguments) that the dot quantizes on every call at too
+            few rows to pay for it, so it runs slower than in float
+            (:class:`~jaxpr_rewrite._core.errors.RequantizationWarning`); ``None`` for every other dot.
     """
 
     index: int
@@ -90,6 +94,7 @@ class DotRow:
     primitive: str = "dot_general"
     path: tuple = dataclasses.field(default=(), repr=False, compare=False)
     eqn: Any = dataclasses.field(default=None, repr=False, compare=False)
+    requantizes: str | None = None
 
     @property
     def source(self) -> str:
@@ -167,6 +172,11 @@ class Report:
         worst = self.worst()
         if worst is not None:
             text += f"; largest int8 error {worst.error:.2e} at #{worst.index} ({worst.source})"
+        requantizing = [r for r in self.rows if r.requantizes is not None]
+        if requantizing:
+            shown = ", ".join(f"#{r.index} ({r.requantizes})" for r in requantizing)
+            text += (f"; {len(requantizing)} dot(s) quantize a large argument on every call and run slower than in "
+                     f"float: {shown}; quantize it once (quantize_cache, quantize_params)")
         if self.convolutions:
             shown = ", ".join(self.convolutions[:3]) + (", ..." if len(self.convolutions) > 3 else "")
             text += (f"; {len(self.convolutions)} float convolution(s) not rewritten (int8ify rewrites matmuls "
@@ -360,9 +370,13 @@ def report(fn, *args, **kwargs) -> Report:
         A :class:`Report`; ``print`` it for the table.
     """
     function, config, signature_of = target_of(fn, "report")
+    _, given = signature_of(args, kwargs)
     args, kwargs = jax.tree_util.tree_map(_as_reported, (args, kwargs), is_leaf=is_quantized)
     signature, dynamic = signature_of(args, kwargs)
     closed = trace(function, signature, dynamic).jaxpr
+    paths = leaf_paths(signature)
+    requantizing = {id(found.eqn): paths[found.argument] for found in requantized_arguments(
+        closed.jaxpr, config, [i for i, x in enumerate(given) if not is_quantized(x)])}
     concrete = all(_is_concrete(x) for x in dynamic)
     sites = _sites(closed.jaxpr, config)
 
@@ -393,6 +407,7 @@ def report(fn, *args, **kwargs) -> Report:
             lhs=lhs, rhs=rhs, out=eqn.outvars[0].aval.str_short(short_dtypes=True),
             dimension_numbers=matmul_dimension_numbers(eqn), rewritten=site.reason is None, reason=site.reason,
             error=error, note=note, primitive=eqn.primitive.name, path=site.path, eqn=eqn,
+            requantizes=requantizing.get(id(eqn)),
         ))
     convolutions = [str(eqn_location(e)) for e in iter_eqns(closed.jaxpr, forward_only=True) if is_float_convolution(e)]
     return Report(rows, measured=concrete, convolutions=convolutions)

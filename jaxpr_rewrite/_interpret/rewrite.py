@@ -3,8 +3,8 @@
 Like JAX's own interpreters (``batching.py``, ``ad.py``) it looks each equation's primitive up in one registry of
 per-primitive rules (:mod:`jaxpr_rewrite._interpret.rules`), calls the rule, or falls back:
 
-* ``dot_general`` / ``ragged_dot_general`` go to the dot rule (:func:`~jaxpr_rewrite._interpret.rules.dots.rewrite_dot`: the
-  configured backend, the int8 contract by default);
+* ``dot_general`` / ``ragged_dot_general`` go to the dot rule (:func:`~jaxpr_rewrite._interpret.rules.dots.rewrite_dot`:
+  the configured backend, the int8 contract by default);
 * a higher-order primitive (``jit``, ``scan``, ``cond``, ...) goes to its rule's ``rewrite``, which returns the
   equation's params with only the sub-jaxprs swapped for their rewritten versions, so donation, shardings, names
   and remat policies survive untouched;
@@ -30,11 +30,11 @@ from jx_codes import HIDDEN_MATMUL
 from .. import _compat
 from .._core import platforms
 from .._core.compile_policy import late_inlining
-from .config import RewriteConfig
 from .._core.errors import Int8ifyError
+from .._core.jaxprs import (SUBJAXPR_PARAMS, SiblingGroup, forward_jaxprs, hidden_matmuls, is_float_dot,
+                            jaxpr_and_consts, open_jaxpr, sibling_groups)
+from .config import RewriteConfig
 from .evaluate import bind, equation_context, evaluate
-from .._core.jaxprs import (SUBJAXPR_PARAMS, SiblingGroup, forward_jaxprs, hidden_matmuls, is_float_dot, jaxpr_and_consts,
-                     open_jaxpr, sibling_groups)
 from .._quantized.array import is_quantized
 from .rules import RuleContext, rule_for
 from .rules.common import materialised

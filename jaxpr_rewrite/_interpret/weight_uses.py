@@ -1,5 +1,5 @@
-"""How :func:`~jaxpr_rewrite.quantize_params` follows a parameter through a traced program to the matmuls it
-feeds: through the primitives whose rule says how (:mod:`jaxpr_rewrite._interpret.rules`: casts, transposes, calls, loops,
+"""How :func:`~jaxpr_rewrite.quantize_params` follows a parameter through a traced program to the matmuls it feeds:
+through the primitives whose rule says how (:mod:`jaxpr_rewrite._interpret.rules`: casts, transposes, calls, loops,
 branches), every other use keeping the parameter float, with the reason."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import dataclasses
 import jax.numpy as jnp
 from jax.extend.core import Var
 
+from .._core.jaxprs import (VALUE_MOVING_PRIMITIVES, is_float_dot, iter_eqns, matmul_dimension_numbers,
+                            open_jaxpr, sub_jaxprs)
 from .config import RewriteConfig
-from .._core.jaxprs import (VALUE_MOVING_PRIMITIVES, is_float_dot, iter_eqns, matmul_dimension_numbers, open_jaxpr,
-                     sub_jaxprs)
 from .rules import rule_for
 from .rules.dots import is_plain_dot, skip_reason
 from .._core.scopes import join_scope

@@ -3,10 +3,10 @@
 A pytree holding :class:`~jaxpr_rewrite.quantized.QuantizedArray` leaves is an ordinary pytree, so Orbax's
 ``StandardCheckpointer`` saves it and restores it onto an abstract target as it is (each child keyed by name:
 ``w1.codes``, ``w1.scales``, ...). What a plain Orbax checkpoint cannot do is come back *without* that target:
-Orbax then returns dicts, and the contracting axes, dtype and bit width of each weight are gone. These two
-functions store the pytree in :mod:`jaxpr_rewrite._quantized.stored`'s layout instead, as one Orbax composite checkpoint of
-two items, ``tensors`` (the named tensors, Orbax's standard pytree format) and ``layout`` (the JSON layout
-document), so a checkpoint restores in another process from the directory alone, or onto a (sharded) target.
+Orbax then returns dicts, and the contracting axes, dtype and bit width of each weight are gone. These two functions
+store the pytree in :mod:`jaxpr_rewrite._quantized.stored`'s layout instead, as one Orbax composite checkpoint of two
+items, ``tensors`` (the named tensors, Orbax's standard pytree format) and ``layout`` (the JSON layout document), so a
+checkpoint restores in another process from the directory alone, or onto a (sharded) target.
 
 Needs the ``deploy`` extra (``pip install 'int8ify[deploy]'``), which brings ``orbax-checkpoint``.
 """

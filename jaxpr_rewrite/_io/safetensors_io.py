@@ -1,10 +1,10 @@
 """A portable file: a quantized pytree as one SafeTensors file, read back without the float params.
 
-:func:`save_safetensors` writes :mod:`jaxpr_rewrite._quantized.stored`'s named tensors (int8 or packed int4 codes, scales,
-exponents, SmoothQuant factors, and the leaves left float) as the file's tensors and the layout document as the
-JSON string ``int8ify.layout`` of its metadata; :func:`load_safetensors` rebuilds the pytree from the file alone
-(or onto a target pytree, taking its structure and shardings). docs/deploy.md describes the layout for other
-tools. Needs the ``deploy`` extra (``pip install 'int8ify[deploy]'``), which brings ``safetensors``.
+:func:`save_safetensors` writes :mod:`jaxpr_rewrite._quantized.stored`'s named tensors (int8 or packed int4 codes,
+scales, exponents, SmoothQuant factors, and the leaves left float) as the file's tensors and the layout document as the
+JSON string ``int8ify.layout`` of its metadata; :func:`load_safetensors` rebuilds the pytree from the file alone (or
+onto a target pytree, taking its structure and shardings). docs/deploy.md describes the layout for other tools. Needs
+the ``deploy`` extra (``pip install 'int8ify[deploy]'``), which brings ``safetensors``.
 """
 
 from __future__ import annotations

@@ -37,9 +37,9 @@ from .float_formats import float_format, pow2
 
 __all__ = ["correctly_rounded_divide", "divide_in_float64", "divided_by_code_limit", "divided_by_limit_in_floats",
            "divided_by_odd", "divisor_prescale", "quotients_by_division", "quotients_by_float64", "quotients_exactly",
-           "reciprocal", "reciprocal_by_integers", "reciprocal_in_floats", "reciprocals_in_float64", "rounded_quotients",
-           "rounded_quotients_by_float64", "rounded_quotients_exactly", "signed_divisors", "tpu_per_slice_parts",
-           "tpu_quotients_per_element_parts", "tpu_quotients_per_slice_parts", "true_divide"]
+           "reciprocal", "reciprocal_by_integers", "reciprocal_in_floats", "reciprocals_in_float64",
+           "rounded_quotients", "rounded_quotients_by_float64", "rounded_quotients_exactly", "signed_divisors",
+           "tpu_per_slice_parts", "tpu_quotients_per_element_parts", "tpu_quotients_per_slice_parts", "true_divide"]
 
 # Quotient bits per step of the long division: the remainder (below the significand's 2**p) shifted by this many
 # bits stays below 2**31 for float32's int32 bits (2**60 for float64's int64).
@@ -238,7 +238,8 @@ def divide_in_float64(numerator, denominator):
     """The float64 quotient of float32 operands rounded once to float32: the correctly rounded float32 quotient (53
     bits hold twice float32's 24 and two more, so the second rounding cannot move it)."""
     with jax.enable_x64(True):
-        wide = lax.div(lax.convert_element_type(numerator, np.float64), lax.convert_element_type(denominator, np.float64))
+        wide = lax.div(lax.convert_element_type(numerator, np.float64),
+                       lax.convert_element_type(denominator, np.float64))
         return lax.convert_element_type(wide, np.float32)
 
 

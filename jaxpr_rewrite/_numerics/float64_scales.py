@@ -4,16 +4,16 @@ read by the epilogue as it is.
 XLA's GPU compiler makes the per-row work between a row's absmax and its uses (the scale ``absmax / 127``, its split
 into mantissa and power of two, the epilogue factors) a kernel of its own per dot: it does not repeat it inside the
 kernels that read it (the 4 x 1024 MLP of ``benchmarks/accelerators.py``: 17 kernels on an H200, a transformer block
-34). Here every element contributes its own candidate scale, ``|x| / 127`` rounded to a float32 significand (24
-bits, its exponent unbounded) in float64, and a slice's scale is their maximum: the rounding is monotone, so that
-maximum is the absmax's rounded quotient, the contract's scale, bit for bit. The codes divide by it per element
+34). Here every element contributes its own candidate scale, ``|x| / 127`` rounded to a float32 significand (24 bits,
+its exponent unbounded) in float64, and a slice's scale is their maximum: the rounding is monotone, so that maximum is
+the absmax's rounded quotient, the contract's scale, bit for bit. The codes divide by it per element
 (:func:`quantize_with_float64_scales`), and the epilogue multiplies by it in float64 and rounds once
-(:func:`scale_product_in_float64`), so no kernel works per row: the MLP launches 13 kernels and the block 26 (28
-since the GEMMs take int8 buffers, :mod:`~jaxpr_rewrite._dots.int8_dot`), at most the hand-written program's (13 and 28).
-The divide stays per element because a per-row reciprocal made XLA compute it in a kernel of its own again; it is
-about ten float64 operations, cheap where FP64 runs at half the FP32 rate, as on A100/H100/H200, and not on GPUs
-with 1/64-rate FP64. :func:`quantize_by_float64` gives the same quantization with float32 epilogue factors, for the
-ragged dot's epilogue.
+(:func:`scale_product_in_float64`), so no kernel works per row: the MLP launches 13 kernels and the block 26 (28 since
+the GEMMs take int8 buffers, :mod:`~jaxpr_rewrite._dots.int8_dot`), at most the hand-written program's (13 and 28). The
+divide stays per element because a per-row reciprocal made XLA compute it in a kernel of its own again; it is about ten
+float64 operations, cheap where FP64 runs at half the FP32 rate, as on A100/H100/H200, and not on GPUs with 1/64-rate
+FP64. :func:`quantize_by_float64` gives the same quantization with float32 epilogue factors, for the ragged dot's
+epilogue.
 
 Why each rounding is exact (``n``, ``d`` float32 values, ``N``, ``D`` their integer significands, below ``2**24``):
 
@@ -81,8 +81,8 @@ def _own_exponents(scale):
 
 def _split(scale, own):
     """The float64 ``scale`` (a float32 significand times a power of two, or Inf) as
-    :func:`~jaxpr_rewrite._numerics.quantize.quantize_parts` holds it, ``scales * 2**exponents``: ``exponents`` the absmax's
-    power of two (within ``[-127, 126]``), ``scales`` in ``[1/127, 2/127)`` (beyond in the end binades).
+    :func:`~jaxpr_rewrite._numerics.quantize.quantize_parts` holds it, ``scales * 2**exponents``: ``exponents`` the
+    absmax's power of two (within ``[-127, 126]``), ``scales`` in ``[1/127, 2/127)`` (beyond in the end binades).
 
     ``own`` (:func:`_own_exponents`) is that power of two or one more: one more where it leaves ``scales`` below
     ``1/127``. One float32 scale stands for two absmaxes, ``2**e`` and the float32 below it (whose quotient by 127
@@ -94,13 +94,13 @@ def _split(scale, own):
 
 
 def _factors(scale, own):
-    """The epilogue factors of the float64 ``scale``, ``(scale * 2**(c - own), 2**(own - c))`` with ``c =
-    clip(own, -60, 60)`` (:func:`~jaxpr_rewrite._numerics.quantize.epilogue_factors`' window): the first in ``[2**-7, 2**-6)
-    times ``2**c``, the second 1 wherever ``own`` is within the window. Split by the scale's own power of two
-    rather than the absmax's, so they need nothing but the scale's exponent bits (XLA repeats that inside the kernel
-    reading them, where it kept a correction to the absmax's exponent in a kernel of its own); the window's
-    guarantees hold as for :func:`~jaxpr_rewrite._numerics.quantize.epilogue_factors`, whose first factor lies in ``[2**-7,
-    2**-5)`` times ``2**c``, and so the epilogue's products are the same."""
+    """The epilogue factors of the float64 ``scale``, ``(scale * 2**(c - own), 2**(own - c))`` with ``c = clip(own, -60,
+    60)`` (:func:`~jaxpr_rewrite._numerics.quantize.epilogue_factors`' window): the first in ``[2**-7, 2**-6) times
+    ``2**c``, the second 1 wherever ``own`` is within the window. Split by the scale's own power of two rather than the
+    absmax's, so they need nothing but the scale's exponent bits (XLA repeats that inside the kernel reading them, where
+    it kept a correction to the absmax's exponent in a kernel of its own); the window's guarantees hold as for
+    :func:`~jaxpr_rewrite._numerics.quantize.epilogue_factors`, whose first factor lies in ``[2**-7, 2**-5)`` times
+    ``2**c``, and so the epilogue's products are the same."""
     window = epilogue_window(_FLOAT32)
     clipped = lax.clamp(np.int32(-window), own, np.int32(window))
     factor = lax.convert_element_type(lax.mul(scale, pow2(lax.sub(clipped, own), np.float64)), np.float32)
@@ -108,8 +108,9 @@ def _factors(scale, own):
 
 
 def nan_safe_magnitude_of_bits(values):
-    """``|x|`` with NaN as Inf (:func:`~jaxpr_rewrite._numerics.quantize.nan_safe_magnitude`, bit for bit) from the bits: the
-    sign bit cleared and every NaN (the patterns above Inf's) lowered to Inf, integer operations and no comparison.
+    """``|x|`` with NaN as Inf (:func:`~jaxpr_rewrite._numerics.quantize.nan_safe_magnitude`, bit for bit) from the
+    bits: the sign bit cleared and every NaN (the patterns above Inf's) lowered to Inf, integer operations and no
+    comparison.
 
     A matrix scaled per column (the weight of ``x @ w``) is quantized in the transposed layout XLA's int8 GEMM reads
     it in, and XLA's GPU compiler made the comparison of the select form a transposing kernel of its own per such
@@ -145,10 +146,10 @@ def quantize_by_float64(x, reduce_axes: Sequence[int]):
         reduce_axes: the axes one scale covers (the dot's contracting dims).
 
     Returns:
-        ``(codes, scales, exponents, factors)``, as :func:`~jaxpr_rewrite._numerics.quantize.quantize_dynamic_parts` returns
-        them: the codes, scales and exponents of :func:`~jaxpr_rewrite._numerics.quantize.quantize_parts`, bit for bit (a
-        slice holding NaN or Inf has an infinite scale), and epilogue factors (:func:`_factors`) that give the
-        epilogue of its scales' :func:`~jaxpr_rewrite._numerics.quantize.epilogue_factors`.
+        ``(codes, scales, exponents, factors)``, as :func:`~jaxpr_rewrite._numerics.quantize.quantize_dynamic_parts`
+        returns them: the codes, scales and exponents of :func:`~jaxpr_rewrite._numerics.quantize.quantize_parts`, bit
+        for bit (a slice holding NaN or Inf has an infinite scale), and epilogue factors (:func:`_factors`) that give
+        the epilogue of its scales' :func:`~jaxpr_rewrite._numerics.quantize.epilogue_factors`.
     """
     codes, scales, exponents, scale = quantize_with_float64_scales(x, reduce_axes)
     with jax.enable_x64(True):
@@ -194,11 +195,11 @@ def scale_product_in_float64(acc, lhs, rhs):
 
     Each float64 product is exact (two 24-bit significands, and powers of two, far inside float64's range), so the
     result is ``fl32(fl24(acc * s_rhs) * s_lhs)``, ``fl24`` rounding to a float32 significand with the exponent
-    unbounded: wherever the contract's product and its intermediate are normal floats, that formula bit for bit,
-    and elsewhere one rounding closer to the exact product than :func:`~jaxpr_rewrite._numerics.quantize.scale_product`, with
-    no intermediate to overflow or underflow. The epilogue reads each activation's float64 scale straight from its
-    absmax reduction: no kernel computes per-row factors (a transformer block on an H200: 26 kernels instead of
-    34, the hand-written program's 28)."""
+    unbounded: wherever the contract's product and its intermediate are normal floats, that formula bit for bit, and
+    elsewhere one rounding closer to the exact product than :func:`~jaxpr_rewrite._numerics.quantize.scale_product`,
+    with no intermediate to overflow or underflow. The epilogue reads each activation's float64 scale straight from its
+    absmax reduction: no kernel computes per-row factors (a transformer block on an H200: 26 kernels instead of 34, the
+    hand-written program's 28)."""
     with jax.enable_x64(True):
         wide = functools.partial(lax.convert_element_type, new_dtype=np.float64)
         if isinstance(rhs, tuple):

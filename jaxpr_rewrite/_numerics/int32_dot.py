@@ -14,8 +14,8 @@ from .._core.layout import (blocked, blocked_dimension_numbers, contraction_size
                             one_or_more, with_a_zero_row)
 from .quantize import MAX_INT32_SAFE_CONTRACTION, holds_nonfinite
 
-__all__ = ["INT8_PRECISION", "contraction_padding", "holds_nonfinite_as_dot_reads", "int32_dot", "matrix_vector_safe_dot",
-           "padded_contraction"]
+__all__ = ["INT8_PRECISION", "contraction_padding", "holds_nonfinite_as_dot_reads", "int32_dot",
+           "matrix_vector_safe_dot", "padded_contraction"]
 
 # XLA's GPU int8 GEMM (the Triton emitter, JAX 0.11) returns doubled sums when the contraction length is not a
 # multiple of 4 and the lhs has more than one row; zero padding to a multiple of 4 keeps the sums exact there.

@@ -136,8 +136,8 @@ def factor_or_inf_by_codes(values, codes, factor, reduce_axes: tuple, kept_shape
 
 def _factor_or_inf(codes, factor, reduce_axes: tuple):
     """``factor`` per slice of ``codes`` over ``reduce_axes``, Inf for a slice holding the code -128 (NaN or Inf,
-    :func:`~jaxpr_rewrite._numerics.quantize.marked_codes`), as one reduction's output: the maximum of ``factor`` or Inf per
-    element, exact whatever its order (no NaN enters it).
+    :func:`~jaxpr_rewrite._numerics.quantize.marked_codes`), as one reduction's output: the maximum of ``factor`` or Inf
+    per element, exact whatever its order (no NaN enters it).
 
     XLA's GPU compiler makes a kernel of its own of per-slice arithmetic after a reduction that it cannot fuse into
     the kernels that read it (NaN marked from the minimum code, then added to the factor): the transformer block of

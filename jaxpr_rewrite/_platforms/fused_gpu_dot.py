@@ -1,7 +1,6 @@
-"""One kernel per dot on NVIDIA GPUs: a float activation times an int8 weight (a matrix, or one that flattens to
-it) as a single Pallas (Triton) kernel (:mod:`~jaxpr_rewrite._platforms.fused_gpu_kernel`), the ``"int8-fused"`` backend's
-GPU program; and one kernel for several such dots of one activation (attention's query, key and value
-projections).
+"""One kernel per dot on NVIDIA GPUs: a float activation times an int8 weight (a matrix, or one that flattens to it) as
+a single Pallas (Triton) kernel (:mod:`~jaxpr_rewrite._platforms.fused_gpu_kernel`), the ``"int8-fused"`` backend's GPU
+program; and one kernel for several such dots of one activation (attention's query, key and value projections).
 
 XLA's GPU compiler cannot put a quantization into its GEMM kernel's prologue: the codes of every dynamic activation
 are a kernel of their own (and the absmax a second one, unless it joins the previous epilogue), so the int8

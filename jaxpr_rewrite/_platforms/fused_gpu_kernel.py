@@ -9,18 +9,18 @@ its rows again (``N / BLOCK_N`` times over): that is the price of the missing ke
 (``benchmarks/device_check.py``). Several weights of one activation share the grid: its columns run through each
 weight's column blocks in turn.
 
-The numbers are the ``"int8"`` backend's on a GPU, bit for bit. Dynamic: the row's scale is ``fl24(absmax / 127)``
-in float64 (a float32 significand, its exponent unbounded; NaN or Inf make it Inf, a row of zeros takes the
-smallest normal float64), as :func:`~jaxpr_rewrite._numerics.float64_scales.quantize_with_float64_scales` takes it as the
-maximum of its elements' candidates (rounding is monotone, so that maximum is the absmax's candidate); each code
-is ``rint(fl32(fl64(x) * (1 / scale)))`` clipped to +-127, the correctly rounded quotient
-(:func:`~jaxpr_rewrite._numerics.exact_division.rounded_quotients_by_float64`); the epilogue is ``fl32(fl64(fl32(acc * f) *
-g) * scale)`` with the weight's stored factors ``(f, g)``
-(:func:`~jaxpr_rewrite._numerics.float64_scales.scale_product_in_float64`). Static: the codes are ``rint(x * reciprocal)``,
-the epilogue ``(((acc * f_w) * f_x) * g_w) * g_x`` with ``f_x`` NaN for a row holding NaN or Inf
-(:func:`~jaxpr_rewrite._numerics.static_scales.quantize_static_parts`). Triton's float64 divisions and conversions are IEEE's,
-the epilogues are products only (nothing for a compiler to fuse into a multiply-add), and the rounding to even is
-done in integers (:func:`_rounded_codes`). Inputs below float32's normal range are read as they are (XLA's own
+The numbers are the ``"int8"`` backend's on a GPU, bit for bit. Dynamic: the row's scale is ``fl24(absmax / 127)`` in
+float64 (a float32 significand, its exponent unbounded; NaN or Inf make it Inf, a row of zeros takes the smallest normal
+float64), as :func:`~jaxpr_rewrite._numerics.float64_scales.quantize_with_float64_scales` takes it as the maximum of its
+elements' candidates (rounding is monotone, so that maximum is the absmax's candidate); each code is ``rint(fl32(fl64(x)
+* (1 / scale)))`` clipped to +-127, the correctly rounded quotient
+(:func:`~jaxpr_rewrite._numerics.exact_division.rounded_quotients_by_float64`); the epilogue is ``fl32(fl64(fl32(acc *
+f) * g) * scale)`` with the weight's stored factors ``(f, g)``
+(:func:`~jaxpr_rewrite._numerics.float64_scales.scale_product_in_float64`). Static: the codes are ``rint(x *
+reciprocal)``, the epilogue ``(((acc * f_w) * f_x) * g_w) * g_x`` with ``f_x`` NaN for a row holding NaN or Inf
+(:func:`~jaxpr_rewrite._numerics.static_scales.quantize_static_parts`). Triton's float64 divisions and conversions are
+IEEE's, the epilogues are products only (nothing for a compiler to fuse into a multiply-add), and the rounding to even
+is done in integers (:func:`_rounded_codes`). Inputs below float32's normal range are read as they are (XLA's own
 kernels read them as zero).
 """
 
@@ -171,9 +171,9 @@ def _dynamic_kernel(x_ref, w_ref, *column_refs, steps: int, **blocking):
 
 def _static_kernel(x_ref, w_ref, factor_ref, power_ref, static_ref, out_ref, *, steps: int, **blocking):
     """One ``(rows, columns)`` block of the output with the calibrated scale ``static_ref`` (a stored
-    :class:`~jaxpr_rewrite._numerics.static_scales.StaticScale`): codes ``rint(x * reciprocal)`` and their sums block by block
-    along ``K``, each row marked where it holds NaN or Inf, then the epilogue
-    ``(((acc * f_w) * f_x) * g_w) * g_x``, ``f_x`` NaN for a marked row."""
+    :class:`~jaxpr_rewrite._numerics.static_scales.StaticScale`): codes ``rint(x * reciprocal)`` and their sums block by
+    block along ``K``, each row marked where it holds NaN or Inf, then the epilogue ``(((acc * f_w) * f_x) * g_w) *
+    g_x``, ``f_x`` NaN for a marked row."""
     blocks = _Blocks(x_ref, w_ref, **blocking)
     reciprocal, factor, power = (static_ref[field] for field in _STATIC_FIELDS)
     largest = np.float32(np.finfo(np.float32).max)

@@ -61,8 +61,8 @@ def int8_gemm_flag_problem(xla_flags: str) -> str | None:
 
 
 def _hopper_device() -> str | None:
-    """The default device's kind (:func:`~jaxpr_rewrite._core.jaxprs.default_device`) when it is an NVIDIA GPU of compute
-    capability 9, else ``None``."""
+    """The default device's kind (:func:`~jaxpr_rewrite._core.jaxprs.default_device`) when it is an NVIDIA GPU of
+    compute capability 9, else ``None``."""
     device = default_device()
     if cuda_capability_major(device) == 9:
         return f"{device.device_kind} (compute capability {device.compute_capability})"

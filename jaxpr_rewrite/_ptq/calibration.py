@@ -36,8 +36,8 @@ __all__ = ["calibrate_activation_dots", "calibration_batches", "calibration_trac
 
 
 def check_percentile(value, option: str) -> None:
-    """Raise :class:`~jaxpr_rewrite._core.errors.Int8ifyError` unless ``value`` (the ``option`` named) is a real number in
-    (0, 100] (not a bool)."""
+    """Raise :class:`~jaxpr_rewrite._core.errors.Int8ifyError` unless ``value`` (the ``option`` named) is a real number
+    in (0, 100] (not a bool)."""
     if isinstance(value, (bool, np.bool_)) or not (isinstance(value, numbers.Real) and 0 < value <= 100):
         raise Int8ifyError(f"{option} must be a number in (0, 100], got {value!r}")
 

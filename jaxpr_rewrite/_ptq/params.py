@@ -68,8 +68,8 @@ def quantized_weight(value, uses: list[Use]) -> QuantizedArray:
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def _quantize_weight(value, axes: tuple, bits: int, block_size: int | None) -> QuantizedArray:
-    """:func:`~jaxpr_rewrite._dots.operands.quantize` with the scales' epilogue factors, in one compiled pass (block scales
-    are regrouped per dot, so they keep none)."""
+    """:func:`~jaxpr_rewrite._dots.operands.quantize` with the scales' epilogue factors, in one compiled pass (block
+    scales are regrouped per dot, so they keep none)."""
     q = quantize(value, axes, bits, block_size)
     if block_size is not None:
         return q

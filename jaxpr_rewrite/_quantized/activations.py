@@ -30,8 +30,8 @@ class ScaledActivation:
     """A float activation on its way into an int8 dot, with the static scale it is quantized with.
 
     Attributes:
-        value: the float array.
-        activation_scale: the calibrated scale as :meth:`~jaxpr_rewrite._numerics.static_scales.StaticScale.stored` lays it out.
+        value: the float array. activation_scale: the calibrated scale as
+        :meth:`~jaxpr_rewrite._numerics.static_scales.StaticScale.stored` lays it out.
     """
 
     def __init__(self, value, activation_scale):

@@ -14,16 +14,16 @@ and leading-axis slicing, which ``lax.scan`` does through the pytree structure (
 counted from the end, so they stay valid).
 
 **Its layout.** The array is its named children (:data:`ARRAY_FIELDS`: codes, scales, exponents, optional ones)
-and its metadata (:data:`METADATA_FIELDS`: contracting axes, dtype, ...), at :data:`LAYOUT_VERSION`. Everything
-that takes one apart or puts one together reads these two tables: the pytree flattening (children keyed by
-name, so Orbax and ``keystr`` see ``.codes``, ``.scales``), ``jax.export``'s serialization of the metadata
-(registered here, so an exported program taking quantized params deserializes in another process once
-``jaxpr_rewrite`` is imported), and :mod:`jaxpr_rewrite._quantized.stored` (checkpoints, SafeTensors). A new optional child
-is one more entry in :data:`ARRAY_FIELDS`.
+and its metadata (:data:`METADATA_FIELDS`: contracting axes, dtype, ...), at :data:`LAYOUT_VERSION`. Everything that
+takes one apart or puts one together reads these two tables: the pytree flattening (children keyed by name, so Orbax and
+``keystr`` see ``.codes``, ``.scales``), ``jax.export``'s serialization of the metadata (registered here, so an exported
+program taking quantized params deserializes in another process once ``jaxpr_rewrite`` is imported), and
+:mod:`jaxpr_rewrite._quantized.stored` (checkpoints, SafeTensors). A new optional child is one more entry in
+:data:`ARRAY_FIELDS`.
 
-**4-bit weights** (``bits=4``) hold their codes packed two per byte along the last axis (:mod:`jaxpr_rewrite._numerics.int4`)
-with scales ``absmax / 7``; a dot unpacks them to int8 codes in ``[-7, 7]`` (:meth:`QuantizedArray.dot_operand`)
-and runs the same int8 x int8 -> int32 dot.
+**4-bit weights** (``bits=4``) hold their codes packed two per byte along the last axis
+(:mod:`jaxpr_rewrite._numerics.int4`) with scales ``absmax / 7``; a dot unpacks them to int8 codes in ``[-7, 7]``
+(:meth:`QuantizedArray.dot_operand`) and runs the same int8 x int8 -> int32 dot.
 """
 
 from __future__ import annotations
@@ -41,8 +41,7 @@ from .._numerics.blocks import from_blocks, n_blocks, to_blocks
 from .._numerics.int4 import unpack_int4
 from .._numerics.quantize import dequantize_by_factors, epilogue_factors, scale_values, smoothing_inverse, to_compute
 from .array_layout import (ARRAY_FIELDS, CODE_LIMITS, FIELD_AXES, LAYOUT_VERSION, METADATA_FIELDS,
-                               OPTIONAL_ARRAY_FIELDS, layout_problems, metadata_problems, read_metadata,
-                               register_export)
+                           OPTIONAL_ARRAY_FIELDS, layout_problems, metadata_problems, read_metadata, register_export)
 from .._numerics.static_scales import StaticScale
 
 __all__ = [
@@ -96,8 +95,8 @@ class QuantizedArray:
             which XLA fuses into its GPU GEMM kernel (a factor computed in the program is not).
         activation_scale: ``None`` (dynamic activation scales), or the static scale calibrated on the activations
             this weight's dots meet (``quantize_params(activations="static")``; a
-            :class:`~jaxpr_rewrite._numerics.static_scales.StaticScale` stored as one float32 vector): a dot taking this weight
-            quantizes its other operand with that one scale instead of measuring it
+            :class:`~jaxpr_rewrite._numerics.static_scales.StaticScale` stored as one float32 vector): a dot taking this
+            weight quantizes its other operand with that one scale instead of measuring it
             (:func:`jaxpr_rewrite._numerics.static_scales.quantize_static_parts`).
         activation_group: a token shared by weights whose static scale was calibrated on the same activation (one
             per activation, unique per :func:`~jaxpr_rewrite.quantize_params` call): the compiled program quantizes that
@@ -219,7 +218,8 @@ class QuantizedArray:
         return value if value.dtype == self.dtype else lax.convert_element_type(value, self.dtype)
 
     def scale_values(self):
-        """The scales as plain float values, ``scales * 2**exponents`` (:func:`jaxpr_rewrite._numerics.quantize.scale_values`)."""
+        """The scales as plain float values, ``scales * 2**exponents``
+        (:func:`jaxpr_rewrite._numerics.quantize.scale_values`)."""
         return scale_values(self.scales, self.exponents)
 
     def dot_value(self):

@@ -245,6 +245,14 @@ def split_call(args: tuple, kwargs: dict, static: StaticArgs = StaticArgs(frozen
                      _compat.trace_context()), dynamic
 
 
+def leaf_paths(signature: Signature) -> list[str]:
+    """Each traced leaf's path among the call's arguments, as messages name it (``args[2]['k']``, ``kwargs['x']``)."""
+    positions = jax.tree_util.tree_unflatten(signature.tree, list(range(len(signature.is_dynamic))))
+    paths = {index: jax.tree_util.keystr(path) for path, index in jax.tree_util.tree_flatten_with_path(positions)[0]}
+    names = [paths[i] for i, dynamic in enumerate(signature.is_dynamic) if dynamic]
+    return [("args" + name[3:]) if name.startswith("[0]") else ("kwargs" + name[3:]) for name in names]
+
+
 def _rebuilt_tree(signature: Signature, dynamic) -> tuple[list, dict]:
     """``(dynamic positional args, dynamic kwargs)``: the tree :func:`split_call` flattened, rebuilt."""
     dyn_iter, static_iter = iter(dynamic), iter(signature.static_leaves)
@@ -261,8 +269,8 @@ def _with_static(signature: Signature, dyn_args, dyn_kwargs) -> tuple[list, dict
 
 
 def argument_tree(signature: Signature, args: tuple, kwargs: dict) -> tuple[list, dict]:
-    """A call's own ``(dynamic positional args, dynamic kwargs)``, the tree :func:`split_call` flattened, holding
-    the caller's objects (where :func:`~jaxpr_rewrite._tracing.argument_updates.write_back` sets what the call updated)."""
+    """A call's own ``(dynamic positional args, dynamic kwargs)``, the tree :func:`split_call` flattened, holding the
+    caller's objects (where :func:`~jaxpr_rewrite._tracing.argument_updates.write_back` sets what the call updated)."""
     return _dynamic_parts(args, kwargs, {i for i, _ in signature.static_positional},
                           {k for k, _ in signature.static_keywords})
 

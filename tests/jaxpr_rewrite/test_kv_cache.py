@@ -4,6 +4,9 @@ nnx modules and checkpoints. References are numpy's (``helpers.reference_codes``
 
 from __future__ import annotations
 
+import re
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +15,7 @@ from flax import nnx
 from jax import lax
 
 from helpers import assert_all_dots_int8, reference_codes, reference_scale_parts
-from jaxpr_rewrite import dot_eqns, int8ify, quantize_cache
+from jaxpr_rewrite import RequantizationWarning, dot_eqns, int8ify, quantize_cache, quantize_params, report
 from jaxpr_rewrite.checkpoint import load_quantized, save_quantized
 from jaxpr_rewrite.quantized import QuantizedArray, is_quantized
 
@@ -277,3 +280,38 @@ def test_quantize_cache_keeps_other_leaves_and_refuses_nothing_silently():
     jaxpr = jax.make_jaxpr(int8ify(decode_step))(quantize_cache(_empty_cache(dtype=jnp.bfloat16)), *_token(
         np.random.default_rng(0)), 0)
     assert all(e.invars[0].aval.dtype == np.int8 for e in dot_eqns(jaxpr))
+
+
+def test_a_decode_step_over_a_float_cache_warns_naming_each_dot_and_the_fix():
+    """Re-quantizing a float cache on every token reads it about 2.5 times for a dot bound by reading it once: the
+    step as its author wrote it warns when it is traced, and ``report`` says so; the int8 cache, and a prefill over
+    many tokens (whose dots pay for it), do not."""
+    rng = np.random.default_rng(10)
+    cache = _empty_cache(tokens=2048, head_dim=128)
+    q, k, v = _token(rng, 128)
+    with pytest.warns(RequantizationWarning) as caught:
+        int8ify(decode_step).rewritten_jaxpr(cache, q, k, v, 3)
+    messages = [str(w.message) for w in caught if w.category is RequantizationWarning]
+    assert len(messages) == 2
+    for message, name in zip(messages, ("k", "v")):
+        assert re.search(rf"dot_general at .*test_kv_cache\.py:\d+ .*argument args\[0\]\['{name}'\] "
+                         r"\(float32\[2,2048,2,128\], 4 MiB\) .*4 row\(s\).*quantize_cache", message), message
+    rows = report(int8ify(decode_step), cache, q, k, v, 3)
+    assert [r.requantizes for r in rows] == ["args[0]['k']", "args[0]['v']"]
+    assert "2 dot(s) quantize a large argument on every call" in rows.summary()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RequantizationWarning)
+        int8ify(decode_step).rewritten_jaxpr(quantize_cache(cache), q, k, v, 3)
+        prompt = jnp.asarray(rng.standard_normal((BATCH, 512, KV_HEADS * GROUP * 128)), jnp.float32)
+        int8ify(lambda c, q: _attend(q, c["k"], c["v"], 512)).rewritten_jaxpr(cache, prompt)
+
+
+def test_float_weights_passed_to_a_small_batch_warn_and_a_large_batch_does_not():
+    weights = jnp.ones((2048, 1024), jnp.float32)
+    with pytest.warns(RequantizationWarning, match=r"argument args\[0\] .*16 row\(s\).*quantize_params"):
+        int8ify(lambda w, x: x @ w).rewritten_jaxpr(weights, jnp.ones((16, 2048)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RequantizationWarning)
+        int8ify(lambda w, x: x @ w).rewritten_jaxpr(weights, jnp.ones((512, 2048)))
+        int8ify(lambda w, x: x @ w).rewritten_jaxpr(quantize_params(lambda w, x: x @ w, weights, jnp.ones((16, 2048))),
+                                                   jnp.ones((16, 2048)))

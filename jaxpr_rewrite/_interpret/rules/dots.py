@@ -123,16 +123,17 @@ def resolve_dot_operands(invals: Sequence, dimension_numbers, direct: bool, shar
                          block_size: int | None = None) -> list:
     """The operands a dot's program gets, from its operand values (how a pre-quantized weight enters a dot).
 
-    A :class:`QuantizedArray` whose scales fit the dot (per-channel int8, ``direct``, same contraction) goes on
-    as its :meth:`~QuantizedArray.dot_operand` (int8 codes, 4-bit ones unpacked): its codes feed the int8 dot. One
-    contracted along its scales whose scales fold into a float other operand (a KV cache's values,
-    :meth:`~QuantizedArray.folds_into_partner`) goes on as it is. Any other is materialised. A usable smoothed weight stands for ``smooth * w``, so the other operand is
-    multiplied by ``1 / smooth`` first. Every usable weight of one static-scale ``activation_group`` goes on with
-    the group's first weight's activation scale (the same arrays), so each of their dots quantizes the activation
-    identically in its own program and XLA's common-subexpression elimination keeps one quantization. Quantizing it
-    here, outside the dots, instead put the check of its codes for NaN before the first dot in XLA:CPU's order of
-    kernels, and its runtime then ran both on one thread: the Flax MLP with static scales took 10-12% longer (these
-    dots' programs are inlined early, :func:`~jaxpr_rewrite._core.compile_policy.shared_jit`).
+    A :class:`QuantizedArray` whose scales fit the dot (per-channel int8, ``direct``, same contraction) goes on as its
+    :meth:`~QuantizedArray.dot_operand` (int8 codes, 4-bit ones unpacked): its codes feed the int8 dot. One contracted
+    along its scales whose scales fold into a float other operand (a KV cache's values,
+    :meth:`~QuantizedArray.folds_into_partner`) goes on as it is. Any other is materialised. A usable smoothed weight
+    stands for ``smooth * w``, so the other operand is multiplied by ``1 / smooth`` first. Every usable weight of one
+    static-scale ``activation_group`` goes on with the group's first weight's activation scale (the same arrays), so
+    each of their dots quantizes the activation identically in its own program and XLA's common-subexpression
+    elimination keeps one quantization. Quantizing it here, outside the dots, instead put the check of its codes for NaN
+    before the first dot in XLA:CPU's order of kernels, and its runtime then ran both on one thread: the Flax MLP with
+    static scales took 10-12% longer (these dots' programs are inlined early,
+    :func:`~jaxpr_rewrite._core.compile_policy.shared_jit`).
 
     Arguments:
         invals: the dot's two operand values.

@@ -1,10 +1,10 @@
 """The registry of per-primitive rules: everything int8ify knows about one primitive, in one entry.
 
-Like JAX's ``batching.py`` (one dict per transform) but with the transforms side by side: a
-:class:`PrimitiveRule` holds how an equation of the primitive is rewritten, how a pre-quantized weight passes
-through it, how :func:`~jaxpr_rewrite.quantize_params` follows a weight into it, and how the report measures the
-matmuls inside it. Each primitive family registers its entry from its own module of :mod:`jaxpr_rewrite._interpret.rules`;
-registering a primitive twice is an error, so no rule is silently replaced.
+Like JAX's ``batching.py`` (one dict per transform) but with the transforms side by side: a :class:`PrimitiveRule` holds
+how an equation of the primitive is rewritten, how a pre-quantized weight passes through it, how
+:func:`~jaxpr_rewrite.quantize_params` follows a weight into it, and how the report measures the matmuls inside it. Each
+primitive family registers its entry from its own module of :mod:`jaxpr_rewrite._interpret.rules`; registering a
+primitive twice is an error, so no rule is silently replaced.
 """
 
 from __future__ import annotations
