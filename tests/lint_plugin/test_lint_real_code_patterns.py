@@ -4,12 +4,16 @@
   module (maxtext's ``model_mode`` against ``MODEL_MODE_*`` from ``common_types``, passed down to helper
   methods), and a flag bound by ``functools.partial`` to the function's own name before ``jax.pmap``
   (chex's ``fake_test.py``);
-* JX201 missed: ``match (x, x.sum()): case (a, 0):`` compares a traced item of the subject.
+* JX201 missed: ``match (x, x.sum()): case (a, 0):`` compares a traced item of the subject;
+* JX103 missed: a matrix-vector product written as one expanded operand times another, summed over an axis
+  (brax's spatial softmax, distrax's HMM forward step, maxtext's mixing of expert outputs).
 
 Each snippet's ``# JXnnn:col`` comments are exactly its reports (none: no report).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from lint_helpers import check_annotated, violations
 
@@ -148,6 +152,50 @@ def f(x, w, mode):
 '''
 MATCH_ON_TUPLES_REPORTS = [(10, 14, "JX201"), (16, 10, "JX201"), (20, 23, "JX201")]
 
+# the three contractions, with the shapes of the code they come from
+BRAX_SPATIAL_SOFTMAX = '''
+import jax
+import jax.numpy as jnp
+
+
+@jax.jit
+def spatial_softmax(features, pos_x, pos_y):
+    softmax = jax.nn.softmax(features, axis=-2)  # [batch, height * width, channels]
+    expected_x = jnp.sum(softmax * pos_x[..., None], axis=-2)  # JX103:17
+    expected_y = jnp.sum(softmax * pos_y[..., None], axis=-2)  # JX103:17
+    return jnp.concatenate([expected_x, expected_y], axis=-1)
+'''
+
+DISTRAX_HMM_FORWARD = '''
+import jax
+import jax.numpy as jnp
+
+
+def forward(init, trans, obs):
+    def step(alpha, obs_probs):
+        alpha = (alpha[:, None] * trans).sum(axis=0) * obs_probs  # JX103:16
+        return alpha / alpha.sum(), None
+
+    return jax.lax.scan(step, init, obs)
+'''
+
+MAXTEXT_MIXING = '''
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class Mixer(nn.Module):
+    @nn.compact
+    def __call__(self, pre, x):
+        mixed = jnp.sum(pre[:, :, :, None] * x, axis=2)  # JX103:16
+        scaled_rows = (x * pre[..., None]).sum(-1)  # summed over the inserted axis: scaled row sums
+        return mixed, scaled_rows
+'''
+
+_JX103_MESSAGE = ("JX103 broadcast multiply + sum emulates a matmul that the int8 rewrite cannot see, so it stays "
+                  "float; use jnp.matmul/lax.dot_general on int8 operands with preferred_element_type=jnp.int32 "
+                  "(or jnp.einsum under @int8ify)")
+
 
 def test_a_mode_label_compared_with_another_modules_constants_is_not_a_traced_branch():
     check_annotated(MAXTEXT_ATTENTION_OP)
@@ -171,3 +219,21 @@ def test_a_match_compares_the_traced_items_of_a_tuple_subject():
     assert match.message == ("JX201 Python `match` on a traced value (TracerBoolConversionError under jit); "
                              "use lax.switch on an index, or jnp.where")
     assert guard.message.startswith("JX201 Python `case guard` on a traced value")
+
+
+def test_one_expanded_operand_summed_over_an_axis_it_spans_is_an_emulated_matmul():
+    for snippet in (BRAX_SPATIAL_SOFTMAX, DISTRAX_HMM_FORWARD, MAXTEXT_MIXING):
+        check_annotated(snippet)
+        assert {v.message for v in violations(snippet)} == {_JX103_MESSAGE}
+
+
+def test_the_flagged_products_are_contractions():
+    """What JX103 now reports computes a matrix-vector product, batched or not (float64 numpy against the
+    einsum that writes it as one), at the sizes of the models they come from."""
+    rng = np.random.default_rng(0)
+    softmax, pos = rng.random((8, 256, 64)), rng.random(256)
+    np.testing.assert_allclose(np.sum(softmax * pos[..., None], axis=-2), np.einsum("bnc,n->bc", softmax, pos))
+    alpha, trans = rng.random(128), rng.random((128, 128))
+    np.testing.assert_allclose((alpha[:, None] * trans).sum(axis=0), alpha @ trans)
+    pre, x = rng.random((4, 64, 8)), rng.random((4, 64, 8, 128))
+    np.testing.assert_allclose(np.sum(pre[:, :, :, None] * x, axis=2), np.einsum("bsk,bskd->bsd", pre, x))
