@@ -168,9 +168,9 @@ def _lint(source: str, extra: TracedDecorators, honour_noqa: bool, tree: Optiona
     return sorted(_violations(reports, module, need.tree, source, honour_noqa) + skipped)
 
 
-def _skipped_note(first: Tuple[int, int, int], why: str) -> Violation:
+def _skipped_note(first: Tuple[int, int], why: str) -> Violation:
     """The ``JX000`` result of a file linted with its deepest code skipped, at the first part skipped."""
-    line, col, _ = first
+    line, col = first
     return Violation(line, col, PARSE_ERROR_CODE,
                      f"{PARSE_ERROR_CODE} code nested too deep to analyse here ({why}): the parts nested deepest, "
                      "from here on, were skipped and the rest of this file was checked")

@@ -35,10 +35,10 @@ _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)?")
 
 
 class Masked(NamedTuple):
-    """The source with its deepest parts replaced, and the lines of the first one replaced (None if none was)."""
+    """The source with its deepest parts replaced, and where the first of them starts (None if none was)."""
 
     source: str
-    first: Optional[Tuple[int, int, int]]  # (first line, its column, last line), 1-based lines
+    first: Optional[Tuple[int, int]]  # (line, column), the line 1-based
 
 
 def nesting_budget() -> int:
@@ -68,8 +68,7 @@ def mask_deep_code(source: str, tree: ast.Module, budget: int) -> Masked:
     regions.sort()
     for region in reversed(regions):  # from the end, so that earlier positions stay valid
         _replace(lines, region)
-    first = regions[0]
-    return Masked("".join(lines), (first.start[0], first.start[1], first.end[0]))
+    return Masked("".join(lines), regions[0].start)
 
 
 def _deep_regions(tree: ast.Module, budget: int, lines: List[str]) -> List[_Region]:

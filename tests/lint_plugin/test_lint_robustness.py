@@ -272,7 +272,7 @@ def test_masked_code_keeps_every_other_position():
     """What is masked is replaced by a placeholder of the same extent: the lines, and the columns after it on
     its last line, stay where they were."""
     masked = mask_deep_code(MASKED, ast.parse(MASKED), 9)
-    assert masked.first == (6, 9, 7)  # the first two terms of the chain
+    assert masked.first == (6, 9)  # the first two terms of the chain, on lines 6 and 7
     original, new = MASKED.splitlines(), masked.source.splitlines()
     assert new[:5] == original[:5] and len(new) == len(original)
     assert new[5:7] == ["    y = ((_", "                  ) and (____) > 2 and"]
