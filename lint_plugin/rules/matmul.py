@@ -383,12 +383,13 @@ class BroadcastMultiplySum(Rule):
     products and summed over the shared axis, the pattern ``verify`` finds in the jaxpr. So does one
     expanded operand times one that is not, summed over an axis the expanded one spans
     (``jnp.sum(pre[:, :, :, None] * x, axis=2)``, ``(alpha[:, None] * probs).sum(0)``,
-    ``jnp.sum(softmax * pos[..., None], axis=-2)``): each of its items meets the other's items along the
-    inserted axis, a matrix-vector product (batched or not), ``jnp.einsum("bsk,bskd->bsd", pre, x)``.
-    The linter reads the axes from the source, both counted from the same end (a non-negative ``axis``
-    assumes the expanded operand is not broadcast to a higher rank); ``verify``, which sees the jaxpr,
-    reports only the two-sided product, since one-sided it looks like a scaled sum (int8ify's own
-    epilogue followed by a sum over the outputs). Not reported: both expanded along the same axis, a sum
+    ``jnp.sum(softmax * pos[..., None], axis=-2)``): broadcast along the other's free axis and summed
+    over the axis they share, it is a matrix-vector product (batched or not),
+    ``jnp.einsum("bsk,bskd->bsd", pre, x)``. The linter reads the axes from the source, both counted
+    from the same end (a non-negative ``axis`` assumes the expanded operand is not broadcast to a higher
+    rank); ``verify``, which sees the jaxpr, reports only a product broadcast on both sides, since one
+    broadcast operand summed over looks like any scaled sum there (int8ify's own epilogue followed by a
+    sum over the outputs). Not reported: both expanded along the same axis, a sum
     over the inserted axis (``(acc * sx[:, None]).sum(1)``, scaled rows summed), axes counted from
     different ends (``jnp.sum(x * mask[..., None], axis=1)``), a product followed by a full sum, and
     scaling by broadcast scales (``acc * sx[:, None] * sw[None, :]``).
