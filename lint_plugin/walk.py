@@ -28,7 +28,7 @@ from .array_api import (
     method_call_kind,
 )
 from .aliases import dotted_name
-from .annotations import annotated_class
+from .annotations import AnnotationReader, annotated_class
 from .cstwalk import STRING_NODES, iter_children
 from .kinds import INT8, MODULE_SELF, STATIC, TRACED, UNKNOWN, VARIABLE, combine, is_traced, join, truth
 from .module_classes import attribute_kind
@@ -652,10 +652,13 @@ class FunctionWalk:
         return False
 
     def _is_parameter(self, node: cst.BaseExpression) -> bool:
-        """A parameter of this function, not rebound in its body so far: what the caller passed."""
+        """A parameter of this function, not rebound in its body so far (what the caller passed), and not
+        annotated as an array (``x: jax.Array``)."""
         if not isinstance(node, cst.Name) or self.func is None or node.value in self.values:
             return False
-        return any(p.name.value == node.value for p in named_params(self.func.node.params))
+        reader = AnnotationReader.of(self.info)
+        return any(p.name.value == node.value and reader.kind(p.annotation) != TRACED
+                   for p in named_params(self.func.node.params))
 
     def _is_label(self, node: cst.BaseExpression, operands: List[cst.BaseExpression]) -> bool:
         """A string (a literal or a module-level string constant) or an enum member: an enum class of

@@ -83,9 +83,11 @@ from config import Modes, N, PAD_ID, WARMUP_STEPS, threshold
 
 
 @jax.jit
-def step(x, tokens, count, mode, level):
+def step(x, tokens, count, mode, level, ids: jax.Array):
     if x.sum() == PAD_ID:  # JX201:4
         x = -x
+    if ids == PAD_ID:  # JX201:4
+        x = x + 2
     if count > WARMUP_STEPS:  # JX201:4
         x = x * 2
     tokens = tokens[0]
