@@ -143,6 +143,8 @@ class _Walker:
                                                  and (dotted_name(value.func) or "").endswith("partial")):
                 bound = self.info.module_bound_functions if func is None else func.bound_functions
                 bound[name] = value
+                if isinstance(value, cst.Lambda):
+                    self.info.order[id(value)] = len(self.info.order)  # a call's place is taken when it is reached
 
 
 def _module_method_spec() -> RootSpec:

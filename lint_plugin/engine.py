@@ -2,7 +2,9 @@
 
 :func:`lint_source` is the whole pipeline and what the flake8 plugin calls; it never raises
 (unless asked to, for tests): a file libcst cannot parse yields a single ``JX000`` result, and a
-file too deeply nested for the default recursion limit is analysed again with a deeper stack.
+file too deeply nested for the default recursion limit is analysed again with a deeper stack, or,
+where that cannot run, with its deepest code skipped (one ``JX000`` result says where) and the rest
+checked.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 import libcst as cst
 
-from .deep_stack import call_with_deep_stack
+from .deep_stack import DeepStackUnavailable, call_with_deep_stack
 from .discovery import discover
 from .fixpoint import analyze
+from .masking import mask_deep_code, nesting_budget
 from .noqa import noqa_span, silenced
 from .positions import Positions
 from .prefilter import applicable_rules
@@ -119,7 +122,18 @@ def lint_source(source: str, extra_decorators: Iterable[str] = (), *, raise_erro
     # deeply nested but valid code: analyse it again with room to recurse
     try:
         return call_with_deep_stack(run)
-    except Exception as exc:  # RecursionError even there; RuntimeError: no thread could start
+    except DeepStackUnavailable as exc:
+        why = f"{exc}: {_describe(exc.__cause__ or exc)}"
+    except Exception as exc:
+        if not _from_recursion(exc):
+            if raise_errors:
+                raise
+            return [_internal_error(f"internal error: {_describe(exc)}")]
+        why = "too deep even for a larger stack"
+    # the deepest code skipped, the rest of the file checked
+    try:
+        return _lint(source, extra, honour_noqa, tree, raise_errors, skip_deep=why)
+    except Exception as exc:
         if raise_errors:
             raise
         what = "nesting too deep even with a larger stack" if _from_recursion(exc) else "internal error"
@@ -127,23 +141,39 @@ def lint_source(source: str, extra_decorators: Iterable[str] = (), *, raise_erro
 
 
 def _lint(source: str, extra: TracedDecorators, honour_noqa: bool, tree: Optional[ast.AST],
-          raise_errors: bool) -> List[Violation]:
+          raise_errors: bool, skip_deep: Optional[str] = None) -> List[Violation]:
+    """The pipeline; ``skip_deep`` (why the stack cannot hold the whole file): analyse ``source`` with the code
+    nested too deep for the current stack masked (:mod:`lint_plugin.masking`), and say so in one ``JX000``."""
     need = applicable_rules(source, tree, extra)
     if not need.traced and not need.anywhere:
         return []
+    parsed, skipped = source, []
+    if skip_deep is not None and isinstance(need.tree, ast.Module):
+        masked = mask_deep_code(source, need.tree, nesting_budget())
+        if masked.first is not None:
+            parsed = masked.source
+            skipped = [_skipped_note(masked.first, skip_deep)]
     try:
-        module = cst.parse_module(source)
+        module = cst.parse_module(parsed)
     except Exception as exc:  # libcst raises ParserSyntaxError, occasionally others
         if _from_recursion(exc) or (raise_errors and not isinstance(exc, cst.ParserSyntaxError)):
             raise
         return [_parse_error(exc)]
     info = discover(module, extra)
     if not need.anywhere and not any(fi.traced for fi in info.functions):
-        return []
+        return skipped
     reports = analyze(info, module, _dispatch_for, need.anywhere)
     if not reports:
-        return []
-    return _violations(reports, module, need.tree, source, honour_noqa)
+        return skipped
+    return sorted(_violations(reports, module, need.tree, source, honour_noqa) + skipped)
+
+
+def _skipped_note(first: Tuple[int, int], why: str) -> Violation:
+    """The ``JX000`` result of a file linted with its deepest code skipped, at the first part skipped."""
+    line, col = first
+    return Violation(line, col, PARSE_ERROR_CODE,
+                     f"{PARSE_ERROR_CODE} code nested too deep to analyse here ({why}): the parts nested deepest, "
+                     "from here on, were skipped and the rest of this file was checked")
 
 
 def _violations(reports: List[Report], module: cst.Module, tree: Optional[ast.AST], source: str,

@@ -192,9 +192,29 @@ class ModuleInfo:
             return self.instances.method(expr, scope)
         return fi
 
-    def lookup_bound_function(self, name: str, scope: Optional[FuncInfo]) -> Optional[BoundFunction]:
-        """The ``functools.partial(...)`` call or the lambda a bare name was bound to, from inside ``scope``."""
-        return _innermost(name, scope, "bound_functions", self.module_bound_functions)
+    def bound_function_at(self, name: str, scope: Optional[FuncInfo], at: cst.CSTNode) -> Optional[BoundFunction]:
+        """The ``functools.partial(...)`` call or the lambda a bare name holds at the call ``at`` from inside
+        ``scope``: the one bound to it in the innermost scope that binds the name, unless a ``def`` of the name
+        there replaces it, one that comes after it (``foo = partial(foo, flag=True)`` rebinds the ``def foo``
+        before it). A call in that scope's own body sees only what was bound before it; one in a nested
+        function runs later and sees the last binding."""
+        f = scope
+        while f is not None and name not in f.bound_functions and name not in f.locals:
+            f = f.parent
+        bound_functions, functions = (f.bound_functions, f.locals) if f is not None \
+            else (self.module_bound_functions, self.module_funcs)
+        bound = bound_functions.get(name)
+        if bound is None:
+            return None
+        order = self.order
+        end = order.get(id(at), len(order)) if scope is f else len(order)
+        bound_at = order.get(id(bound), end)
+        if bound_at >= end:
+            return None
+        defs = [*(f.shadowed if f is not None else self.module_shadowed).get(name, ()), functions.get(name)]
+        if any(d is not None and bound_at < order.get(id(d.node), -1) < end for d in defs):
+            return None
+        return bound
 
 
 def _innermost(name: str, scope: Optional[FuncInfo], table: str, module_table: Dict[str, T]) -> Optional[T]:

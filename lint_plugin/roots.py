@@ -211,9 +211,9 @@ class RootFinder:
 
     def _register_target(self, target: cst.BaseExpression, spec: RootSpec, scope: Optional[FuncInfo],
                          call: cst.Call) -> None:
-        if isinstance(target, cst.Name) and self.info.lookup(target.value, scope) is None:
-            # ``g = partial(f, ...)`` or ``g = lambda ...``, then ``jit(g)``
-            bound = self.info.lookup_bound_function(target.value, scope)
+        if isinstance(target, cst.Name):
+            # ``g = partial(f, ...)`` or ``g = lambda ...`` (also ``f = partial(f, ...)``), then ``jit(g)``
+            bound = self.info.bound_function_at(target.value, scope, call)
             if bound is not None:
                 target = bound
         if isinstance(target, cst.Call) and self.is_partial(target.func) and target.args:

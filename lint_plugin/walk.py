@@ -14,7 +14,7 @@ of :mod:`lint_plugin.fixpoint`), which decides what to walk next.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Set, Tuple, Union
 
 import libcst as cst
 
@@ -28,14 +28,14 @@ from .array_api import (
     method_call_kind,
 )
 from .aliases import dotted_name
-from .annotations import annotated_class
+from .annotations import AnnotationReader, annotated_class
 from .cstwalk import STRING_NODES, iter_children
 from .kinds import INT8, MODULE_SELF, STATIC, TRACED, UNKNOWN, VARIABLE, combine, is_traced, join, truth
 from .module_classes import attribute_kind
 from .module_info import FuncInfo, ModuleInfo, named_params
 from .names import LINEN, host_callable_keyword
 
-__all__ = ["CallGraph", "FunctionWalk", "Hook", "Report"]
+__all__ = ["CallGraph", "CaseLeaf", "FunctionWalk", "Hook", "Report"]
 
 Hook = Callable[[cst.CSTNode, "FunctionWalk"], None]
 Report = Tuple[cst.CSTNode, str, str]  # node, code, message
@@ -61,20 +61,28 @@ _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
 _LITERALS = (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.Ellipsis)
 _INT_PRESERVING_OPS = (cst.Add, cst.Subtract, cst.Multiply, cst.BitAnd, cst.BitOr, cst.BitXor,
                        cst.LeftShift, cst.RightShift, cst.FloorDivide, cst.Modulo)
+# ``A = B`` at module level: how many such renamings a constant is followed through
+_MAX_RENAMES = 4
 
 
-def _captures(pattern: cst.MatchPattern) -> List[cst.Name]:
-    """The names a ``case`` pattern binds (``case (n, m)``, ``case {"k": v, **rest}``, ``case [first, *others]``)."""
-    names = []
-    pending: List[cst.CSTNode] = [pattern]
-    while pending:
-        node = pending.pop()
-        if isinstance(node, (cst.MatchAs, cst.MatchStar)) and node.name is not None:
-            names.append(node.name)
-        elif isinstance(node, cst.MatchMapping) and node.rest is not None:
-            names.append(node.rest)
-        pending.extend(iter_children(node))
-    return names
+def _is_constant_name(name: str) -> bool:
+    """An UPPER_CASE name of two letters or more: a constant by PEP 8's convention (``X`` is often a matrix)."""
+    return name.isupper() and sum(c.isalpha() for c in name) > 1
+
+
+class CaseLeaf(NamedTuple):
+    """A part of a ``case`` pattern that binds or compares, with the part of the subject it meets."""
+
+    name: Optional[cst.Name]  # a capture (``case (n, m)``, ``*rest``, ``**rest``, ``0 as z``), or None
+    value: Optional[cst.BaseExpression]  # the value of a value pattern (``case 0``), or None
+    node: Optional[cst.BaseExpression]  # the part of the subject it meets, where the source shows it
+    kind: int
+    # whether Python compares a value pattern with that part: not inside a structure (a sequence, mapping or
+    # class pattern) that the source does not show the subject to have (an array is not a sequence)
+    compared: bool
+
+
+_Pending = Tuple[cst.CSTNode, Optional[cst.BaseExpression], int, bool]
 
 
 class FunctionWalk:
@@ -257,19 +265,86 @@ class FunctionWalk:
 
     def _exec_match(self, stmt: cst.Match) -> None:
         """A ``match``: its subject (a value pattern compares it in Python), then each case with its captures
-        bound to the subject's kind and its guard a test, as an ``if``'s."""
-        subject = self.ev(stmt.subject)
+        bound to the kinds of the parts of the subject they capture and its guard a test, as an ``if``'s."""
+        self.ev(stmt.subject)
         self._hooks(stmt)
         before = dict(self.env)
         for case in stmt.cases:
-            for capture in _captures(case.pattern):
-                self.bind(capture, subject, None)
+            for leaf in self.case_leaves(case.pattern, stmt.subject):
+                if leaf.name is not None:
+                    self.bind(leaf.name, leaf.kind, None)
             if case.guard is not None:
                 self._mark_test(case.guard)
                 self.ev(case.guard)
                 self._hooks(case)
             self.exec_block(case.body)
         self._join_into(before)
+
+    def case_leaves(self, pattern: cst.MatchPattern, subject: cst.BaseExpression) -> List[CaseLeaf]:
+        """The captures and value patterns of ``pattern`` with the parts of ``subject`` they meet: a sequence
+        pattern meets the items of a literal tuple or list subject (``match (x, x.sum()): case (a, 0):``
+        compares ``x.sum()`` with ``0``), also through a name bound to one or a module-local function's
+        tuple; any other structure is not shown, and its parts have the subject's kind."""
+        leaves: List[CaseLeaf] = []
+        pending: List[_Pending] = [(pattern, subject, self.kind(subject), True)]
+        while pending:
+            pat, node, kind, shown = pending.pop()
+            if isinstance(pat, cst.MatchValue):
+                leaves.append(CaseLeaf(None, pat.value, node, kind, shown))
+            elif isinstance(pat, (cst.MatchAs, cst.MatchStar)):
+                if pat.name is not None:
+                    leaves.append(CaseLeaf(pat.name, None, node, kind, shown))
+                if isinstance(pat, cst.MatchAs) and pat.pattern is not None:
+                    pending.append((pat.pattern, node, kind, shown))
+            elif isinstance(pat, cst.MatchOr):
+                pending.extend((el.pattern, node, kind, shown) for el in pat.patterns)
+            elif isinstance(pat, (cst.MatchTuple, cst.MatchList)):
+                pending.extend(self._sequence_parts(pat, node if shown else None, kind))
+            elif isinstance(pat, cst.MatchMapping):  # the parts a mapping or class pattern meets are not shown
+                if pat.rest is not None:
+                    leaves.append(CaseLeaf(pat.rest, None, None, kind, False))
+                pending.extend((el.pattern, None, kind, False) for el in pat.elements)
+            elif isinstance(pat, cst.MatchClass):
+                pending.extend((el.value, None, kind, False) for el in pat.patterns)
+                pending.extend((el.pattern, None, kind, False) for el in pat.kwds)
+        return leaves
+
+    def _sequence_parts(self, pat: Union[cst.MatchTuple, cst.MatchList], node: Optional[cst.BaseExpression],
+                        kind: int) -> List[_Pending]:
+        """The element patterns of a sequence pattern paired with the items of the subject part ``node`` they
+        meet; each with no shown item (and ``kind``) when the items are not shown, none compared when their
+        number cannot match."""
+        elements = [el if isinstance(el, cst.MatchStar) else el.value for el in pat.patterns]
+        items = self._sequence_items(node) if node is not None else None
+        stars = [i for i, el in enumerate(elements) if isinstance(el, cst.MatchStar)]
+        if items is None:
+            return [(el, None, kind, False) for el in elements]
+        if len(items) < len(elements) - len(stars) or (not stars and len(items) != len(elements)):
+            return [(el, None, UNKNOWN, False) for el in elements]  # the case never matches
+        star = stars[0] if stars else len(elements)
+        after = len(elements) - star - 1 if stars else 0
+        out: List[_Pending] = [(el, item, k, True) for el, (item, k) in zip(elements[:star], items)]
+        if stars:
+            rest = items[star:len(items) - after]
+            out.append((elements[star], None, _container(combine(*(k for _, k in rest))), True))
+            out.extend((el, item, k, True) for el, (item, k) in zip(elements[star + 1:], items[len(items) - after:]))
+        return out
+
+    def _sequence_items(self, node: cst.BaseExpression) -> Optional[List[Tuple[Optional[cst.BaseExpression], int]]]:
+        """The items, with their kinds, of a subject part the source shows to be a tuple or list: a literal
+        one without ``*`` (its items are parts of the subject), a name bound to one, or the call of a
+        module-local function that returns one (their items are shown as kinds only)."""
+        renamed = False
+        for _ in range(_MAX_RENAMES):
+            if not isinstance(node, cst.Name) or self.values.get(node.value) is None:
+                break
+            node, renamed = self.values[node.value], True  # type: ignore[assignment]
+        if isinstance(node, (cst.Tuple, cst.List)):
+            if any(isinstance(el, cst.StarredElement) for el in node.elements):
+                return None
+            return [(None if renamed else el.value, self.kind(el.value)) for el in node.elements]
+        elts = self.call_elts.get(id(node))
+        return [(None, k) for k in elts] if elts is not None else None
 
     def _exec_for(self, stmt: cst.For) -> None:
         self.ev(stmt.iter)
@@ -513,6 +588,7 @@ class FunctionWalk:
     def _ev_comparison(self, node: cst.Comparison) -> int:
         k = self.ev(node.left)
         only_is = True
+        only_equality = True
         membership = False
         for ct in node.comparisons:
             k = combine(k, self.ev(ct.comparator))
@@ -520,14 +596,69 @@ class FunctionWalk:
                 membership = True
             if not isinstance(ct.operator, (cst.Is, cst.IsNot)):
                 only_is = False
+            if not isinstance(ct.operator, (cst.Equal, cst.NotEqual)):
+                only_equality = False
         if only_is:
             return STATIC
         operands = [node.left, *(ct.comparator for ct in node.comparisons)]
         if not membership and any(self._is_label(o, operands) for o in operands):
             return STATIC  # a traced array is never compared with a string or an enum member
+        if only_equality and k != STATIC and self._parameter_against_foreign_constant(operands):
+            return UNKNOWN
         if membership and k != STATIC:
             return UNKNOWN  # ``key in params``: dicts and lists of tracers are fine
         return k
+
+    def equality_kind(self, subject: Optional[cst.BaseExpression], subject_kind: int,
+                      value: cst.BaseExpression) -> int:
+        """The kind of ``subject == value`` for a ``case`` value pattern (``case "train":``, ``case Mode.TRAIN:``),
+        read as :meth:`_ev_comparison` reads a comparison (``subject``: the part of the subject compared, None
+        where the source does not show it)."""
+        operands = [value] if subject is None else [subject, value]
+        if self._is_label(value, operands):
+            return STATIC
+        if is_traced(subject_kind) and self._parameter_against_foreign_constant(operands):
+            return UNKNOWN
+        return combine(subject_kind, self.kind(value))
+
+    def _parameter_against_foreign_constant(self, operands: List[cst.BaseExpression]) -> bool:
+        """Whether ``==``/``!=`` compares a parameter, as the caller passed it, with a constant of another
+        module (``model_mode != MODEL_MODE_TRAIN`` after ``from common_types import MODEL_MODE_TRAIN``, or
+        ``common_types.MODEL_MODE_TRAIN``) and nothing else: such a constant is almost always a mode label, a
+        string whose value this file does not show, so the comparison may be a Python bool (unknown, not
+        traced). A value the function computed (``x.sum() == PAD_ID``) is an array whatever it is compared with."""
+        foreign = {id(o) for o in operands if self._is_foreign_constant(o)}
+        return bool(foreign) and all(id(o) in foreign or self._is_parameter(o) or self.kind(o) == STATIC
+                                     for o in operands)
+
+    def _is_foreign_constant(self, node: cst.BaseExpression) -> bool:
+        """An UPPER_CASE constant of another module: a name this file imports (absolutely, relatively or with
+        ``*``) or binds at module level to such a constant, or an attribute of an imported module
+        (``common_types.MODEL_MODE_TRAIN``; a CamelCase owner is a class, whose members need the compared
+        parameter's annotation, see :meth:`_is_label`)."""
+        info = self.info
+        for _ in range(_MAX_RENAMES):
+            if isinstance(node, cst.Attribute):
+                owner = dotted_name(node.value)
+                return owner is not None and _is_constant_name(node.attr.value) \
+                    and info.imports.is_imported(owner.partition(".")[0]) and owner.rpartition(".")[2].islower()
+            if not isinstance(node, cst.Name) or not _is_constant_name(node.value) or node.value in self.env \
+                    or node.value in info.module_funcs or node.value in info.classes_by_name:
+                return False
+            value = info.module_assigns.get(node.value)
+            if value is None:
+                return True  # not defined in this file: imported
+            node = value  # ``MODE_TRAIN = common_types.MODEL_MODE_TRAIN``
+        return False
+
+    def _is_parameter(self, node: cst.BaseExpression) -> bool:
+        """A parameter of this function, not rebound in its body so far (what the caller passed), and not
+        annotated as an array (``x: jax.Array``)."""
+        if not isinstance(node, cst.Name) or self.func is None or node.value in self.values:
+            return False
+        reader = AnnotationReader.of(self.info)
+        return any(p.name.value == node.value and reader.kind(p.annotation) != TRACED
+                   for p in named_params(self.func.node.params))
 
     def _is_label(self, node: cst.BaseExpression, operands: List[cst.BaseExpression]) -> bool:
         """A string (a literal or a module-level string constant) or an enum member: an enum class of

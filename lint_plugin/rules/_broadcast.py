@@ -11,7 +11,7 @@ from ..call_args import kwarg
 from ..kinds import STATIC
 from ..walk import FunctionWalk
 
-__all__ = ["is_broadcast_product"]
+__all__ = ["is_emulated_matmul"]
 
 _EXPAND = frozenset({"jax.numpy.expand_dims", "jax.lax.expand_dims", "jax.lax.broadcast_in_dim"})
 _CASTS = frozenset({"jax.lax.convert_element_type", "jax.numpy.asarray"})
@@ -117,12 +117,20 @@ def product_factors(node: cst.BaseExpression, walk: FunctionWalk) -> Optional[Li
     return out
 
 
-def is_broadcast_product(node: cst.BaseExpression, walk: FunctionWalk) -> bool:
-    """A product of non-static arrays of which two are expanded along different axes (``x[:, :, None]
-    * w[None]``): each spans an axis the other is broadcast along, the B x D_in x D_out product of an
-    emulated matmul. One expanded factor (``a[..., None] * b``) may meet a ``b`` of full size, a
-    product no larger than ``b``; axes that cannot be read count as different. A name is followed to
-    the expression it was assigned."""
+def is_emulated_matmul(node: cst.BaseExpression, walk: FunctionWalk, sum_axis: cst.BaseExpression) -> bool:
+    """Whether summing the product ``node`` over ``sum_axis`` computes a matmul: a product of non-static arrays
+    of which
+
+    * two are expanded along different axes (``x[:, :, None] * w[None]``): each spans an axis the other is
+      broadcast along, the B x D_in x D_out product of an emulated matmul (axes that cannot be read count as
+      different); or
+    * one is expanded (``pre[:, :, :, None] * x``, ``alpha[:, None] * probs``, ``softmax * pos[..., None]``)
+      and another is not, and the sum runs over axes the expanded one spans: its items times the other's,
+      summed over the axis they share, each broadcast along the other's free axis (a matrix-vector product,
+      batched or not). The axes are compared where the source fixes them: both counted from the start
+      (assuming the expanded factor is not broadcast to a higher rank) or both from the end.
+
+    A name is followed to the expression it was assigned."""
     for _ in range(_MAX_RENAMES):
         if not isinstance(node, cst.Name):
             break
@@ -133,5 +141,17 @@ def is_broadcast_product(node: cst.BaseExpression, walk: FunctionWalk) -> bool:
     factors = product_factors(node, walk)
     if factors is None:
         return False
-    expanded = [axes for axes in (new_axes(f, walk) for f in factors if walk.kind(f) != STATIC) if axes is not None]
-    return any(not a or not b or a != b for i, a in enumerate(expanded) for b in expanded[i + 1:])
+    axes = [new_axes(f, walk) for f in factors if walk.kind(f) != STATIC]
+    expanded = [a for a in axes if a is not None]
+    if any(not a or not b or a != b for i, a in enumerate(expanded) for b in expanded[i + 1:]):
+        return True
+    summed = frozenset(_literal_ints(sum_axis))
+    return None in axes and bool(summed) and any(_spans(a, summed) for a in expanded)
+
+
+def _spans(inserted: FrozenSet[int], summed: FrozenSet[int]) -> bool:
+    """Whether a factor with axes ``inserted`` spans every axis of ``summed``: none of them is inserted, all
+    counted from the same end (a negative and a non-negative position may be one axis)."""
+    positions = inserted | summed
+    same_end = all(a >= 0 for a in positions) or all(a < 0 for a in positions)
+    return bool(inserted) and same_end and not inserted & summed

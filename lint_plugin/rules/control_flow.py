@@ -21,14 +21,19 @@ class TracedCondition(Rule):
 
     ``if``/``elif``/``while``/ternary/``assert``/``and``/``or``/``not``, a comprehension's filter
     (``[f(v) for v in xs if v.sum() > 0]``), a ``case`` guard, and a ``match`` whose cases compare a traced
-    subject with a value (``case 0:``) need its concrete truth value, which a tracer does not have
+    subject, or a traced item of a tuple or list subject (``match (x, x.sum()): case (a, 0):``), with a value
+    (``case 0:``) need its concrete truth value, which a tracer does not have
     (``TracerBoolConversionError`` under ``jit``). Conditions on static values are fine:
     shapes, dtypes, ``len()``, ``x is None``, ``static_argnums``, module config, parameters annotated with
-    a Python type, Python containers, dict keys, and the bare truth value of a module method's unannotated
-    parameter (``if train:``, a Python flag), or of a function's under ``eqx.filter_jit`` & co. (they keep
-    Python values static) or given to ``nn.apply(fn, module)``. The primal of a
-    ``jax.custom_vjp``/``jax.custom_jvp`` function and the rules ``f.defvjp(fwd, bwd)`` and
-    ``f.defjvp(jvp)`` register are traced code too; their ``nondiff_argnums`` values are static.
+    a Python type, Python containers, dict keys, comparisons with a string or an enum member, and the bare
+    truth value of a module method's unannotated parameter (``if train:``, a Python flag), or of a
+    function's under ``eqx.filter_jit`` & co. (they keep Python values static) or given to
+    ``nn.apply(fn, module)``. A parameter compared with ``==``/``!=`` to an UPPER_CASE constant of another
+    module (``model_mode != MODEL_MODE_TRAIN`` with the constant imported from ``common_types``, or
+    ``common_types.MODEL_MODE_TRAIN``) is not reported either: such a constant is almost always a mode
+    label, whose value the file does not show. The primal of a ``jax.custom_vjp``/``jax.custom_jvp``
+    function and the rules ``f.defvjp(fwd, bwd)`` and ``f.defjvp(jvp)`` register are traced code too; their
+    ``nondiff_argnums`` values are static.
     """
 
     entry = TRACED_CONDITION
@@ -127,6 +132,20 @@ class TracedCondition(Rule):
 
         f.defvjp(f_fwd, f_bwd)
         """,
+        """
+        from flax import nnx
+
+        from common_types import MODEL_MODE_AUTOREGRESSIVE, MODEL_MODE_TRAIN
+
+        class Attention(nnx.Module):
+            def __call__(self, query, model_mode):  # a mode label, passed down to a helper
+                if model_mode != MODEL_MODE_TRAIN:
+                    query = query * 2
+                return self.mask(query, model_mode)
+
+            def mask(self, query, model_mode):
+                return query if model_mode == MODEL_MODE_AUTOREGRESSIVE else -query
+        """,
     ]
     INVALID = [
         Invalid("""
@@ -190,6 +209,16 @@ class TracedCondition(Rule):
                 case _:
                     return -x
         """, line=5, col=10),
+        Invalid("""
+        import jax
+
+        @jax.jit
+        def f(x):
+            match (x, x.sum()):
+                case (a, 0):
+                    return a
+            return -x
+        """, line=5, col=14),
         Invalid("""
         import jax
 
@@ -265,8 +294,11 @@ class TracedCondition(Rule):
             self._flag(walk, node.guard, "case guard")
 
     def visit_Match(self, node: cst.Match, walk: FunctionWalk) -> None:
-        if is_traced(walk.kind(node.subject)) and any(_compares(case.pattern) for case in node.cases):
-            self._flag(walk, node.subject, "match")
+        for case in node.cases:
+            for leaf in walk.case_leaves(case.pattern, node.subject):
+                if leaf.value is not None and leaf.compared \
+                        and is_traced(walk.equality_kind(leaf.node, leaf.kind, leaf.value)):
+                    self._flag(walk, leaf.node or node.subject, "match")
 
     def visit_BooleanOperation(self, node: cst.BooleanOperation, walk: FunctionWalk) -> None:
         if walk.in_test(node):
@@ -278,16 +310,6 @@ class TracedCondition(Rule):
         if isinstance(node.operator, cst.Not) and not walk.in_test(node) \
                 and self._is_traced_test(walk, node.expression):
             self._flag(walk, node, "not")
-
-
-def _compares(pattern: cst.MatchPattern) -> bool:
-    """Whether a ``case`` pattern compares the subject itself with a value (``case 0:``, ``case None | 1:``):
-    patterns that only test a type or structure leave an array unmatched instead."""
-    if isinstance(pattern, cst.MatchAs):
-        return pattern.pattern is not None and _compares(pattern.pattern)
-    if isinstance(pattern, cst.MatchOr):
-        return any(_compares(element.pattern) for element in pattern.patterns)
-    return isinstance(pattern, cst.MatchValue)
 
 
 def _is_python_flag(walk: FunctionWalk, test: cst.BaseExpression) -> bool:

@@ -14,7 +14,7 @@ from ..kinds import INT8, STATIC, is_traced
 from ..names import CONV_FUNCS, MATMUL_FUNCS, short_name
 from ..walk import FunctionWalk
 from ._base import ANYWHERE, PLAIN, TRACED, Invalid, Rule
-from ._broadcast import is_broadcast_product
+from ._broadcast import is_emulated_matmul
 from ._operand_dtypes import operand_dtype
 
 __all__ = ["BroadcastMultiplySum", "Convolution", "FloatMatmul", "HiddenMatmul", "Int8MatmulInt8Accumulator",
@@ -363,16 +363,15 @@ class Int8MatmulInt8Accumulator(_MatmulRule):
 _SUMS = frozenset({"jax.numpy.sum", "jax.numpy.nansum"})
 
 
-def _axis_given(call: cst.Call, first_positional_is_array: bool) -> bool:
+def _sum_axis(call: cst.Call, first_positional_is_array: bool) -> Optional[cst.BaseExpression]:
+    """The ``axis`` a sum is given (``x.sum(1)``, ``jnp.sum(x, axis=-2)``); None for a full sum."""
     axis = kwarg(call, "axis")
     if axis is None:
         args = positional(call)
         idx = 1 if first_positional_is_array else 0
         if len(args) > idx:
             axis = args[idx]
-    if axis is None:
-        return False
-    return not (isinstance(axis, cst.Name) and axis.value == "None")
+    return None if axis is None or (isinstance(axis, cst.Name) and axis.value == "None") else axis
 
 
 class BroadcastMultiplySum(Rule):
@@ -381,11 +380,19 @@ class BroadcastMultiplySum(Rule):
     ``(x[:, :, None] * w[None]).sum(1)`` and ``jnp.sum(a[..., None] * b[None], axis=-2)`` (also
     through a variable holding the product) compute a matmul the int8 rewrite cannot see, so it
     stays float: two operands expanded along different axes, multiplied into all B x D_in x D_out
-    products and summed over the shared axis, the pattern ``verify`` finds in the jaxpr. Not
-    reported: one expanded operand (``jnp.sum(a[:, :, :, None] * b, axis=2)``: with ``b`` of full
-    size the product is no larger than ``b``, and the source does not say otherwise), both expanded
-    along the same axis, a product followed by a full sum, and scaling by broadcast scales
-    (``acc * sx[:, None] * sw[None, :]``).
+    products and summed over the shared axis, the pattern ``verify`` finds in the jaxpr. So does one
+    expanded operand times one that is not, summed over an axis the expanded one spans
+    (``jnp.sum(pre[:, :, :, None] * x, axis=2)``, ``(alpha[:, None] * probs).sum(0)``,
+    ``jnp.sum(softmax * pos[..., None], axis=-2)``): broadcast along the other's free axis and summed
+    over the axis they share, it is a matrix-vector product (batched or not),
+    ``jnp.einsum("bsk,bskd->bsd", pre, x)``. The linter reads the axes from the source, both counted
+    from the same end (a non-negative ``axis`` assumes the expanded operand is not broadcast to a higher
+    rank); ``verify``, which sees the jaxpr, reports only a product broadcast on both sides, since one
+    broadcast operand summed over looks like any scaled sum there (int8ify's own epilogue followed by a
+    sum over the outputs). Not reported: both expanded along the same axis, a sum
+    over the inserted axis (``(acc * sx[:, None]).sum(1)``, scaled rows summed), axes counted from
+    different ends (``jnp.sum(x * mask[..., None], axis=1)``), a product followed by a full sum, and
+    scaling by broadcast scales (``acc * sx[:, None] * sw[None, :]``).
     """
 
     entry = BROADCAST_MULTIPLY_SUM
@@ -411,9 +418,9 @@ class BroadcastMultiplySum(Rule):
         import jax, jax.numpy as jnp
 
         @jax.jit
-        def f(a, b, gate, up):
-            mixed = jnp.sum(a[:, :, :, None] * b, axis=2)
-            return mixed + jnp.sum(gate[:, None] * up[:, None], axis=0)
+        def f(acc, sx, gate, up):
+            row_sums = (acc * sx[:, None]).sum(1)
+            return row_sums + jnp.sum(gate[:, None] * up[:, None], axis=0)
         """,
     ]
     INVALID = [
@@ -446,18 +453,33 @@ class BroadcastMultiplySum(Rule):
             prod = x_q[:, :, jnp.newaxis].astype(jnp.int32) * w_q[jnp.newaxis].astype(jnp.int32)
             return prod.sum(axis=1)
         """, line=6, col=11),
+        Invalid("""
+        import jax, jax.numpy as jnp
+
+        @jax.jit
+        def f(pre, x):
+            return jnp.sum(pre[:, :, :, None] * x, axis=2)
+        """, line=5, col=11),
+        Invalid("""
+        import jax
+
+        @jax.jit
+        def f(alpha, probs):
+            return (alpha[:, None] * probs).sum(axis=0)
+        """, line=5, col=11),
     ]
 
     def visit_Call(self, node: cst.Call, walk: FunctionWalk) -> None:
         f = node.func
         q = walk.qualname(f)
         if q is None and isinstance(f, cst.Attribute) and f.attr.value == "sum":
-            if is_broadcast_product(f.value, walk) and _axis_given(node, False):
-                self.report(walk, node)
+            product, axis = f.value, _sum_axis(node, False)
+        elif node.args and node.args[0].keyword is None and q in _SUMS:
+            product, axis = node.args[0].value, _sum_axis(node, True)
+        else:
             return
-        if node.args and node.args[0].keyword is None and q in _SUMS:
-            if is_broadcast_product(node.args[0].value, walk) and _axis_given(node, True):
-                self.report(walk, node)
+        if axis is not None and is_emulated_matmul(product, walk, axis):
+            self.report(walk, node)
 
 
 class Convolution(Rule):

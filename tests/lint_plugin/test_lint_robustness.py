@@ -1,17 +1,21 @@
-"""Deeply nested (valid) code is analysed like any other file and never aborts a flake8 run; an
-internal error is one JX000 result; ``--select=JX,E9`` keeps flake8's own E999 for files that do
-not parse."""
+"""Deeply nested (valid) code is analysed like any other file and never aborts a flake8 run; where no
+thread with a larger stack can run (or even it overflows), the deepest code is skipped, said by one JX000,
+and the rest of the file checked; an internal error is one JX000 result; ``--select=JX,E9`` keeps flake8's
+own E999 for files that do not parse."""
 
 from __future__ import annotations
 
+import ast
 import sys
 import textwrap
+import threading
 
 import pytest
 
 from lint_helpers import run_flake8
-from lint_plugin import engine, lint_source
-from lint_plugin.deep_stack import call_with_deep_stack
+from lint_plugin import deep_stack, engine, lint_source
+from lint_plugin.deep_stack import DeepStackUnavailable, call_with_deep_stack
+from lint_plugin.masking import mask_deep_code
 
 NORMAL = textwrap.dedent('''\
     import jax
@@ -174,10 +178,118 @@ def test_an_error_raised_while_unwinding_a_recursion_error_is_retried_with_a_dee
     assert len(calls) == 2
 
 
-def test_too_deep_even_with_a_larger_stack_is_one_jx000_result(monkeypatch):
-    def always_too_deep(*args):
+def test_too_deep_even_with_a_larger_stack_and_skipped_code_is_one_jx000_result(monkeypatch):
+    def always_too_deep(*args, **kwargs):
         raise RecursionError
 
     monkeypatch.setattr(engine, "_lint", always_too_deep)
     (v,) = lint_source("import jax\n")
     assert v.code == "JX000" and "nesting too deep" in v.message
+
+
+def _chain_then_matmul(terms: int) -> str:
+    """A deep ``and`` chain in an ``if``, then a float matmul in the same function."""
+    chain = " and ".join("(x > 0)" for _ in range(terms))
+    return _in_traced_function(f"if {chain}:\n    x = -x\nreturn x @ w")
+
+
+_CHAIN_THEN_MATMUL_REPORTS = [(6, 4, "JX201"), (8, 11, "JX101")]
+
+
+def _refuse_threads(monkeypatch):
+    def refuse(thread):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+
+
+def test_without_a_thread_the_deepest_code_is_skipped_and_the_rest_checked(monkeypatch):
+    source = _chain_then_matmul(600)
+    assert [(v.line, v.col, v.code) for v in lint_source(source, raise_errors=True)] == _CHAIN_THEN_MATMUL_REPORTS
+    _refuse_threads(monkeypatch)
+    for raise_errors in (True, False):
+        reports = lint_source(source, raise_errors=raise_errors)
+        # the same findings at the same places, and one JX000 at the first term skipped
+        assert [(v.line, v.col, v.code) for v in reports] == [(6, 4, "JX201"), (6, 8, "JX000"), (8, 11, "JX101")]
+        note, matmul = reports[1], reports[2]
+        assert note.message == (
+            "JX000 code nested too deep to analyse here (no thread with a large stack could start: RuntimeError: "
+            "can't start new thread): the parts nested deepest, from here on, were skipped and the rest of this "
+            "file was checked")
+        assert matmul.message.startswith("JX101 float matmul `@` in traced code")
+
+
+def test_too_deep_even_for_the_larger_stack_skips_the_deepest_code(monkeypatch):
+    monkeypatch.setattr(deep_stack, "_RECURSION_LIMIT", 400)  # the thread's stack overflows too
+    reports = lint_source(_chain_then_matmul(600), raise_errors=True)
+    assert [(v.line, v.col, v.code) for v in reports] == [(6, 4, "JX201"), (6, 8, "JX000"), (8, 11, "JX101")]
+    assert "(too deep even for a larger stack)" in reports[1].message
+
+
+def test_the_skipped_code_fits_a_lower_recursion_limit(monkeypatch):
+    _refuse_threads(monkeypatch)
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(600)
+    try:
+        reports = lint_source(_chain_then_matmul(300), raise_errors=True)
+    finally:
+        sys.setrecursionlimit(old)
+    assert [(v.line, v.code) for v in reports] == [(6, "JX201"), (6, "JX000"), (8, "JX101")]
+
+
+@pytest.mark.parametrize("failure", ["stack_size", "start"])
+def test_a_thread_that_cannot_run_is_deep_stack_unavailable(monkeypatch, failure):
+    def refuse(*args):
+        raise ValueError("size not valid") if failure == "stack_size" else RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading if failure == "stack_size" else threading.Thread, failure, refuse)
+    old_limit = sys.getrecursionlimit()
+    with pytest.raises(DeepStackUnavailable) as info:
+        call_with_deep_stack(lambda: 1)
+    assert isinstance(info.value.__cause__, (ValueError, RuntimeError))
+    assert sys.getrecursionlimit() == old_limit
+
+
+MASKED = textwrap.dedent('''\
+    import jax
+
+
+    @jax.jit
+    def f(x, w):
+        y = (x.ndim > 0 and
+             x.ndim > 1 and x.ndim > 2 and
+             x.ndim > 3); z = x @ w  # noqa: E702
+        return g(g(g(y))) @ w
+''')
+
+
+def _elif_chain_then_matmul(arms: int) -> str:
+    body = "".join(f"elif x.ndim == {i}:\n    y = x * {i}\n" for i in range(1, arms))
+    return _in_traced_function(f"if x.ndim == 0:\n    y = x\n{body}else:\n    y = -x\nreturn y @ w")
+
+
+def test_masked_code_keeps_every_other_position():
+    """What is masked is replaced by a placeholder of the same extent: the lines, and the columns after it on
+    its last line, stay where they were."""
+    masked = mask_deep_code(MASKED, ast.parse(MASKED), 9)
+    assert masked.first == (6, 9)  # the first two terms of the chain, on lines 6 and 7
+    original, new = MASKED.splitlines(), masked.source.splitlines()
+    assert new[:5] == original[:5] and len(new) == len(original)
+    assert new[5:7] == ["    y = ((_", "                  ) and (____) > 2 and"]
+    assert new[7].index("); z = x @ w  # noqa: E702") == original[7].index("); z = x @ w  # noqa: E702")
+    assert new[8] == "    return g((_____)) @ w"
+    ast.parse(masked.source)
+    matmuls = [(v.line, v.col, v.code) for v in lint_source(MASKED, raise_errors=True)]
+    assert [(v.line, v.col, v.code) for v in lint_source(masked.source, raise_errors=True)] == matmuls
+
+
+def test_the_rest_of_a_deep_elif_chain_is_masked_as_one_else():
+    source = _elif_chain_then_matmul(40)
+    masked = mask_deep_code(source, ast.parse(source), 30)
+    lines, original = masked.source.splitlines(), source.splitlines()
+    start = lines.index("    else: pass")  # from the first ``elif`` too deep to the end of the chain
+    assert original[start].startswith("    elif x.ndim == ")
+    assert lines[start + 1:-1] == [""] * (len(lines) - start - 2)
+    assert len(lines) == len(original) and lines[-1] == original[-1] == "    return y @ w"
+    reports = lint_source(masked.source, raise_errors=True)
+    assert [(v.line, v.col, v.code) for v in reports] == [(len(lines), 11, "JX101")]
