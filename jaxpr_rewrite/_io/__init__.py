@@ -1,0 +1,1 @@
+"""Quantized pytrees on disk: Orbax checkpoints and SafeTensors files."""
