@@ -267,8 +267,10 @@ class Int8ified(Int8ifiedBase):
 
 
 def _is_weight_array(x) -> bool:
-    # a jax.Array cannot change (a numpy array can, in place, between calls); a tracer is not a value yet
-    return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+    # a jax.Array cannot change (a numpy array can, in place, between calls); a tracer is not a value yet; a deleted
+    # one (donated to another computation, or .delete()) is passed as it is, so the call fails as the float
+    # function's does instead of answering from the codes quantized while it lived
+    return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and not x.is_deleted()
 
 
 class _QuantizedWeights:
