@@ -1,0 +1,155 @@
+"""What a user's fuzzing of the library found (issue 68): float64 calibration and smoothing, malformed static scales,
+NaN under a percentile, a donated weight, explanations, the command line's shapes; pre-quantized weights inside
+custom derivatives and shard_map; nnx modules with shared state and Python attributes; stored files; 4-bit
+sharded restore; block scales contracted out of axis order; exported programs served by JAX alone. Numbers are
+checked against numpy in float64 (exact integer sums of the reference codes where the codes are the contract's)."""
+
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from jaxpr_rewrite import ActivationScales, Int8ifyError, QuantizationWarning, int8ify, quantize_params
+from jaxpr_rewrite.cli import UsageError, parse_args_spec
+
+RNG = np.random.default_rng(68)
+
+
+def matmul(params, x):
+    return x @ params["w"]
+
+
+def relative_error(got, want) -> float:
+    want = np.asarray(want, np.float64)
+    return float(np.linalg.norm(np.asarray(got, np.float64) - want) / np.linalg.norm(want))
+
+
+@pytest.fixture
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+# -- 5. float64 static activation scales -------------------------------------------------------------------------
+@pytest.mark.parametrize("magnitude", [1e-40, 1e40])
+def test_float64_static_scales_are_calibrated_in_float64(x64, magnitude):
+    """float32 reads a float64 activation of 1e-40 as zero (all-zero outputs) and one of 1e40 as Inf (refused)."""
+    w = RNG.standard_normal((256, 128))
+    x = RNG.standard_normal((32, 256)) * magnitude
+    static = quantize_params(matmul, {"w": w}, x, activations="static")
+    scale = np.asarray(static["w"].activation_scale)
+    assert scale.dtype == np.float64 and scale[0] == np.abs(x).max()
+    got = int8ify(matmul)(static, x)
+    # float64 codes of x by its static scale absmax / 127 and of w by its per-column ones; exact integer sums
+    x_scale = np.abs(x).max() / 127
+    w_scales = np.abs(w).max(axis=0) / 127
+    x_codes, w_codes = np.clip(np.rint(x / x_scale), -127, 127), np.clip(np.rint(w / w_scales), -127, 127)
+    want = (x_codes @ w_codes) * w_scales * x_scale
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
+    assert relative_error(got, x @ w) < 0.02
+
+
+def test_float64_static_scales_of_dots_between_activations(x64):
+    from jaxpr_rewrite import calibrate_activation_dots
+
+    a = RNG.standard_normal((64, 128)) * 1e-40
+
+    def attention(params, a):
+        return a @ a.T
+
+    scales = calibrate_activation_dots(attention, {}, a)
+    got = int8ify(attention, activation_scales=scales)({}, a)
+    assert relative_error(got, a @ a.T) < 0.02
+
+
+# -- 6. SmoothQuant on float64 weights ---------------------------------------------------------------------------
+@pytest.mark.parametrize("magnitude", [1e100, 1e-100])
+def test_smoothing_float64_weights_computes_the_smoothed_weight_in_float64(x64, magnitude):
+    w = RNG.standard_normal((256, 128)) * magnitude
+    x = RNG.standard_normal((32, 256))
+    x[:, 3] *= 30  # an outlier channel, what smoothing is for
+    smoothed = quantize_params(matmul, {"w": w}, x, smooth_alpha=0.5)
+    assert smoothed["w"].smooth.dtype == np.float64
+    got = np.asarray(int8ify(matmul)(smoothed, x))
+    assert np.isfinite(got).all() and relative_error(got, x @ w) < 0.01
+    unsmoothed = int8ify(matmul)(quantize_params(matmul, {"w": w}, x), x)
+    assert relative_error(got, x @ w) < relative_error(unsmoothed, x @ w)
+
+
+# -- 11. ActivationScales.from_dict checks what it reads ---------------------------------------------------------
+DOT = {"position": 0, "dimension_numbers": [[[1], [1]], [[], []]], "ranks": [2, 2], "scope": "", "source": "f:1",
+       "absmax": [1.0, 2.0]}
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("absmax", [1.5], "dots\\[0\\].absmax is \\[1.5\\], not two numbers"),
+    ("absmax", "12", "dots\\[0\\].absmax is '12', not two numbers"),
+    ("ranks", [2, "2"], "dots\\[0\\].ranks is \\[2, '2'\\], not two ints"),
+    ("dimension_numbers", [[1], [0]], "dots\\[0\\].dimension_numbers is"),
+    ("position", 0.5, "dots\\[0\\].position is 0.5, not an int"),
+])
+def test_a_malformed_activation_scales_dict_is_an_error_naming_the_field(field, value, expected):
+    assert ActivationScales.from_dict({"n_dots": 1, "dots": [DOT]}).dots[0].absmax == (1.0, 2.0)
+    with pytest.raises(Int8ifyError, match=f"not the dict ActivationScales.as_dict writes: {expected}"):
+        ActivationScales.from_dict({"n_dots": 1, "dots": [{**DOT, field: value}]})
+
+
+# -- 12. a percentile does not hide NaN, nor call a zero percentile all-zero activations --------------------------
+def test_nan_in_calibration_is_an_error_with_a_percentile():
+    from jaxpr_rewrite import calibrate_activation_dots
+
+    w = RNG.standard_normal((128, 64)).astype(np.float32)
+    x = RNG.standard_normal((64, 128)).astype(np.float32)
+    bad = x.copy()
+    bad[5, 7] = np.nan
+    with pytest.raises(Int8ifyError, match=r"the activations met by \['w'\]'s matmuls hold NaN or Inf"):
+        quantize_params(matmul, {"w": w}, x, activations="static", activation_percentile=99.0, calibration=[(bad,)])
+    with pytest.raises(Int8ifyError, match="hold NaN or Inf"):
+        calibrate_activation_dots(lambda p, a: a @ a.T, {}, bad, percentile=99.0)
+
+
+def test_a_percentile_of_zero_does_not_say_the_activations_were_all_zero():
+    w = RNG.standard_normal((128, 64)).astype(np.float32)
+    x = np.zeros((64, 128), np.float32)
+    x[0] = RNG.standard_normal(128)  # one row of 64 nonzero: the 90th percentile of |x| is 0
+    with pytest.warns(QuantizationWarning, match=r"had a 90.0th percentile of \|x\| of 0 \(at least 90.0% of the "
+                                                 r"values zero\)") as caught:
+        quantize_params(matmul, {"w": w}, x, activations="static", activation_percentile=90.0)
+    assert "all zero" not in str(caught[0].message)
+
+
+# -- 13. a donated weight ------------------------------------------------------------------------------------------
+def test_a_donated_weight_fails_as_the_float_function_does():
+    w = jnp.asarray(RNG.standard_normal((256, 128)).astype(np.float32))
+    x = RNG.standard_normal((16, 256)).astype(np.float32)
+    f = int8ify(matmul)
+    f({"w": w}, x)
+    f({"w": w}, x)  # the second call quantizes the weight once, kept while it lives
+    w.delete()  # as donating it to another computation does
+    with pytest.raises(RuntimeError, match="deleted"):
+        matmul({"w": w}, x)
+    with pytest.raises(Exception, match="deleted"):
+        f({"w": w}, x)
+
+
+# -- 14. explanations, the command line's shapes -------------------------------------------------------------------
+def test_explain_names_the_matmul_that_keeps_a_weight_dynamic():
+    w = RNG.standard_normal((64, 64)).astype(np.float32)
+    x = RNG.standard_normal((8, 64)).astype(np.float32)
+
+    def f(params, x):
+        h = x @ params["w"]
+        return lax.fori_loop(0, 2, lambda i, h: h @ params["w"], h)  # the matmul in the loop
+
+    _, why = quantize_params(f, {"w": w}, x, activations="static", explain=True)
+    line = f.__code__.co_firstlineno + 2
+    assert f"its matmul at tests/jaxpr_rewrite/test_fuzzed.py:{line} " in why["['w']"], why
+
+
+@pytest.mark.parametrize("spec", ["f32[4,,8]", "f32[4,]", "f32[,4]"])
+def test_a_shape_with_a_missing_dim_is_a_usage_error(spec):
+    assert parse_args_spec("f32[4,8] i32[]")[0].shape == (4, 8)
+    with pytest.raises(UsageError, match="dims must be integers, one between each two commas"):
+        parse_args_spec(spec)
