@@ -139,11 +139,13 @@ def resolve_dot_operands(invals: Sequence, contractions, direct: bool, shared: d
         shared: a per-program cache ``(id(activation), axes, group) -> (activation, its rescaling or its static
             scale)`` shared by the weights of one smoothing or static-scale group, or ``None``.
         block_size: the block length of the dot (``int8ify(..., block_size=...)`` with int8), or ``None``: a
-            block-scaled weight goes on as itself (the dot reads its :meth:`~QuantizedArray.block_operand`); a
-            block-scaled weight here is of that length (:func:`_check_weights_fit` let it through).
+            block-scaled weight goes on as itself (the dot reads its :meth:`~QuantizedArray.block_operand`) when the
+            dot contracts its axes in their order; a block-scaled weight here is of that length
+            (:func:`_check_weights_fit` let it through).
     """
     usable = [
-        is_quantized(x) and (x.block_size is not None or (direct and x.dot_operand(contract) is not None))
+        is_quantized(x) and (x.fits_blocks(contract) if x.block_size is not None
+                             else direct and x.dot_operand(contract) is not None)
         for x, contract in zip(invals, contractions)
     ]
     for side, x in enumerate(invals):
