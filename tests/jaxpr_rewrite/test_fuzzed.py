@@ -153,3 +153,47 @@ def test_a_shape_with_a_missing_dim_is_a_usage_error(spec):
     assert parse_args_spec("f32[4,8] i32[]")[0].shape == (4, 8)
     with pytest.raises(UsageError, match="dims must be integers, one between each two commas"):
         parse_args_spec(spec)
+
+
+# -- 9. block scales contracted out of the weight's axis order ----------------------------------------------------
+def test_a_block_scaled_weight_contracted_out_of_axis_order_stays_float():
+    w = RNG.standard_normal((32, 16, 64)).astype(np.float32)
+    x = RNG.standard_normal((4, 16, 32)).astype(np.float32)
+
+    def reversed_order(params, x):  # contracts w's axes in the order (1, 0)
+        return jnp.einsum("bij,jin->bn", x, params["w"])
+
+    def in_order(params, x):
+        return jnp.tensordot(x, params["w"], axes=((2, 1), (0, 1)))
+
+    blocked = int8ify(reversed_order, block_size=32)
+    kept, why = quantize_params(blocked, {"w": w}, x, explain=True)
+    assert isinstance(kept["w"], np.ndarray)
+    assert "contracts its axes in the order (1, 0), and block scales follow the axes' own order" in why["['w']"]
+    want = np.einsum("bij,jin->bn", x.astype(np.float64), w)
+    got = blocked({"w": w}, x)
+    assert relative_error(got, want) < 0.02
+    # a weight quantized for a dot contracting in order meets the reversed one: its value, not an AttributeError
+    stored = quantize_params(int8ify(in_order, block_size=32), {"w": w}, x)
+    np.testing.assert_array_equal(blocked(stored, x), blocked({"w": np.asarray(stored["w"].materialise())}, x))
+    assert relative_error(int8ify(in_order, block_size=32)(stored, x), want) < 0.02
+
+
+# -- 8. sharded restore of 4-bit codes whose packed axis is sharded -------------------------------------------------
+@pytest.mark.parametrize("columns, packed_spec", [(6, None), (8, "model")])
+def test_sharded_like_keeps_a_packed_axis_whole_where_bytes_straddle_shards(tmp_path, columns, packed_spec):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from jaxpr_rewrite.checkpoint import load_quantized, save_quantized, sharded_like
+
+    w = RNG.standard_normal((256, columns)).astype(np.float32)
+    x = RNG.standard_normal((8, 256)).astype(np.float32)
+    q4 = quantize_params(matmul, {"w": w}, x, bits=4)
+    mesh = jax.make_mesh((2,), ("model",), devices=jax.devices()[:2])
+    target = sharded_like(jax.eval_shape(lambda p: p, q4), {"w": NamedSharding(mesh, P(None, "model"))})
+    assert target["w"].codes.sharding.spec == P(None, packed_spec) and target["w"].scales.sharding.spec == P("model")
+    save_quantized(tmp_path / "ckpt", q4)
+    placed = load_quantized(tmp_path / "ckpt", target)
+    np.testing.assert_array_equal(placed["w"].codes, q4["w"].codes)
+    np.testing.assert_array_equal(int8ify(matmul)(placed, x), int8ify(matmul)(q4, x))
