@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 import jax
 from jax.extend.core import ClosedJaxpr
 
-from .argument_updates import write_back
+from .argument_updates import write_attributes, write_back
 from .config import RewriteConfig
 from .errors import Int8ifyError
 from .params import quantizable_uses, quantized_weight
@@ -31,6 +31,7 @@ class _Program(NamedTuple):
     float_jaxpr: ClosedJaxpr  # the program as written, over the traced leaves
     out_tree: Any  # the structure of the function's output, whose leaves the outputs start with
     updates: tuple  # the argument leaves the function replaces (last among the outputs), tracing.Traced
+    attributes: tuple  # the Python attributes of its arguments the function sets, tracing.Traced
     rewriter: Rewriter  # shares the rewrite of repeated sub-jaxprs between the uses of this program
     cacheable: bool  # False when the program closes over a tracer of an enclosing trace
     consts: list  # float_jaxpr's constants, the weights among them quantized once (_quantized_constants)
@@ -146,14 +147,14 @@ class Int8ified(Int8ifiedBase):
             if program is not None:
                 self._programs.move_to_end(signature)
                 return program
-        float_jaxpr, out_tree, updates = trace(self.fn, signature, dynamic)
+        float_jaxpr, out_tree, updates, attributes = trace(self.fn, signature, dynamic)
         cacheable = not any(isinstance(c, jax.core.Tracer) for c in float_jaxpr.consts)
         scales = self.config.activation_scales
         constants = functools.partial(
             _quantized_constants, config=self.config, weights=self._weights, ahead=not _reads_activations_otherwise(
                 dynamic), calibrated=frozenset(() if scales is None else scales.assign(float_jaxpr.jaxpr)))
-        program = _Program(float_jaxpr, out_tree, updates, Rewriter(self.config, float_jaxpr.jaxpr, constants),
-                           cacheable, constants(float_jaxpr))
+        program = _Program(float_jaxpr, out_tree, updates, attributes,
+                           Rewriter(self.config, float_jaxpr.jaxpr, constants), cacheable, constants(float_jaxpr))
         # A program that closes over an outer tracer belongs to that trace alone: never reuse it.
         if cacheable:
             with self._lock:
@@ -254,6 +255,8 @@ class Int8ified(Int8ifiedBase):
             n_out = len(outs) - len(program.updates)
             write_back(argument_tree(signature, args, kwargs), program.updates, outs[n_out:], self._name)
             outs = outs[:n_out]
+        if program.attributes:  # Python attributes it sets (a call counter), as running the function again would
+            write_attributes(argument_tree(signature, args, kwargs), program.attributes)
         return jax.tree_util.tree_unflatten(program.out_tree, outs)
 
     def __get__(self, instance, owner):

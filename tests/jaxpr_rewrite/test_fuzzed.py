@@ -197,3 +197,63 @@ def test_sharded_like_keeps_a_packed_axis_whole_where_bytes_straddle_shards(tmp_
     placed = load_quantized(tmp_path / "ckpt", target)
     np.testing.assert_array_equal(placed["w"].codes, q4["w"].codes)
     np.testing.assert_array_equal(int8ify(matmul)(placed, x), int8ify(matmul)(q4, x))
+
+
+# -- 3, 4. nnx modules with shared state, and their Python attributes ----------------------------------------------
+def nnx_counter_models():
+    nnx = pytest.importorskip("flax.nnx")
+
+    class Counted(nnx.Module):
+        """A matmul that counts its calls in a Variable and in a plain Python attribute."""
+
+        def __init__(self, w):
+            self.w = nnx.Param(jnp.asarray(w))
+            self.count = nnx.Variable(jnp.zeros((), jnp.float32))
+            self.calls = 0
+
+        def __call__(self, x):
+            self.count[...] = self.count[...] + 1
+            self.calls += 1
+            return x @ self.w[...]
+
+    class Tied(nnx.Module):
+        def __init__(self, w):
+            self.first = Counted(w)
+            self.second = self.first  # one submodule, used twice
+
+        def __call__(self, x):
+            return self.second(self.first(x))
+
+    return nnx, Counted, Tied
+
+
+@pytest.mark.parametrize("wrap", ["eager", "nnx.jit"])
+def test_nnx_shared_state_is_updated_once_per_use_as_the_float_function_does(wrap):
+    nnx, Counted, Tied = nnx_counter_models()
+    w = RNG.standard_normal((128, 128)).astype(np.float32) / 11
+    x = RNG.standard_normal((8, 128)).astype(np.float32)
+    wrapped = (lambda f: f) if wrap == "eager" else nnx.jit
+    tied, float_tied = Tied(w), Tied(w)
+    call = wrapped(int8ify(lambda model, x: model(x)))
+    for _ in range(2):
+        got = call(tied, x)
+        want = float_tied(x)
+    assert float(tied.first.count[...]) == float(float_tied.first.count[...]) == 4
+    assert tied.second is tied.first and tied.first.calls == float_tied.first.calls == 4
+    assert relative_error(got, np.asarray(x, np.float64) @ w @ w) < 0.02
+    assert relative_error(got, want) < 0.02
+    # one module passed as two arguments
+    counted, float_counted = Counted(w), Counted(w)
+    both = wrapped(int8ify(lambda a, b, x: b(a(x))))
+    both(counted, counted, x)
+    float_counted(float_counted(x))
+    assert float(counted.count[...]) == float(float_counted.count[...]) == 2 and counted.calls == 2
+
+
+def test_an_nnx_python_attribute_update_with_a_variable_update_is_written_back():
+    nnx, Counted, _ = nnx_counter_models()
+    model = Counted(RNG.standard_normal((64, 64)).astype(np.float32))
+    x = RNG.standard_normal((4, 64)).astype(np.float32)
+    for calls in (1, 2, 3):
+        int8ify(lambda m, x: m(x))(model, x)
+        assert model.calls == calls and float(model.count[...]) == calls
