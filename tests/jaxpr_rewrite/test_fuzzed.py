@@ -257,3 +257,74 @@ def test_an_nnx_python_attribute_update_with_a_variable_update_is_written_back()
     for calls in (1, 2, 3):
         int8ify(lambda m, x: m(x))(model, x)
         assert model.calls == calls and float(model.count[...]) == calls
+
+
+# -- 7. stored files: 0-d and float8 leaves, tuple keys, places holding no array, damaged documents -----------------
+def stored_formats():
+    from jaxpr_rewrite.checkpoint import load_quantized, save_quantized
+    from jaxpr_rewrite.safetensors_io import load_safetensors, save_safetensors
+
+    return {"safetensors": (save_safetensors, load_safetensors), "orbax": (save_quantized, load_quantized)}
+
+
+def assert_same_stored_tree(got, want):
+    """The same structure (QuantizedArrays as leaves, Nones and empty containers included), the same leaf bits."""
+    from jaxpr_rewrite.quantized import is_quantized
+
+    leaves_got, tree_got = jax.tree_util.tree_flatten(got, is_leaf=is_quantized)
+    leaves_want, tree_want = jax.tree_util.tree_flatten(want, is_leaf=is_quantized)
+    assert tree_got == tree_want, (tree_got, tree_want)
+    for a, b in zip(jax.tree_util.tree_leaves(leaves_got), jax.tree_util.tree_leaves(leaves_want)):
+        assert np.dtype(a.dtype) == np.dtype(b.dtype) and np.shape(a) == np.shape(b)
+        as_bytes = [np.atleast_1d(np.asarray(leaf)).view(np.uint8) for leaf in (a, b)]  # float8 too, bit for bit
+        np.testing.assert_array_equal(*as_bytes)
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "orbax"])
+def test_stored_trees_round_trip_whatever_their_leaves_and_keys(tmp_path, fmt):
+    save, load = stored_formats()[fmt]
+    v = RNG.standard_normal(256).astype(np.float32)
+    x = RNG.standard_normal((4, 256)).astype(np.float32)
+    vector = quantize_params(lambda p, x: x @ p["v"], {"v": v}, x)["v"]  # its scales are 0-d
+    assert vector.scales.shape == ()
+    tree = {"scalar": np.float32(3.5), "vector": vector, "fp8": jnp.asarray(v[:8], jnp.float8_e4m3fn),
+            "none": None, "nothing": {}, "items": [None, np.ones(3, np.float32)],
+            "flat": {("layer", "kernel"): np.arange(6, dtype=np.float32).reshape(2, 3),  # flatten_dict's keys
+                     ("layer", "bias"): np.zeros(3, np.float32)}}
+    save(tmp_path / "stored", tree)
+    assert_same_stored_tree(load(tmp_path / "stored"), tree)
+    assert_same_stored_tree(load(tmp_path / "stored", jax.eval_shape(lambda t: t, tree)), tree)
+    np.testing.assert_array_equal(int8ify(lambda p, x: x @ p["v"])({"v": load(tmp_path / "stored")["vector"]}, x),
+                                  int8ify(lambda p, x: x @ p["v"])({"v": vector}, x))
+
+
+def test_safetensors_refuses_a_tensor_named_like_its_header_metadata(tmp_path):
+    save, _ = stored_formats()["safetensors"]
+    with pytest.raises(Int8ifyError, match=r"cannot save leaf \['__metadata__'\] to .*: its tensor would be named "
+                                           r"'__metadata__', the name SafeTensors' header gives its metadata"):
+        save(tmp_path / "m.safetensors", {"__metadata__": np.ones(3, np.float32)})
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda text: text[:-20], r"its 'int8ify.layout' metadata, the layout document, is not valid JSON"),
+    (lambda text: text.replace('"tensors": {"value": "b"}', '"tensors": {"value": "c"}'),
+     r"its layout document is damaged: leaf 0 \(\['b'\]\) names tensors \['c'\] the document does not list"),
+    (lambda text: text.replace('"kind": "array"', '"kind": "arrays"'),
+     r"its layout document is damaged: leaf 0 \(\['b'\]\) is of the unknown kind 'arrays'"),
+])
+def test_a_damaged_layout_document_is_an_error_naming_the_file_and_leaf(tmp_path, damage, message):
+    import json
+
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    from jaxpr_rewrite.safetensors_io import LAYOUT_KEY, load_safetensors, save_safetensors
+
+    path = tmp_path / "model.safetensors"
+    save_safetensors(path, {"b": np.ones(3, np.float32)})
+    with safe_open(path, framework="numpy") as file:
+        text, value = file.metadata()[LAYOUT_KEY], file.get_tensor("b")
+    json.loads(text)
+    save_file({"b": value}, path, metadata={LAYOUT_KEY: damage(text)})
+    with pytest.raises(Int8ifyError, match=f"{path}.*{message}"):
+        load_safetensors(path)
