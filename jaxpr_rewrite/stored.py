@@ -19,7 +19,7 @@ the containers come back as dicts (dict keys and attributes) and lists (sequence
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
@@ -29,7 +29,7 @@ from .jaxprs import default_device
 from .quantized import ARRAY_FIELDS, LAYOUT_VERSION, QuantizedArray, is_quantized
 from .quantized_layout import READABLE_LAYOUT_VERSIONS, readable_versions
 
-__all__ = ["FORMAT", "abstract_tensors", "check_layout", "leaf_of_tensor", "rebuild", "to_stored"]
+__all__ = ["FORMAT", "abstract_tensors", "check_layout", "leaf_of_tensor", "over_tensors", "rebuild", "to_stored"]
 
 # What the layout document calls itself, so a reader can tell it from other JSON.
 FORMAT = "int8ify.quantized-pytree"
@@ -143,6 +143,34 @@ def to_stored(tree) -> tuple[dict, dict]:
     if empty:
         layout["empty"] = empty
     return tensors, layout
+
+
+def over_tensors(fn: Callable, params) -> tuple[Callable, dict]:
+    """``fn`` taking the named tensors of ``params`` in place of ``params``: what to export with ``jax.export`` for a
+    program that JAX alone serves.
+
+    An exported program's arguments are rebuilt from its serialized pytree structure, and a ``QuantizedArray`` in
+    it deserializes only in a process that registered it (one that imported ``jaxpr_rewrite``). Over the named
+    tensors (a dict of arrays, :func:`to_stored`'s: the tensors :func:`~jaxpr_rewrite.safetensors_io.save_safetensors`
+    writes) the structure is JAX's own, and a server loads the tensors with ``safetensors`` and calls the program
+    with ``jax.export.deserialize`` alone.
+
+    Arguments:
+        fn: ``fn(params, *args, **kwargs)``, the model (an ``int8ify``-wrapped function, for int8 dots).
+        params: its params, quantized (``quantize_params``' output or a loaded file): arrays and ``QuantizedArray``
+            leaves.
+
+    Returns:
+        ``(program, tensors)``: ``program(tensors, *args, **kwargs)`` computes ``fn(params, *args, **kwargs)``,
+        bit for bit; ``tensors`` is ``name -> array``.
+    """
+    tensors, layout = to_stored(params)
+
+    def program(named, *args, **kwargs):
+        return fn(rebuild(layout, named, params), *args, **kwargs)
+
+    program.__name__ = program.__qualname__ = getattr(fn, "__name__", "program")
+    return program, tensors
 
 
 def check_layout(layout: Any, where: str) -> None:
