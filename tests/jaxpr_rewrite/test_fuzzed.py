@@ -328,3 +328,55 @@ def test_a_damaged_layout_document_is_an_error_naming_the_file_and_leaf(tmp_path
     save_file({"b": value}, path, metadata={LAYOUT_KEY: damage(text)})
     with pytest.raises(Int8ifyError, match=f"{path}.*{message}"):
         load_safetensors(path)
+
+
+# -- 1. pre-quantized weights inside custom_jvp and custom_vjp ------------------------------------------------------
+@jax.custom_vjp
+def vjp_dense(x, w):
+    return x @ w
+
+
+def _vjp_dense_fwd(x, w):
+    return x @ w, (x, w)
+
+
+def _vjp_dense_bwd(residuals, g):
+    x, w = residuals
+    return 2 * (g @ w.T), x.T @ g  # a rule of the user's own (twice the true dx): it must be the one applied
+
+
+vjp_dense.defvjp(_vjp_dense_fwd, _vjp_dense_bwd)
+
+
+@jax.custom_jvp
+def jvp_dense(x, w):
+    return x @ w
+
+
+@jvp_dense.defjvp
+def _jvp_dense_jvp(primals, tangents):
+    (x, w), (dx, dw) = primals, tangents
+    return x @ w, 3 * (dx @ w) + x @ dw  # (three times the true tangent of x)
+
+
+@pytest.mark.parametrize("dense, factor", [(vjp_dense, 2), (jvp_dense, 3)], ids=["custom_vjp", "custom_jvp"])
+@pytest.mark.parametrize("bits, activations", [(4, "dynamic"), (8, "static")])
+def test_a_quantized_weight_keeps_its_codes_inside_custom_derivatives(dense, factor, bits, activations):
+    w = RNG.standard_normal((256, 128)).astype(np.float32) / 16
+    x = RNG.standard_normal((16, 256)).astype(np.float32)
+
+    def inside(params, x):
+        return dense(x, params["w"])
+
+    stored, why = quantize_params(inside, {"w": w}, x, bits=bits, activations=activations, explain=True)
+    assert why["['w']"].startswith("quantized"), why
+    direct = int8ify(matmul)(stored, x)  # the same weight, the same dot, outside the custom derivative
+    np.testing.assert_array_equal(int8ify(inside)(stored, x), direct)
+    np.testing.assert_array_equal(jax.jit(int8ify(inside))(stored, x), direct)
+    value = np.asarray(stored["w"].materialise(), np.float64)  # the weight's value inside the dot
+    # the derivative is the user's rule at the weight's value inside the dot
+    loss = int8ify(lambda params, x: jnp.sum(inside(params, x) ** 2))
+    for grad in (jax.grad(loss, argnums=1), jax.grad(jax.jit(loss), argnums=1)):
+        got = grad(stored, x)
+        want = factor * (2 * np.asarray(direct, np.float64)) @ value.T
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
