@@ -2,8 +2,9 @@
 
 ``quantize_params(fn, params, *example_args)`` follows every parameter leaf through ``fn``'s traced program and
 quantizes, once, each leaf whose every use is as an operand of a rewritten matmul with one contraction: directly,
-after a float cast (``flax`` layers with ``dtype=bfloat16``), inside a nested ``jit``, ``remat`` or ``cond``, as a
-constant of a ``while_loop`` or ``scan`` (decode loops), or as the sliced ``xs`` of a ``scan`` over stacked layers.
+after a float cast (``flax`` layers with ``dtype=bfloat16``), inside a nested ``jit``, ``remat``, ``cond``,
+``custom_jvp``, ``custom_vjp`` or ``shard_map``, as a constant of a ``while_loop`` or ``scan`` (decode loops), or as
+the sliced ``xs`` of a ``scan`` over stacked layers.
 It returns the same pytree with those leaves replaced by
 :class:`~jaxpr_rewrite.quantized.QuantizedArray` (int8 codes + float32 scales, about 4x smaller than float32);
 ``int8ify(fn)(qparams, *args)`` then feeds the codes straight into the int8 dots, inside the loops too, and computes

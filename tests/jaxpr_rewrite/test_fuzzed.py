@@ -380,3 +380,35 @@ def test_a_quantized_weight_keeps_its_codes_inside_custom_derivatives(dense, fac
         got = grad(stored, x)
         want = factor * (2 * np.asarray(direct, np.float64)) @ value.T
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
+
+
+# -- 1. pre-quantized weights inside shard_map -------------------------------------------------------------------
+@pytest.mark.parametrize("bits, activations", [(4, "dynamic"), (8, "static")])
+def test_a_quantized_weight_keeps_its_codes_inside_shard_map(bits, activations):
+    from jax.sharding import AxisType
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((2,), ("model",), devices=jax.devices()[:2], axis_types=(AxisType.Auto,))
+    w = RNG.standard_normal((256, 128)).astype(np.float32) / 16
+    x = RNG.standard_normal((16, 256)).astype(np.float32)
+
+    def columns(params, x):  # each device: all rows of x times its 64 columns of w
+        return jax.shard_map(lambda x, w: x @ w, mesh=mesh, in_specs=(P(), P(None, "model")),
+                             out_specs=P(None, "model"))(x, params["w"])
+
+    def rows(params, x):  # each device: its half of the contraction, summed across devices
+        return jax.shard_map(lambda x, w: jax.lax.psum(x @ w, "model"), mesh=mesh,
+                             in_specs=(P(None, "model"), P("model", None)), out_specs=P())(x, params["w"])
+
+    for fn in (columns, rows):
+        stored, why = quantize_params(fn, {"w": w}, x, bits=bits, activations=activations, explain=True)
+        assert why["['w']"].startswith("quantized"), why
+        value = np.asarray(stored["w"].materialise(), np.float64)
+        got = int8ify(fn)(stored, x)
+        assert relative_error(got, x.astype(np.float64) @ value) < 0.02
+        np.testing.assert_array_equal(jax.jit(int8ify(fn))(stored, x), got)
+    # the column-parallel dots are the unsharded dot's columns, bit for bit: the stored codes and scales
+    np.testing.assert_array_equal(int8ify(columns)(stored, x), int8ify(matmul)(stored, x))
+    # float weights passed again are quantized once, ahead: the same numbers as quantizing them in the program
+    f, weights = int8ify(columns), {"w": jnp.asarray(w)}
+    np.testing.assert_array_equal(f(weights, x), f(weights, x))
