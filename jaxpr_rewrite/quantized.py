@@ -245,12 +245,6 @@ class QuantizedArray:
             return self.unpacked().replace(activation_scale=None, activation_group=None)
         return self.unpacked()
 
-    def fits_blocks(self, contracting: Sequence[int]) -> bool:
-        """Whether a block-scaled dot contracting ``contracting`` (in its dimension numbers' order) can read this
-        array's blocks: it contracts exactly its contracting axes, in their own order (the blocks run over the
-        contraction flattened in that order)."""
-        return tuple(int(a) % self.ndim for a in contracting) == self.contracting
-
     def block_operand(self, contracting: Sequence[int], batch: Sequence[int], block: int) -> "QuantizedArray | None":
         """This block-scaled array as the operand of a block-scaled dot, in the layout that dot cuts a float
         operand into (:func:`jaxpr_rewrite.int8_dot.blocked`: batch axes, free axes, blocks, block elements), or
@@ -265,7 +259,7 @@ class QuantizedArray:
             A per-channel :class:`QuantizedArray` over the last axis of the blocked layout, int8 codes.
         """
         contracting = tuple(int(a) % self.ndim for a in contracting)
-        if self.block_size != block or not self.fits_blocks(contracting):  # blocks follow the axes' own order
+        if self.block_size != block or contracting != self.contracting:  # blocks follow the axes' own order
             return None
         lead = (*batch, *(a for a in self.kept_axes if a not in batch))
         codes = to_blocks(self.unpacked().codes, lead, contracting, block)

@@ -154,7 +154,7 @@ class Signature(NamedTuple):
     static_leaves: tuple  # the static leaves, in order
     static_positional: tuple  # ((position, value), ...) for static_argnums
     static_keywords: tuple  # ((name, value), ...) for static_argnames
-    shared: tuple  # the places of the arguments that share an object with another (argument_updates.shared_objects)
+    shared: tuple  # places sharing an object with another (argument_updates.shared_objects; only if a leaf repeats)
     key: Any  # the hashable cache key of the arguments
     context: Any  # the settings it is traced under, as JAX keys them (kept out of ``key``: compared as they are)
 
@@ -229,10 +229,9 @@ def split_call(args: tuple, kwargs: dict, static: StaticArgs = StaticArgs(frozen
     for leaf, leaf_type in zip(dynamic, avals):
         if is_quantized(leaf):
             _check_quantized(leaf, leaf_type, fn_name)
-    shared = ()
-    if len({id(x) for x in dynamic}) < len(dynamic):  # an array reached twice: maybe an object shared by two places
-        with_paths, _ = jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs), is_leaf=is_quantized)
-        shared = shared_objects((dyn_args, dyn_kwargs), [leaf for leaf, d in zip(with_paths, is_dynamic) if d])
+    shared = () if len({id(x) for x in dynamic}) == len(dynamic) else shared_objects((dyn_args, dyn_kwargs), [
+        leaf for leaf, d in zip(jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs), is_leaf=is_quantized)[0],
+                                is_dynamic) if d])
     key = (tree, is_dynamic, avals, _static_key(static_leaves),
            tuple((i, _static_key(v)) for i, v in static_pos), tuple((k, _static_key(v)) for k, v in static_kw), shared)
     try:
@@ -251,8 +250,8 @@ def split_call(args: tuple, kwargs: dict, static: StaticArgs = StaticArgs(frozen
 
 
 def _rebuilt_tree(signature: Signature, dynamic) -> tuple[list, dict]:
-    """``(dynamic positional args, dynamic kwargs)``: the tree :func:`split_call` flattened, rebuilt, its objects
-    shared where the caller's are."""
+    """``(dynamic positional args, dynamic kwargs)``: the tree :func:`split_call` flattened, rebuilt (objects shared
+    where the caller's are)."""
     dyn_iter, static_iter = iter(dynamic), iter(signature.static_leaves)
     leaves = [next(dyn_iter) if d else next(static_iter) for d in signature.is_dynamic]
     root = jax.tree_util.tree_unflatten(signature.tree, leaves)

@@ -144,7 +144,8 @@ def resolve_dot_operands(invals: Sequence, contractions, direct: bool, shared: d
             (:func:`_check_weights_fit` let it through).
     """
     usable = [
-        is_quantized(x) and (x.fits_blocks(contract) if x.block_size is not None
+        # a block-scaled weight fits a dot contracting its axes in their own order, which its blocks run over
+        is_quantized(x) and (tuple(int(a) % x.ndim for a in contract) == x.contracting if x.block_size is not None
                              else direct and x.dot_operand(contract) is not None)
         for x, contract in zip(invals, contractions)
     ]
