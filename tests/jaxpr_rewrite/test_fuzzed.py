@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from jax import lax
 
+from helpers import ieee_float64
 from jaxpr_rewrite import ActivationScales, Int8ifyError, QuantizationWarning, int8ify, quantize_params
 from jaxpr_rewrite.cli import UsageError, parse_args_spec
 
@@ -28,7 +29,7 @@ def relative_error(got, want) -> float:
 
 @pytest.fixture
 def x64():
-    with jax.enable_x64(True):
+    with ieee_float64():  # (on the host's CPU where the default device is a TPU, which has no IEEE float64)
         yield
 
 
