@@ -13,15 +13,15 @@ import jax
 from jax.extend.core import ClosedJaxpr
 
 from ._core import platforms
-from ._tracing.argument_updates import write_back
-from ._interpret.config import RewriteConfig
 from ._core.errors import Int8ifyError, RequantizationWarning
-from ._ptq.params import quantizable_uses, quantized_weight
-from ._quantized.array import is_quantized, materialise
 from ._inspect.report import Report, report
+from ._interpret.config import RewriteConfig
 from ._interpret.requantized import requantized_arguments
 from ._interpret.rewrite import Rewriter
-from ._tracing.tracing import (Int8ifiedBase, Signature, argument_tree, function_name, leaf_paths, resolve_static,
+from ._ptq.params import quantizable_uses, quantized_weight
+from ._quantized.array import is_quantized, materialise
+from ._tracing.argument_updates import write_attributes, write_back
+from ._tracing.tracing import (argument_tree, function_name, Int8ifiedBase, leaf_paths, resolve_static, Signature,
                                split_call, trace)
 
 __all__ = ["Int8ified", "int8ify"]
@@ -35,6 +35,7 @@ class _Program(NamedTuple):
     float_jaxpr: ClosedJaxpr  # the program as written, over the traced leaves
     out_tree: Any  # the structure of the function's output, whose leaves the outputs start with
     updates: tuple  # the argument leaves the function replaces (last among the outputs), tracing.Traced
+    attributes: tuple  # the Python attributes of its arguments the function sets, tracing.Traced
     rewriter: Rewriter  # shares the rewrite of repeated sub-jaxprs between the uses of this program
     cacheable: bool  # False when the program closes over a tracer of an enclosing trace
     consts: list  # float_jaxpr's constants, the weights among them quantized once (_quantized_constants)
@@ -180,14 +181,14 @@ class Int8ified(Int8ifiedBase):
             if program is not None:
                 self._programs.move_to_end(key)
                 return program
-        float_jaxpr, out_tree, updates = trace(self.fn, signature, dynamic)
+        float_jaxpr, out_tree, updates, attributes = trace(self.fn, signature, dynamic)
         cacheable = not any(isinstance(c, jax.core.Tracer) for c in float_jaxpr.consts)
         scales = self.config.activation_scales
         constants = functools.partial(
             _quantized_constants, config=self.config, weights=self._weights, ahead=not _reads_activations_otherwise(
                 dynamic), calibrated=frozenset(() if scales is None else scales.assign(float_jaxpr.jaxpr)))
-        program = _Program(float_jaxpr, out_tree, updates, Rewriter(self.config, float_jaxpr.jaxpr, constants),
-                           cacheable, constants(float_jaxpr))
+        program = _Program(float_jaxpr, out_tree, updates, attributes,
+                           Rewriter(self.config, float_jaxpr.jaxpr, constants), cacheable, constants(float_jaxpr))
         _warn_of_requantized_arguments(float_jaxpr.jaxpr, self.config, signature, dynamic)
         # A program that closes over an outer tracer belongs to that trace alone: never reuse it.
         if cacheable:
@@ -290,6 +291,8 @@ class Int8ified(Int8ifiedBase):
             n_out = len(outs) - len(program.updates)
             write_back(argument_tree(signature, args, kwargs), program.updates, outs[n_out:], self._name)
             outs = outs[:n_out]
+        if program.attributes:  # Python attributes it sets (a call counter), as running the function again would
+            write_attributes(argument_tree(signature, args, kwargs), program.attributes)
         return jax.tree_util.tree_unflatten(program.out_tree, outs)
 
     def __get__(self, instance, owner):
@@ -303,8 +306,10 @@ class Int8ified(Int8ifiedBase):
 
 
 def _is_weight_array(x) -> bool:
-    # a jax.Array cannot change (a numpy array can, in place, between calls); a tracer is not a value yet
-    return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+    # a jax.Array cannot change (a numpy array can, in place, between calls); a tracer is not a value yet; a deleted
+    # one (donated to another computation, or .delete()) is passed as it is, so the call fails as the float
+    # function's does instead of answering from the codes quantized while it lived
+    return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and not x.is_deleted()
 
 
 class _QuantizedWeights:

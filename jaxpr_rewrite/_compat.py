@@ -118,12 +118,18 @@ def shard_map_body_context(params) -> contextlib.ExitStack:
         A context manager, the same one ``jax._src.shard_map`` uses when it stages the body.
     """
     mesh = params["mesh"]
-    manual = params["newly_manual_axes"] if "newly_manual_axes" in params else params["manual_axes"]  # JAX <= 0.9
+    manual = shard_map_manual_axes(params)
     stack = contextlib.ExitStack()
     stack.enter_context(_shard_map._extend_axis_env(mesh, manual))
     stack.enter_context(_use_abstract_mesh(_shard_map._as_manual_mesh(mesh, manual)))
     stack.enter_context(_config._check_vma(params["check_vma"]))
     return stack
+
+
+def shard_map_manual_axes(params) -> frozenset:
+    """The mesh axes a ``shard_map`` equation makes manual (its ``axis_names``): ``newly_manual_axes`` since JAX
+    0.10, ``manual_axes`` in JAX <= 0.9 (a param, no internals)."""
+    return params["newly_manual_axes"] if "newly_manual_axes" in params else params["manual_axes"]
 
 
 def result_struct(shape, dtype, operands: Sequence) -> jax.ShapeDtypeStruct:

@@ -75,9 +75,11 @@ def parse_args_spec(text: str) -> list[jax.ShapeDtypeStruct]:
             except TypeError:
                 raise UsageError(f"unknown dtype {name!r} in {match.group(0)!r}; known: {', '.join(_DTYPES)}") from None
         try:
-            shape = tuple(int(d) for d in dims.split(",") if d.strip()) if dims else ()
+            # every comma separates two dims: f32[4,,8] or f32[4,] lacks one (f32[] is a scalar)
+            shape = tuple(int(d) for d in dims.split(",")) if dims and dims.strip() else ()
         except ValueError:
-            raise UsageError(f"bad shape in {match.group(0)!r}: dims must be integers") from None
+            raise UsageError(f"bad shape in {match.group(0)!r}: dims must be integers, one between each two "
+                             "commas") from None
         if any(d < 0 for d in shape):
             raise UsageError(f"bad shape in {match.group(0)!r}: dims must be non-negative")
         if np.dtype(dtype).itemsize == 8 and not jax.config.jax_enable_x64:

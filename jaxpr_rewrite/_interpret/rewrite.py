@@ -289,9 +289,9 @@ class Rewriter:
         under this rewriter's options and backend (with its static scales, for a calibrated dot of two
         activations)."""
         calibrated = self.static_dots.get(id(eqn))
+        scales = None if calibrated is None else calibrated.scales([v.aval.dtype for v in eqn.invars[:2]])
         with late_inlining(self.config.late_inlining):
-            return rewrite_dot(self.config, self.backend, eqn, invals, where, smoothed,
-                               None if calibrated is None else calibrated.scales())
+            return rewrite_dot(self.config, self.backend, eqn, invals, where, smoothed, scales)
 
 
 def dependents(jaxpr: Jaxpr, sources) -> set:

@@ -143,7 +143,14 @@ def _matmul_use(eqn, positions, trail: _Trail, where: str) -> list[Use]:
     side = positions[0]
     axes = trail.axes
     leaf_ndim = max(axes) + 1 if axes else 0  # axes are the leaf's trailing axes, permuted
-    from_end = tuple(sorted(axes[a] - leaf_ndim for a in dims[0][side]))
+    contracted = [axes[a] for a in dims[0][side]]  # the leaf's axes, in the order the dot contracts them
+    if trail.config.int8_block_size is not None and contracted != sorted(contracted):
+        # block scales run over the contraction flattened in the leaf's axis order (docs/deploy.md), and the dot
+        # cuts its own in its order: stored codes would fit no block of the dot
+        trail.refuse(f"its matmul at {where} contracts its axes in the order {tuple(contracted)}, and block scales "
+                     "follow the axes' own order", eqn)
+        return []
+    from_end = tuple(sorted(a - leaf_ndim for a in contracted))
     direct = trail.top and is_plain_dot(eqn) and axes == tuple(range(len(axes)))
     return [Use(from_end, trail.casts, direct, eqn, side, trail.jaxpr)]
 

@@ -17,6 +17,7 @@ import os
 import re
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -95,9 +96,10 @@ def sharded_like(tree, shardings):
 
     Returns:
         ``tree`` with every array a ``jax.ShapeDtypeStruct`` carrying a sharding: a ``QuantizedArray``'s codes
-        get its float weight's ``NamedSharding``, its scales and exponents the spec of the weight's kept axes,
-        SmoothQuant factors that of its contracting axis (:data:`~jaxpr_rewrite._quantized.array.FIELD_AXES`); any
-        other sharding is used for every child as it is.
+        get its float weight's ``NamedSharding`` (4-bit codes keep their packed last axis whole where the float
+        weight's shards of it hold an odd number of columns: a byte would straddle two shards), its scales and
+        exponents the spec of the weight's kept axes, SmoothQuant factors that of its contracting axis
+        (:data:`~jaxpr_rewrite._quantized.array.FIELD_AXES`); any other sharding is used for every child as it is.
     """
     def place(leaf, sharding):
         if not is_quantized(leaf):
@@ -112,10 +114,21 @@ def sharded_like(tree, shardings):
             if spec is None:
                 return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)
             axes = FIELD_AXES[name](leaf) if name in FIELD_AXES else ()
-            child_spec = PartitionSpec(*(spec[a] if a is not None else None for a in axes))
-            child_sharding = NamedSharding(sharding.mesh, child_spec)
+            entries = [spec[a] if a is not None else None for a in axes]
+            packed = name == "codes" and leaf.bits != 8 and bool(entries)
+            if packed and not _divides(sharding.mesh, entries[-1], value.shape[-1]):
+                # 4-bit codes pack two columns per byte: where the float weight's shards hold an odd number of
+                # columns, no byte boundary falls between them, and the packed axis is kept whole on each device
+                entries[-1] = None
+            child_sharding = NamedSharding(sharding.mesh, PartitionSpec(*entries))
             return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=child_sharding)
 
         return type(leaf).tree_unflatten(leaf.tree_flatten()[1], [child(name) for name in ARRAY_FIELDS])
 
     return jax.tree_util.tree_map(place, tree, shardings, is_leaf=is_quantized)
+
+
+def _divides(mesh, entry, length: int) -> bool:
+    """Whether a spec entry (a mesh axis name, a tuple of them, or ``None``) cuts an axis of ``length`` evenly."""
+    names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    return length % int(np.prod([mesh.shape[name] for name in names])) == 0

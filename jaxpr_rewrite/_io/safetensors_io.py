@@ -25,6 +25,14 @@ __all__ = ["LAYOUT_KEY", "load_safetensors", "save_safetensors"]
 
 # The metadata entry holding the layout document.
 LAYOUT_KEY = "int8ify.layout"
+# The name SafeTensors' header gives its metadata, which no tensor may have.
+RESERVED_NAME = "__metadata__"
+# The dtypes SafeTensors stores (safetensors 0.4-0.8), and those among them its numpy reader has no numpy dtype for
+# (numpy lacks the float8 types): read from the file's bytes instead, as their ml_dtypes type.
+STORED_DTYPES = frozenset({"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16",
+                           "float32", "float64", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
+                           "float8_e5m2fnuz", "float8_e8m0fnu", "complex64"})
+READ_AS_BYTES = frozenset(name for name in STORED_DTYPES if name.startswith("float8"))
 
 
 def save_safetensors(path, tree) -> None:
@@ -35,11 +43,19 @@ def save_safetensors(path, tree) -> None:
         tree: the pytree (``quantize_params``'s output, say); arrays are gathered to the host.
     """
     tensors, layout = to_stored(tree)
+    for name, value in tensors.items():
+        if name == RESERVED_NAME or np.dtype(value.dtype).name not in STORED_DTYPES:
+            why = (f"its tensor would be named {RESERVED_NAME!r}, the name SafeTensors' header gives its metadata "
+                   "(rename that key)" if name == RESERVED_NAME else
+                   f"it is {np.dtype(value.dtype).name}, a dtype SafeTensors does not store (it stores "
+                   f"{', '.join(sorted(STORED_DTYPES))})")
+            raise Int8ifyError(f"cannot save {leaf_of_tensor(layout, name)} to {os.fspath(path)}: {why}; "
+                               "save_quantized (Orbax) stores it")
     # SafeTensors writes each array's buffer from its data pointer: a strided one (a view, or the column-major host
     # copy np.asarray gives of a TPU array with a short last axis) must be made dense first, or the file holds the
-    # array in its memory order
-    save_file({name: np.ascontiguousarray(value) for name, value in tensors.items()}, os.fspath(path),
-              metadata={LAYOUT_KEY: json.dumps(layout)})
+    # array in its memory order (np.require keeps a 0-d array 0-d, where np.ascontiguousarray makes it 1-d)
+    save_file({name: np.require(np.asarray(value), requirements="C") for name, value in tensors.items()},
+              os.fspath(path), metadata={LAYOUT_KEY: json.dumps(layout)})
 
 
 def load_safetensors(path, target=None):
@@ -67,18 +83,36 @@ def load_safetensors(path, target=None):
         metadata = file.metadata() or {}
         if LAYOUT_KEY not in metadata:
             raise Int8ifyError(f"{path} has no '{LAYOUT_KEY}' metadata: it was not written by save_safetensors")
-        layout = json.loads(metadata[LAYOUT_KEY])
+        try:
+            layout = json.loads(metadata[LAYOUT_KEY])
+        except ValueError as e:
+            raise Int8ifyError(f"{path}: its '{LAYOUT_KEY}' metadata, the layout document, is not valid JSON "
+                               f"({e})") from None
         check_layout(layout, path)
         abstract = abstract_tensors(layout, target)
         tensors = {}
         for name, want in abstract.items():
-            value = file.get_tensor(name)
+            value = _read_bytes(path, name, want) if want.dtype.name in READ_AS_BYTES else file.get_tensor(name)
             if value.shape != want.shape or value.dtype != want.dtype:
                 raise Int8ifyError(f"{path}: {leaf_of_tensor(layout, name)} has tensor {name} of "
                                    f"{value.dtype}{list(value.shape)}, but its layout says {want.dtype}"
                                    f"{list(want.shape)}")
             tensors[name] = jax.device_put(value, want.sharding)
     return rebuild(layout, tensors, target)
+
+
+def _read_bytes(path: str, name: str, want) -> np.ndarray:
+    """Tensor ``name`` of the file read from its bytes as ``want``'s dtype (one SafeTensors' numpy reader has no numpy
+    dtype for), after checking the header stores it with that dtype and shape."""
+    with open(path, "rb") as file:
+        (header_length,) = struct.unpack("<Q", file.read(8))
+        entry = json.loads(file.read(header_length))[name]
+    begin, end = entry["data_offsets"]
+    if entry["shape"] != list(want.shape) or end - begin != want.dtype.itemsize * int(np.prod(want.shape)):
+        raise Int8ifyError(f"{path}: tensor {name} is {entry['dtype']}{entry['shape']} in the file, but its layout "
+                           f"says {want.dtype}{list(want.shape)}")
+    data = np.fromfile(path, dtype=np.uint8, count=end - begin, offset=8 + header_length + begin)
+    return data.view(want.dtype).reshape(want.shape)
 
 
 def _diagnose(path: str, error: Exception) -> str:

@@ -328,9 +328,9 @@ def quantize_dynamic_parts(x, reduce_axes: Sequence[int]):
 
 
 def smoothing_inverse(smooth):
-    """``1 / smooth`` of SmoothQuant factors, correctly rounded in float32 on every platform (what a smoothed
-    weight's dot multiplies its other operand by)."""
-    return reciprocal(to_compute(smooth, np.float32))
+    """``1 / smooth`` of SmoothQuant factors, correctly rounded in their compute dtype (float32, float64 for a float64
+    weight's) on every platform (what a smoothed weight's dot multiplies its other operand by)."""
+    return reciprocal(to_compute(smooth))
 
 
 def dequantize_by_factors(codes, factor, power, kept_axes: Sequence[int]):

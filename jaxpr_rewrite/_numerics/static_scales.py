@@ -11,14 +11,23 @@ from jax import lax
 from .._core import platforms
 from .exact_division import reciprocal
 from .int32_dot import holds_nonfinite_as_dot_reads
-from .quantize import NONFINITE_CODE, epilogue_factors, poison, scale_parts, to_compute
+from .quantize import NONFINITE_CODE, compute_dtype, epilogue_factors, poison, scale_parts, to_compute
 
 __all__ = ["SMALLEST_STATIC_ABSMAX", "StaticScale", "factor_or_inf_by_codes", "factor_poisoned_by_codes",
-           "factor_poisoned_by_values", "fields_by_masks", "fields_by_slices", "quantize_static_parts"]
+           "factor_poisoned_by_values", "fields_by_masks", "fields_by_slices", "quantize_static_parts",
+           "smallest_static_absmax"]
 
-# The smallest nonzero calibrated absmax a static scale takes: its codes are one multiply by the reciprocal
-# 2**-e / scales (up to 127 * 2**-e), a float32 for e >= -121 and infinite below (every code saturated).
-SMALLEST_STATIC_ABSMAX = 2.0**-121
+
+def smallest_static_absmax(dtype) -> float:
+    """The smallest nonzero calibrated absmax a static scale of activations of ``dtype`` takes: its codes are one
+    multiply by the reciprocal ``2**-e / scales`` (up to ``127 * 2**-e``) in their compute dtype, finite for
+    ``e >= 7 - maxexp`` and infinite below (every code saturated): 2**-121 for float32 (and the narrower floats it
+    computes), 2**-1017 for float64."""
+    return 2.0 ** (7 - np.finfo(compute_dtype(dtype)).maxexp)
+
+
+# The float32 one (activations of float32, bfloat16 and float16)
+SMALLEST_STATIC_ABSMAX = smallest_static_absmax(np.float32)
 
 
 class StaticScale(NamedTuple):

@@ -18,21 +18,21 @@ import numpy as np
 from jax.extend.core import Var
 
 from .._core.errors import Int8ifyError, QuantizationWarning
-from .._interpret.evaluate import bind, evaluate
-from .._dots.operands import smoothed_activation
-from .._numerics.quantize import nan_safe_magnitude, smoothing_inverse
-from .._numerics.static_scales import SMALLEST_STATIC_ABSMAX
-from .._quantized.array import is_quantized, materialise
-from .._interpret.rewrite import dependents
-from .._interpret.rules.dots import is_plain_dot, skip_reason
 from .._core.scopes import join_scope
 from .._core.source import describe_source
-from .._quantized.activations import ActivationScales, CalibratedDot, describe_dot, top_level_dots
-from .._tracing.tracing import target_of, trace
+from .._dots.operands import smoothed_activation
+from .._interpret.evaluate import bind, evaluate
+from .._interpret.rewrite import dependents
+from .._interpret.rules.dots import is_plain_dot, skip_reason
 from .._interpret.weight_uses import plan_uses
+from .._numerics.quantize import nan_safe_magnitude, smoothing_inverse, to_compute
+from .._numerics.static_scales import smallest_static_absmax
+from .._quantized.activations import ActivationScales, CalibratedDot, describe_dot, top_level_dots
+from .._quantized.array import is_quantized, materialise
+from .._tracing.tracing import target_of, trace
 
 __all__ = ["calibrate_activation_dots", "calibration_batches", "calibration_tracer", "check_percentile",
-           "measure_activations", "static_scales"]
+           "measure_activations", "static_scales", "zero_measure"]
 
 
 def check_percentile(value, option: str) -> None:
@@ -182,15 +182,31 @@ def calibrate_activation_dots(fn: Callable, params, *example_args, calibration=N
         if not all(np.isfinite(absmax)):
             raise Int8ifyError(f"calibrate_activation_dots: the operands of the dot_general at {describe_source(eqn)} "
                                f"hold NaN or Inf on the calibration inputs, so no static scale can be calibrated")
+        for operand, value in zip(eqn.invars[:2], absmax):
+            smallest = smallest_static_absmax(operand.aval.dtype)
+            if 0 < value < smallest:
+                raise Int8ifyError(f"calibrate_activation_dots: an operand of the dot_general at "
+                                   f"{describe_source(eqn)} measured an absmax of {value:.3g} on the calibration "
+                                   f"inputs, below {smallest:.3g}, the smallest a static scale of "
+                                   f"{np.dtype(operand.aval.dtype).name} values takes; calibrate on representative "
+                                   f"inputs, or keep this dot's activations dynamic")
         if 0 in absmax:
             zero_calibrated.append(describe_source(eqn))
         calibrated.append(CalibratedDot(position, *describe_dot(eqn), absmax))
     if zero_calibrated:
         warnings.warn(f"calibrate_activation_dots: the dot_general(s) at {', '.join(zero_calibrated)} met an operand "
-                      f"that was all zero on the calibration inputs, so its static scale is 1 (codes step by 1.0: "
-                      f"values below 0.5 in magnitude quantize to 0); calibrate on representative inputs",
-                      QuantizationWarning, stacklevel=2)
+                      f"that {zero_measure(percentile, 'was')} on the calibration inputs, so its static scale is 1 "
+                      f"(codes step by 1.0: values below 0.5 in magnitude quantize to 0); calibrate on "
+                      f"representative inputs", QuantizationWarning, stacklevel=2)
     return ActivationScales(tuple(calibrated), n_dots)
+
+
+def zero_measure(percentile: float | None, verb: str) -> str:
+    """What a calibration that measured 0 met, for its warning: values all zero, or (with a ``percentile``) at least
+    that share of them zero (``verb``: "was" or "were", for the subject)."""
+    if percentile is None:
+        return f"{verb} all zero"
+    return f"had a {percentile}th percentile of |x| of 0 (at least {percentile}% of the values zero)"
 
 
 def _activation_dots(jaxpr, param_inputs: set, config) -> dict:
@@ -216,11 +232,11 @@ def static_scales(plans, smooth, calibration, traced, config, percentile, paths,
     reads: dict = {}  # leaf index -> the activations its dots read, in the example program
     measured: dict = {}
     dynamic_leaves: set = set()
-    measurers: dict = {}  # id(program) -> (its jitted measuring function, the leaves it measures)
+    measurers: dict = {}  # id(program) -> (its jitted measuring function, the leaves it measures, why not others)
     for args in calibration:
         closed, call_inputs, dynamic = traced(args)
         if id(closed) not in measurers:
-            targets, measurable = {}, set()
+            targets, measurable, nested = {}, set(), {}
             for i in plans:
                 uses, _ = plan_uses(closed.jaxpr, closed.jaxpr.invars[call_inputs[i]], config)
                 top = [u for u in uses if u.jaxpr is closed.jaxpr and is_plain_dot(u.eqn)]
@@ -229,22 +245,26 @@ def static_scales(plans, smooth, calibration, traced, config, percentile, paths,
                     targets.update({id(u.eqn): (i, u.side) for u in top})
                     reads.setdefault(i, frozenset(
                         (u.eqn.invars[1 - u.side], u.eqn.params["dimension_numbers"][0][1 - u.side]) for u in top))
-            measurers[id(closed)] = (_activation_statistic(closed, targets, smooth, percentile), measurable)
-        measure, measurable = measurers[id(closed)]
+                else:
+                    nested[i] = _not_top_level(uses or plans[i], top)
+            measurers[id(closed)] = (_activation_statistic(closed, targets, smooth, percentile), measurable, nested)
+        measure, measurable, nested = measurers[id(closed)]
         for i in set(plans) - measurable - dynamic_leaves:
             dynamic_leaves.add(i)
-            explanation[paths[i]] = f"quantized with dynamic activation scales: {_not_top_level(plans[i])}"
+            explanation[paths[i]] = f"quantized with dynamic activation scales: {nested[i]}"
         for i, value in measure(closed.consts, jax.tree_util.tree_leaves(dynamic)).items():
             measured[i] = value if i not in measured else jnp.maximum(measured[i], value)
     for i, value in measured.items():
         if not np.isfinite(float(value)):
             raise Int8ifyError(f"quantize_params(activations='static'): the activations met by {paths[i]}'s matmuls "
                                f"hold NaN or Inf on the calibration inputs, so no static scale can be calibrated")
-        if 0 < float(value) < SMALLEST_STATIC_ABSMAX:
+        smallest = smallest_static_absmax(value.dtype)  # measured in the activations' compute dtype
+        if 0 < float(value) < smallest:
             raise Int8ifyError(f"quantize_params(activations='static'): the activations met by {paths[i]}'s matmuls "
                                f"measured an absmax of {float(value):.3g} on the calibration inputs, below "
-                               f"{SMALLEST_STATIC_ABSMAX:.3g} (2**-121), the smallest a static scale takes; "
-                               f"calibrate on representative inputs, or keep dynamic activation scales")
+                               f"{smallest:.3g} (2**{int(np.log2(smallest))}), the smallest a static scale of "
+                               f"{np.dtype(value.dtype).name} activations takes; calibrate on representative inputs, "
+                               f"or keep dynamic activation scales")
     groups: dict = {}
     for i in measured:
         if i not in dynamic_leaves:
@@ -257,8 +277,11 @@ def static_scales(plans, smooth, calibration, traced, config, percentile, paths,
     return static
 
 
-def _not_top_level(uses) -> str:
-    return f"its matmul at {describe_source(uses[0].eqn)} is not a top-level dot_general of the program"
+def _not_top_level(uses, top) -> str:
+    """Why a leaf with these matmul ``uses`` keeps dynamic scales: the first of them not among its ``top``-level
+    ``dot_general`` s (one inside a loop, say), named by its source."""
+    nested = next((u for u in uses if u not in top), uses[0])
+    return f"its matmul at {describe_source(nested.eqn)} is not a top-level dot_general of the program"
 
 
 def measure_activations(closed, targets: dict, statistic: Callable) -> Callable:
@@ -313,8 +336,13 @@ def _operand_statistic(closed, targets: dict, percentile: float | None) -> Calla
 
 
 def _magnitude(activation, percentile: float | None):
-    """``max|x|`` (or the ``percentile`` of ``|x|``) in float32; NaN and Inf give Inf."""
-    magnitude = nan_safe_magnitude(activation.astype(jnp.float32))  # XLA's CPU max drops NaN
+    """``max|x|`` (or the ``percentile`` of ``|x|``) in the activation's compute dtype (float64 for float64: in float32
+    a float64 activation of 1e40 would read as Inf, one of 1e-40 as zero); Inf for an activation holding NaN or
+    Inf, whatever the percentile (one below 100 would otherwise pass over them as outliers)."""
+    magnitude = nan_safe_magnitude(to_compute(activation))  # XLA's CPU max drops NaN
     if magnitude.size == 0:
-        return jnp.float32(0)
-    return jnp.max(magnitude) if percentile is None else jnp.percentile(magnitude, percentile)
+        return jnp.zeros((), magnitude.dtype)
+    largest = jnp.max(magnitude)
+    if percentile is None:
+        return largest
+    return jnp.where(jnp.isinf(largest), largest, jnp.percentile(magnitude, percentile))

@@ -2,8 +2,9 @@
 
 ``quantize_params(fn, params, *example_args)`` follows every parameter leaf through ``fn``'s traced program and
 quantizes, once, each leaf whose every use is as an operand of a rewritten matmul with one contraction: directly,
-after a float cast (``flax`` layers with ``dtype=bfloat16``), inside a nested ``jit``, ``remat`` or ``cond``, as a
-constant of a ``while_loop`` or ``scan`` (decode loops), or as the sliced ``xs`` of a ``scan`` over stacked layers.
+after a float cast (``flax`` layers with ``dtype=bfloat16``), inside a nested ``jit``, ``remat``, ``cond``,
+``custom_jvp``, ``custom_vjp`` or ``shard_map``, as a constant of a ``while_loop`` or ``scan`` (decode loops), or as
+the sliced ``xs`` of a ``scan`` over stacked layers.
 It returns the same pytree with those leaves replaced by
 :class:`~jaxpr_rewrite.quantized.QuantizedArray` (int8 codes + float32 scales, about 4x smaller than float32);
 ``int8ify(fn)(qparams, *args)`` then feeds the codes straight into the int8 dots, inside the loops too, and computes
@@ -33,8 +34,9 @@ from jax import lax
 from .._interpret.config import RewriteConfig
 from .._core.errors import Int8ifyError, QuantizationWarning
 from .calibration import (calibration_batches, calibration_tracer, check_percentile, measure_activations,
-                          static_scales)
-from .._numerics.quantize import absmax as nan_safe_absmax, epilogue_factors, smoothing_inverse
+                          static_scales, zero_measure)
+from .._numerics.quantize import (absmax as nan_safe_absmax, compute_dtype, epilogue_factors, smoothing_inverse,
+                                  to_compute)
 from .._numerics.static_scales import StaticScale
 from .._dots.operands import quantize
 from .._quantized.array import CODE_LIMITS, QuantizedArray, is_quantized
@@ -79,8 +81,9 @@ def _quantize_weight(value, axes: tuple, bits: int, block_size: int | None) -> Q
 
 # -- SmoothQuant -------------------------------------------------------------------------------------------------
 def weight_absmax(weight, contracting: int):
-    """``max|w_k|`` per index ``k`` of the contracting axis, in float32; Inf where ``w_k`` holds NaN or Inf."""
-    w = jnp.asarray(weight, jnp.float32)
+    """``max|w_k|`` per index ``k`` of the contracting axis, in the weight's compute dtype (float64 for float64, whose
+    magnitudes float32 would read as Inf or zero; float32 otherwise); Inf where ``w_k`` holds NaN or Inf."""
+    w = to_compute(jnp.asarray(weight))
     return nan_safe_absmax(w, tuple(a for a in range(w.ndim) if a != contracting))
 
 
@@ -93,21 +96,22 @@ def smoothing_factors(activation_absmax, weight_absmax, alpha: float):
         alpha: how much of the outliers moves into the weight (0: none, 1: all).
 
     Returns:
-        float32 factors, the float64 value rounded once; 1 where either side is all zero or not finite, and where
-        the factor is not a normal float32 (its reciprocal, which the activation is multiplied by, would be). Computed
-        with numpy on the host: a device's float32 ``pow`` and division differ by platform (a GPU's division is
-        approximate), and the factors are stored with the weights, so a checkpoint would depend on where it was
-        quantized.
+        Factors in the weight absmax's compute dtype (float32, or float64 for a float64 weight), the float64 value
+        rounded once; 1 where either side is all zero or not finite, and where the factor is not a normal float of
+        that dtype (its reciprocal, which the activation is multiplied by, would be). Computed with numpy on the host:
+        a device's float32 ``pow`` and division differ by platform (a GPU's division is approximate), and the factors
+        are stored with the weights, so a checkpoint would depend on where it was quantized.
     """
-    a = np.asarray(activation_absmax, np.float32).astype(np.float64)
-    b = np.asarray(weight_absmax, np.float32).astype(np.float64)
+    dtype = compute_dtype(np.asarray(weight_absmax).dtype)
+    a = np.asarray(activation_absmax).astype(dtype).astype(np.float64)
+    b = np.asarray(weight_absmax).astype(dtype).astype(np.float64)
     usable = (a > 0) & (b > 0) & np.isfinite(a) & np.isfinite(b)
-    tiny, largest = np.finfo(np.float32).tiny, np.finfo(np.float32).max
+    tiny, largest = np.finfo(dtype).tiny, np.finfo(dtype).max
     with np.errstate(over="ignore", divide="ignore"):  # out-of-range factors are replaced by 1 just below
         factors = (np.power(np.where(usable, a, 1.0), alpha) / np.power(np.where(usable, b, 1.0), 1 - alpha)).astype(
-            np.float32)
+            dtype)
         usable &= (factors >= tiny) & (factors <= largest) & (1 / factors.astype(np.float64) >= tiny)
-    return jnp.asarray(np.where(usable, factors, np.float32(1)))
+    return jnp.asarray(np.where(usable, factors, dtype.type(1)))
 
 
 def _activation_absmax(closed, targets: dict) -> Callable:
@@ -115,7 +119,7 @@ def _activation_absmax(closed, targets: dict) -> Callable:
     contracting index (what SmoothQuant's factors are made from)."""
 
     def statistic(eqn, operands, index, side):
-        activation = operands[1 - side].astype(jnp.float32)
+        activation = to_compute(operands[1 - side])
         (contract,) = eqn.params["dimension_numbers"][0][1 - side]
         return nan_safe_absmax(activation, tuple(a for a in range(activation.ndim) if a != contract))
 
@@ -225,9 +229,10 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
         value = jnp.asarray(leaf)
         factors, group = smooth.get(i, (None, None))
         quantized_value = functools.reduce(lambda v, dtype: v.astype(dtype), use.casts, value)
-        if factors is not None:
+        if factors is not None:  # smooth * w in the weight's compute dtype (float32 would overflow a float64 weight)
             axis = use.from_end[0] + value.ndim
-            scaled = quantized_value.astype(jnp.float32) * lax.broadcast_in_dim(factors, value.shape, (axis,))
+            computed = to_compute(quantized_value)
+            scaled = computed * lax.broadcast_in_dim(factors.astype(computed.dtype), value.shape, (axis,))
             quantized_value = scaled.astype(quantized_value.dtype)
         # one fused, compiled pass per weight (its only temporary is its output), waited for, so one weight's
         # temporaries are alive at a time: eager, every op's float intermediate is materialised, and dispatched
@@ -260,9 +265,9 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
                           stacklevel=2)
     if zero_calibrated:
         warnings.warn(f"quantize_params(activations='static'): the activations met by {', '.join(zero_calibrated)}'s "
-                      f"matmuls were all zero on the calibration inputs, so their static scale is 1 (codes step by "
-                      f"1.0: activations below 0.5 in magnitude quantize to 0); calibrate on representative inputs",
-                      QuantizationWarning, stacklevel=2)
+                      f"matmuls {zero_measure(activation_percentile, 'were')} on the calibration inputs, so their "
+                      f"static scale is 1 (codes step by 1.0: activations below 0.5 in magnitude quantize to 0); "
+                      f"calibrate on representative inputs", QuantizationWarning, stacklevel=2)
     qparams = jax.tree_util.tree_unflatten(tree, new_leaves)
     return (qparams, {p: explanation[p] for p in paths}) if explain else qparams
 

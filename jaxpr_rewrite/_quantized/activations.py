@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
+from collections.abc import Mapping
 
 import jax
 import numpy as np
@@ -19,8 +21,9 @@ from jax import lax
 
 from .._core.errors import Int8ifyError
 from .._core.jaxprs import is_float_dot
-from .._numerics.static_scales import SMALLEST_STATIC_ABSMAX, StaticScale
 from .._core.source import describe_source
+from .._numerics.quantize import compute_dtype
+from .._numerics.static_scales import StaticScale, smallest_static_absmax
 
 __all__ = ["ActivationScales", "CalibratedDot", "ScaledActivation", "describe_dot", "top_level_dots"]
 
@@ -64,9 +67,10 @@ def describe_dot(eqn) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def _stored_scale(absmax: float) -> tuple:
+def _stored_scale(absmax: float, dtype: str) -> tuple:
+    """The stored static scale of a calibrated ``absmax`` in the compute ``dtype`` (float32 or float64)."""
     with jax.ensure_compile_time_eval():
-        return tuple(float(v) for v in np.asarray(StaticScale.of(np.float32(absmax)).stored()))
+        return tuple(float(v) for v in np.asarray(StaticScale.of(np.asarray(absmax, dtype)).stored()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,17 +94,33 @@ class CalibratedDot:
     absmax: tuple[float, float]
 
     def __post_init__(self):
+        if not (isinstance(self.absmax, tuple) and len(self.absmax) == 2
+                and all(isinstance(a, numbers.Real) and not isinstance(a, (bool, np.bool_)) for a in self.absmax)):
+            raise Int8ifyError(f"the calibrated absmax of the dot at {self.source} must be two numbers (its lhs' and "
+                               f"its rhs'), got {self.absmax!r}")
         if not all(np.isfinite(a) and a >= 0 for a in self.absmax):
             raise Int8ifyError(f"a calibrated absmax must be finite and non-negative, got {self.absmax} for the dot "
                                f"at {self.source}")
-        if any(0 < a < SMALLEST_STATIC_ABSMAX for a in self.absmax):
-            raise Int8ifyError(f"a calibrated absmax of the dot at {self.source} is {min(self.absmax):.3g}, below "
-                               f"{SMALLEST_STATIC_ABSMAX:.3g} (2**-121), the smallest a static scale takes: calibrate "
-                               f"on representative inputs, or keep this dot's activations dynamic")
 
-    def scales(self) -> tuple[np.ndarray, np.ndarray]:
-        """The stored static scale of each operand (float32 vectors, constants of the program)."""
-        return tuple(np.asarray(_stored_scale(a), np.float32) for a in self.absmax)
+    def scales(self, dtypes) -> tuple[np.ndarray, np.ndarray]:
+        """The stored static scale of each operand (vectors in the compute dtype of its operand's ``dtypes``,
+        constants of the program).
+
+        Raises:
+            Int8ifyError: a nonzero absmax below the smallest a static scale of its operand's dtype takes
+                (:func:`~jaxpr_rewrite.static_scales.smallest_static_absmax`), whose reciprocal is not finite.
+        """
+        stored = []
+        for side, (absmax, dtype) in enumerate(zip(self.absmax, dtypes)):
+            dtype = compute_dtype(dtype)
+            smallest = smallest_static_absmax(dtype)
+            if 0 < absmax < smallest:
+                raise Int8ifyError(
+                    f"the calibrated absmax of the {('lhs', 'rhs')[side]} of the dot at {self.source} is {absmax:.3g}, "
+                    f"below {smallest:.3g}, the smallest a static scale of {dtype.name} values takes: calibrate on "
+                    f"representative inputs, or keep this dot's activations dynamic")
+            stored.append(np.asarray(_stored_scale(float(absmax), dtype.name), dtype))
+        return tuple(stored)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,20 +172,62 @@ class ActivationScales:
         return {"n_dots": self.n_dots, "dots": [dataclasses.asdict(dot) for dot in self.dots]}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ActivationScales":
-        """The scales :meth:`as_dict` wrote."""
-        def frozen(value):
-            return tuple(frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
+    def from_dict(cls, data: Mapping) -> "ActivationScales":
+        """The scales :meth:`as_dict` wrote.
 
-        try:
-            dots = tuple(CalibratedDot(
-                position=int(d["position"]), dimension_numbers=frozen(d["dimension_numbers"]),
-                ranks=frozen(d["ranks"]), scope=str(d["scope"]), source=str(d["source"]),
-                absmax=tuple(float(a) for a in d["absmax"]),
-            ) for d in data["dots"])
-            return cls(dots, int(data["n_dots"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise Int8ifyError(f"not the dict ActivationScales.as_dict writes: {e!r}") from None
+        Raises:
+            Int8ifyError: ``data`` is not such a dict: a field missing, or of another type or length, named with its
+                dot (a malformed absmax would otherwise fail at trace time, or a string of digits read as numbers).
+        """
+        if not isinstance(data, Mapping) or not isinstance(data.get("dots"), (list, tuple)):
+            raise Int8ifyError(f"not the dict ActivationScales.as_dict writes: it needs a list 'dots' and their "
+                               f"program's count 'n_dots', got {data!r:.120}")
+        if not _is_int(data.get("n_dots")):
+            raise Int8ifyError(f"not the dict ActivationScales.as_dict writes: 'n_dots' is {data.get('n_dots')!r}, "
+                               "not an int")
+        return cls(tuple(_read_dot(dot, f"dots[{i}]") for i, dot in enumerate(data["dots"])), data["n_dots"])
 
     def __repr__(self):
         return f"ActivationScales({len(self.dots)} dot(s) of {self.n_dots})"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _ints(value, length: int | None = None) -> bool:
+    """Whether ``value`` is a list or tuple of ints (of ``length`` of them)."""
+    return (isinstance(value, (list, tuple)) and all(_is_int(v) for v in value)
+            and (length is None or len(value) == length))
+
+
+# what as_dict writes for each field of a dot: (the check, what it must be)
+_DOT_FIELDS = {
+    "position": (_is_int, "an int"),
+    "dimension_numbers": (lambda v: isinstance(v, (list, tuple)) and len(v) == 2
+                          and all(isinstance(p, (list, tuple)) and len(p) == 2 and all(_ints(a) for a in p) for p in v),
+                          "((lhs contracting, rhs contracting), (lhs batch, rhs batch)), lists of ints"),
+    "ranks": (lambda v: _ints(v, 2), "two ints"),
+    "scope": (lambda v: isinstance(v, str), "a string"),
+    "source": (lambda v: isinstance(v, str), "a string"),
+    "absmax": (lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(
+        isinstance(a, numbers.Real) and not isinstance(a, (bool, np.bool_)) for a in v), "two numbers"),
+}
+
+
+def _read_dot(data, where: str) -> CalibratedDot:
+    """One :class:`CalibratedDot` from what :meth:`ActivationScales.as_dict` wrote of it, every field checked."""
+    if not isinstance(data, Mapping):
+        raise Int8ifyError(f"not the dict ActivationScales.as_dict writes: {where} is {data!r:.80}, not a dict")
+    for field, (fits, expected) in _DOT_FIELDS.items():
+        if field not in data:
+            raise Int8ifyError(f"not the dict ActivationScales.as_dict writes: {where} has no '{field}'")
+        if not fits(data[field]):
+            raise Int8ifyError(f"not the dict ActivationScales.as_dict writes: {where}.{field} is "
+                               f"{data[field]!r:.80}, not {expected}")
+
+    def frozen(value):
+        return tuple(frozen(v) for v in value) if isinstance(value, (list, tuple)) else int(value)
+
+    return CalibratedDot(int(data["position"]), frozen(data["dimension_numbers"]), frozen(data["ranks"]),
+                         data["scope"], data["source"], tuple(float(a) for a in data["absmax"]))

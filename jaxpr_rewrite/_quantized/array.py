@@ -75,8 +75,8 @@ class QuantizedArray:
         contracting: the axes one scale covers (the contracting dims of the dot it feeds). They are stored counted
             from the end, so slicing leading axes (``lax.scan`` over stacked layers) keeps them right.
         dtype: the float dtype of the array it stands for, which the traced program sees.
-        smooth: ``None``, or float32 SmoothQuant factors over the (single) contracting axis: the codes then stand
-            for ``smooth * w`` and a dot divides its other operand by ``smooth``.
+        smooth: ``None``, or SmoothQuant factors (float32; float64 for float64 arrays) over the (single) contracting
+            axis: the codes then stand for ``smooth * w`` and a dot divides its other operand by ``smooth``.
         smooth_inverse: ``None``, or ``1 / smooth`` correctly rounded, computed once by
             :func:`~jaxpr_rewrite.quantize_params`: the dot multiplies its other operand by it as it is (a reciprocal
             computed in the program is, off CPU, integer arithmetic, a GPU kernel per weight; see
@@ -183,10 +183,10 @@ class QuantizedArray:
         return None if self.activation_scale is None else StaticScale.stored_in(self.activation_scale)
 
     def smoothing_multiplier(self):
-        """What a dot multiplies its other operand by (float32, over the contracting axis): the stored
+        """What a dot multiplies its other operand by (in the factors' dtype, over the contracting axis): the stored
         :attr:`smooth_inverse`, or ``1 / smooth`` correctly rounded in the program."""
         if self.smooth_inverse is not None:
-            return to_compute(self.smooth_inverse, np.float32)
+            return to_compute(self.smooth_inverse)
         return smoothing_inverse(self.smooth)
 
     @property

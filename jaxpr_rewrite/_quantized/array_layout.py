@@ -69,7 +69,11 @@ def read_metadata(metadata: Mapping, where: str) -> tuple:
     missing = [name for name in METADATA_FIELDS if name not in metadata]
     if missing:
         raise Int8ifyError(f"{where} is malformed: metadata missing {missing}")
-    return tuple(read(metadata[name]) for name, (_, read) in METADATA_FIELDS.items())
+    try:
+        return tuple(read(metadata[name]) for name, (_, read) in METADATA_FIELDS.items())
+    except (TypeError, ValueError) as e:
+        raise Int8ifyError(f"{where} is malformed: its metadata {dict(metadata)!r:.200} does not read back "
+                           f"({e})") from None
 
 
 def readable_versions() -> str:

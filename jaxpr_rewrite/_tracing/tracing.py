@@ -28,11 +28,11 @@ from jax.extend.core import ClosedJaxpr
 from jx_codes import CONCRETIZATION, TRACED_CONDITION, Code
 
 from .. import _compat
-from .argument_updates import find_updates
-from .._interpret.config import RewriteConfig
 from .._core.errors import Int8ifyError, TracedValueError
-from .._quantized.array import QuantizedArray, is_quantized
+from .._interpret.config import RewriteConfig
+from .._quantized.array import is_quantized, QuantizedArray
 from .._quantized.array_layout import METADATA_FIELDS
+from .argument_updates import find_updates, relink, shared_objects
 
 __all__ = ["Int8ifiedBase", "Signature", "StaticArgs", "Traced", "argument_tree", "closed_over_quantized_error",
            "function_name", "is_array", "resolve_static", "split_call", "target_of", "trace",
@@ -154,6 +154,7 @@ class Signature(NamedTuple):
     static_leaves: tuple  # the static leaves, in order
     static_positional: tuple  # ((position, value), ...) for static_argnums
     static_keywords: tuple  # ((name, value), ...) for static_argnames
+    shared: tuple  # places sharing an object with another (argument_updates.shared_objects; only if a leaf repeats)
     key: Any  # the hashable cache key of the arguments
     context: Any  # the settings it is traced under, as JAX keys them (kept out of ``key``: compared as they are)
 
@@ -228,8 +229,11 @@ def split_call(args: tuple, kwargs: dict, static: StaticArgs = StaticArgs(frozen
     for leaf, leaf_type in zip(dynamic, avals):
         if is_quantized(leaf):
             _check_quantized(leaf, leaf_type, fn_name)
+    shared = () if len({id(x) for x in dynamic}) == len(dynamic) else shared_objects((dyn_args, dyn_kwargs), [
+        leaf for leaf, d in zip(jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs), is_leaf=is_quantized)[0],
+                                is_dynamic) if d])
     key = (tree, is_dynamic, avals, _static_key(static_leaves),
-           tuple((i, _static_key(v)) for i, v in static_pos), tuple((k, _static_key(v)) for k, v in static_kw))
+           tuple((i, _static_key(v)) for i, v in static_pos), tuple((k, _static_key(v)) for k, v in static_kw), shared)
     try:
         hash(key)
     except TypeError as e:
@@ -241,7 +245,7 @@ def split_call(args: tuple, kwargs: dict, static: StaticArgs = StaticArgs(frozen
             f"a static argument of {fn_name} is not hashable ({e}); static arguments (static_argnums, "
             f"static_argnames, and leaves that are not arrays) must be hashable{hint}"
         ) from None
-    return Signature(tree, is_dynamic, avals, static_leaves, static_pos, static_kw, key,
+    return Signature(tree, is_dynamic, avals, static_leaves, static_pos, static_kw, shared, key,
                      _compat.trace_context()), dynamic
 
 
@@ -254,10 +258,13 @@ def leaf_paths(signature: Signature) -> list[str]:
 
 
 def _rebuilt_tree(signature: Signature, dynamic) -> tuple[list, dict]:
-    """``(dynamic positional args, dynamic kwargs)``: the tree :func:`split_call` flattened, rebuilt."""
+    """``(dynamic positional args, dynamic kwargs)``: the tree :func:`split_call` flattened, rebuilt (objects shared
+    where the caller's are)."""
     dyn_iter, static_iter = iter(dynamic), iter(signature.static_leaves)
     leaves = [next(dyn_iter) if d else next(static_iter) for d in signature.is_dynamic]
-    return jax.tree_util.tree_unflatten(signature.tree, leaves)
+    root = jax.tree_util.tree_unflatten(signature.tree, leaves)
+    relink(root, signature.shared)
+    return root
 
 
 def _with_static(signature: Signature, dyn_args, dyn_kwargs) -> tuple[list, dict]:
@@ -303,6 +310,7 @@ class Traced(NamedTuple):
     jaxpr: ClosedJaxpr  # over the traced leaves (a QuantizedArray is one input of its float type)
     out_tree: Any  # the tree structure of ``fn``'s output, whose leaves the program's outputs start with
     updates: tuple  # the paths of the argument leaves the call replaced, whose new values are the last outputs
+    attributes: tuple  # (path of an object, name, value) of each Python attribute the call set (write_attributes)
 
 
 def trace(fn: Callable, signature: Signature, dynamic: list) -> Traced:
@@ -311,7 +319,7 @@ def trace(fn: Callable, signature: Signature, dynamic: list) -> Traced:
     Returns:
         The :class:`Traced` program. Its outputs are ``fn``'s output leaves, then the new value of each leaf
         ``fn`` replaced inside its arguments (state a Flax NNX module updates in place:
-        :mod:`~jaxpr_rewrite._tracing.argument_updates`).
+        :mod:`~jaxpr_rewrite._tracing.argument_updates`); the Python attributes it set come with it.
     """
     out_tree_box, updates_box = [], []
 
@@ -319,9 +327,10 @@ def trace(fn: Callable, signature: Signature, dynamic: list) -> Traced:
         dyn_args, dyn_kwargs = root = _rebuilt_tree(signature, flat)
         args, kwargs = _with_static(signature, dyn_args, dyn_kwargs)
         out_flat, out_tree = jax.tree_util.tree_flatten(fn(*args, **kwargs))
-        paths, values = find_updates(root, signature.tree, signature.is_dynamic, flat, function_name(fn))
+        paths, values, attributes = find_updates(root, _rebuilt_tree(signature, flat), signature.is_dynamic, flat,
+                                                 function_name(fn), signature.shared)
         out_tree_box.append(out_tree)
-        updates_box.append(paths)
+        updates_box.append((paths, attributes))
         return [*out_flat, *values]
 
     try:
@@ -332,7 +341,7 @@ def trace(fn: Callable, signature: Signature, dynamic: list) -> Traced:
         if QuantizedArray.__name__ not in str(exc):
             raise
         raise closed_over_quantized_error(exc, fn) from exc
-    return Traced(closed, out_tree_box[-1], updates_box[-1])
+    return Traced(closed, out_tree_box[-1], *updates_box[-1])
 
 
 def closed_over_quantized_error(exc: TypeError, fn: Callable | None = None) -> Int8ifyError:

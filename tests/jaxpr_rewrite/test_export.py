@@ -129,3 +129,39 @@ def test_export_for_a_gpu_of_a_scaled_matmul_backend():
     exported = jax.export.export(program("mxfp8"), platforms=["cuda"], disabled_checks=disabled)(x, w)
     assert "stablehlo.custom_call @__op$block_scaled_dot" in exported.mlir_module()
     assert jax.export.export(program("int8"), platforms=["cuda"])(x, w).platforms == ("cuda",)
+
+
+# A server with JAX and safetensors alone: it never imports jaxpr_rewrite (nor could it deserialize a QuantizedArray)
+SERVER = """
+import sys
+import jax
+import numpy as np
+from safetensors.numpy import load_file
+
+blob, tensors, x, expected = sys.argv[1:]
+exported = jax.export.deserialize(bytearray(open(blob, "rb").read()))
+out = exported.call(load_file(tensors), np.load(x))
+np.testing.assert_array_equal(np.asarray(out), np.load(expected))
+print("bit-identical", "jaxpr_rewrite" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_program_exported_over_named_tensors_is_served_by_jax_alone(tmp_path, bits):
+    from jaxpr_rewrite.safetensors_io import save_safetensors
+    from jaxpr_rewrite.stored import over_tensors
+
+    with jax.default_device(FRESH_PROCESS_DEVICE):
+        fn, params, x = deploy_model()
+        qparams = quantize_params(fn, params, x, bits=bits)
+        program, tensors = over_tensors(int8ify(fn), qparams)
+        exported = jax.export.export(jax.jit(program), platforms=["cpu"])(tensors, x)
+        expected = np.asarray(jax.jit(int8ify(fn))(qparams, x))
+    assert exported.in_tree == jax.tree_util.tree_structure(((tensors, x), {}))  # a dict of arrays: JAX's own nodes
+    (tmp_path / "program.bin").write_bytes(exported.serialize())
+    save_safetensors(tmp_path / "model.safetensors", qparams)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "expected.npy", expected)
+    printed = run_fresh_python(SERVER, tmp_path / "program.bin", tmp_path / "model.safetensors", tmp_path / "x.npy",
+                               tmp_path / "expected.npy")
+    assert printed.split() == ["bit-identical", "False"]

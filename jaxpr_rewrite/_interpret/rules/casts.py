@@ -35,7 +35,8 @@ def _transpose_quantized(context: RuleContext, eqn, invals):
     (value,) = invals
     if value.smooth is not None:
         return None  # smoothing factors follow the contracting axis of the untransposed layout
-    return [value.transpose(eqn.params["permutation"])]
+    transposed = value.transpose(eqn.params["permutation"])
+    return None if transposed is None else [transposed]  # (None: blocks that cannot follow the new axis order)
 
 
 def _follow_transpose(trail, eqn, positions, where):

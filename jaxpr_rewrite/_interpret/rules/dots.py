@@ -142,15 +142,18 @@ def resolve_dot_operands(invals: Sequence, dimension_numbers, direct: bool, shar
         shared: a per-program cache ``(id(activation), axes, group) -> (activation, its rescaling or its static
             scale)`` shared by the weights of one smoothing or static-scale group, or ``None``.
         block_size: the block length of the dot (``int8ify(..., block_size=...)`` with int8), or ``None``: a
-            block-scaled weight goes on as itself (the dot reads its :meth:`~QuantizedArray.block_operand`); a
-            block-scaled weight here is of that length (:func:`_check_weights_fit` let it through).
+            block-scaled weight goes on as itself (the dot reads its :meth:`~QuantizedArray.block_operand`) when the
+            dot contracts its axes in their order; a block-scaled weight here is of that length
+            (:func:`_check_weights_fit` let it through).
     """
     contractions, batches = dimension_numbers
     folds = [direct and is_quantized(x) and not is_quantized(other) and x.dot_operand(contract) is None
              and x.folds_into_partner(contract, batch)
              for x, other, contract, batch in zip(invals, invals[::-1], contractions, batches)]
     usable = [
-        is_quantized(x) and (x.block_size is not None or (direct and x.dot_operand(contract) is not None) or fold)
+        # a block-scaled weight fits a dot contracting its axes in their own order, which its blocks run over
+        is_quantized(x) and (tuple(int(a) % x.ndim for a in contract) == x.contracting if x.block_size is not None
+                             else (direct and x.dot_operand(contract) is not None) or fold)
         for x, contract, fold in zip(invals, contractions, folds)
     ]
     for side, x in enumerate(invals):
