@@ -9,7 +9,9 @@ Public API (explicit re-exports):
 * :func:`quantize_cache` -- an int8 KV cache, quantized once, written and read in int8 by ``int8ify``'d steps.
 * :func:`calibrate_activation_dots`, :class:`ActivationScales` -- static scales for the matmuls between two
   activations (``int8ify(fn, activation_scales=...)``).
-* :func:`report`, :class:`Report`, :class:`DotRow` -- one row per matmul: source, scope, types, decision, error.
+* :func:`report`, :class:`Report`, :class:`DotRow` -- one row per matmul: source, scope, types, decision, error;
+  :class:`KeptFloat`, :class:`Why` -- why a matmul stays float.
+* :func:`over_tensors` -- a program over a quantized pytree's named tensors, to export and serve with JAX alone.
 * :func:`verify`, :func:`assert_int8`, :class:`Finding` -- check a traced program against the int8 contract.
 * :class:`RewriteConfig`, :func:`register_backend` -- the options, and the registry of what a float dot becomes.
 * :func:`iter_eqns`, :func:`dot_eqns`, :func:`default_platform` -- every equation / matmul of a program, nested
@@ -34,6 +36,8 @@ from ._dots.operands import quantize
 from ._quantized.array import QuantizedArray
 from ._inspect.report import DotRow, Report, report
 from ._quantized.activations import ActivationScales
+from ._quantized.stored import over_tensors
+from ._core.reasons import KeptFloat, Why
 from ._inspect.verify import Finding, assert_int8, verify
 
 __all__ = [
@@ -42,12 +46,14 @@ __all__ = [
     "Finding",
     "Int8ified",
     "Int8ifyError",
+    "KeptFloat",
     "QuantizationWarning",
     "QuantizedArray",
     "Report",
     "RequantizationWarning",
     "RewriteConfig",
     "TracedValueError",
+    "Why",
     "assert_int8",
     "calibrate_activation_dots",
     "int8_matmul",
@@ -55,6 +61,7 @@ __all__ = [
     "dot_eqns",
     "int8ify",
     "iter_eqns",
+    "over_tensors",
     "quantize",
     "quantize_cache",
     "quantize_params",

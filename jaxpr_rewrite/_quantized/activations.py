@@ -108,7 +108,7 @@ class CalibratedDot:
 
         Raises:
             Int8ifyError: a nonzero absmax below the smallest a static scale of its operand's dtype takes
-                (:func:`~jaxpr_rewrite.static_scales.smallest_static_absmax`), whose reciprocal is not finite.
+                (:func:`~jaxpr_rewrite._numerics.static_scales.smallest_static_absmax`), whose reciprocal is not finite.
         """
         stored = []
         for side, (absmax, dtype) in enumerate(zip(self.absmax, dtypes)):

@@ -149,7 +149,7 @@ print("bit-identical", "jaxpr_rewrite" in sys.modules)
 @pytest.mark.parametrize("bits", [8, 4])
 def test_a_program_exported_over_named_tensors_is_served_by_jax_alone(tmp_path, bits):
     from jaxpr_rewrite.safetensors_io import save_safetensors
-    from jaxpr_rewrite.stored import over_tensors
+    from jaxpr_rewrite import over_tensors
 
     with jax.default_device(FRESH_PROCESS_DEVICE):
         fn, params, x = deploy_model()

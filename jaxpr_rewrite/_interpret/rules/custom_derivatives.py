@@ -6,7 +6,7 @@ its codes (and static activation scale) as they are, as in any other call: mater
 quantized again, to 8 bits with dynamic scales, other numbers than the weight's own. The function is then a
 ``jax.custom_jvp`` / ``jax.custom_vjp`` of its own whose derivative is the user's rule, applied to the float
 operands with the weight at its value inside the dot; no tangent flows into the weight's codes, as for any
-pre-quantized weight (:mod:`jaxpr_rewrite.straight_through`).
+pre-quantized weight (:mod:`jaxpr_rewrite._dots.straight_through`).
 """
 
 from __future__ import annotations
