@@ -43,6 +43,8 @@ EXAMPLES = ROOT / "examples"
 if str(ROOT) not in sys.path:  # a checkout that is not pip-installed
     sys.path.insert(0, str(ROOT))
 
+import jax  # noqa: E402
+
 from jaxpr_rewrite._core import platforms  # noqa: E402  (after the checkout is on the path)
 
 settings.register_profile(
@@ -97,5 +99,10 @@ def run_example(monkeypatch, capsys):
 def every_platform_programs():
     """The test's programs traced for CPU, CUDA and TPU at once (one ``lax.platform_dependent`` branch each), so that
     it can compare each platform's program in one jaxpr and run any of them on the CPU."""
+    # JAX caches a function's traces without knowing the platforms int8ify traces for (the default device's, which
+    # it does key on, or this test's): a function traced for the CPU alone earlier must be traced again here, and the
+    # programs traced here must not serve later tests
+    jax.clear_caches()
     with platforms.target(("cpu", "cuda", "tpu")):
         yield
+    jax.clear_caches()

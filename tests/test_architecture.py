@@ -179,8 +179,8 @@ LAYERS = (
     "_numerics",  # the contract's formulas: scales, exact division, codes, static scales, float formats
     "_quantized",  # QuantizedArray and its stored layout, static activation scales
     "_io",  # checkpoints and SafeTensors files of quantized pytrees
-    "_platforms",  # what differs per platform (CPU, GPU, TPU), registered with _core.platforms
     "_dots",  # one rewritten dot: operands quantized, the int8 dot, the epilogue, straight-through gradients
+    "_platforms",  # what differs per platform (CPU, GPU, TPU): implementations of _core.platforms' protocol
     "_interpret",  # the options, the evaluator, the rewriting interpreter and its per-primitive rules
     "_backends",  # what a float dot becomes (int8, int8-fused, mxfp8, nvfp4), registered with _core.backends
     "_tracing",  # a function traced to a jaxpr, static arguments, argument updates

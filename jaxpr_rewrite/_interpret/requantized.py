@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .._core.jaxprs import VALUE_MOVING_PRIMITIVES, forward_jaxprs, is_float_dot
+from .._core.jaxprs import VALUE_MOVING_PRIMITIVES, forward_jaxprs, is_float_dot, matmul_dimension_numbers
 from .._core.layout import contraction_size, is_static
 from .._core.scopes import join_scope
 from .._core.source import UNKNOWN, Location, describe_source, eqn_location
@@ -101,7 +101,7 @@ def _walk(jaxpr, origin: dict, config: RewriteConfig, scope: str, where: Locatio
 
 
 def _requantized(eqn, reads, where: Location) -> list[RequantizedArgument]:
-    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    (lc, rc), (lb, rb) = matmul_dimension_numbers(eqn)
     found = []
     for side, (contracting, batch) in enumerate(((lc, lb), (rc, rb))):
         argument = reads[side]

@@ -43,6 +43,6 @@ def quantize_cache(cache, axis: int = -1):
         if is_quantized(leaf) or not (isinstance(leaf, jax.Array) or hasattr(leaf, "__array__")):
             return leaf
         leaf = jnp.asarray(leaf)
-        return quantize(leaf, axis) if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf
+        return quantize(leaf, axis).replace(cache=True) if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf
 
     return jax.tree_util.tree_map(quantized, cache, is_leaf=is_quantized)

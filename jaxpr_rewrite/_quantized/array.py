@@ -40,7 +40,7 @@ from .._numerics.exact_division import correctly_rounded_divide
 from .._numerics.blocks import from_blocks, n_blocks, to_blocks
 from .._numerics.int4 import unpack_int4
 from .._numerics.quantize import dequantize_by_factors, epilogue_factors, scale_values, smoothing_inverse, to_compute
-from .array_layout import (ARRAY_FIELDS, CODE_LIMITS, FIELD_AXES, LAYOUT_VERSION, METADATA_FIELDS,
+from .array_layout import (ARRAY_FIELDS, CODE_LIMITS, FIELD_AXES, LAYOUT_VERSION, METADATA_DEFAULTS, METADATA_FIELDS,
                            OPTIONAL_ARRAY_FIELDS, layout_problems, metadata_problems, read_metadata, register_export)
 from .._numerics.static_scales import StaticScale
 
@@ -101,12 +101,15 @@ class QuantizedArray:
         activation_group: a token shared by weights whose static scale was calibrated on the same activation (one
             per activation, unique per :func:`~jaxpr_rewrite.quantize_params` call): the compiled program quantizes that
             activation once for all of them (``x @ wq``, ``x @ wk``, ``x @ wv``).
+        cache: whether it is a KV cache (:func:`~jaxpr_rewrite.quantize_cache`): a dot contracting it along the axes
+            its scales run over (attention's ``p . v`` over the tokens) folds its scales into the other operand
+            (:meth:`folds_into_partner`); a weight there is materialised, as the contract has it.
     """
 
     def __init__(self, codes, scales, exponents, contracting: Sequence[int] | None = None, dtype=None, smooth=None,
                  smooth_group=None, bits: int = 8, length: int | None = None, block_size: int | None = None,
                  epilogue_factor=None, epilogue_power=None, activation_scale=None, activation_group=None,
-                 smooth_inverse=None, *, from_end: Sequence[int] | None = None):
+                 smooth_inverse=None, cache: bool = False, *, from_end: Sequence[int] | None = None):
         if (contracting is None) == (from_end is None) or dtype is None:
             raise Int8ifyError("QuantizedArray needs its dtype and either contracting (axes) or from_end (axes "
                                f"counted from the end); got contracting={contracting!r}, from_end={from_end!r}, "
@@ -128,6 +131,7 @@ class QuantizedArray:
         self.epilogue_power = epilogue_power
         self.activation_scale = activation_scale
         self.activation_group = activation_group
+        self.cache = cache
 
     # -- array-like ------------------------------------------------------------------------------------------
     @property
@@ -251,10 +255,11 @@ class QuantizedArray:
         cache's values contracted over its tokens, ``sum_s p[s] v[s] = sum_s (p[s] * s_v[s]) v_q[s]``
         (:func:`~jaxpr_rewrite._dots.int8_dot.int8_dot_general_impl`). Its scales must be per slice (no blocks,
         smoothing or static activation scale), cover no contracting axis, and run along no free axis of the dot
-        (each scale then multiplies one product of the other operand, whatever the output)."""
+        (each scale then multiplies one product of the other operand, whatever the output); and it must be a KV
+        cache (:attr:`cache`): a weight in another contraction is materialised, as the contract has it."""
         contracting = {int(a) % self.ndim for a in contracting}
         along = contracting | {int(a) % self.ndim for a in batch}
-        return (self.block_size is None and self.smooth is None and self.activation_scale is None
+        return (self.cache and self.block_size is None and self.smooth is None and self.activation_scale is None
                 and not contracting & set(self.contracting) and set(self.kept_axes) <= along)
 
     def block_operand(self, contracting: Sequence[int], batch: Sequence[int], block: int) -> "QuantizedArray | None":
@@ -346,6 +351,8 @@ class QuantizedArray:
             setattr(array, name, value)
         for name, value in zip(METADATA_FIELDS, aux):
             setattr(array, name, value)
+        for name in list(METADATA_FIELDS)[len(aux):]:  # an older layout's aux data lacks the last ones
+            setattr(array, name, METADATA_DEFAULTS[name])
         return array
 
     def metadata(self) -> dict:
@@ -390,6 +397,7 @@ class QuantizedArray:
         smooth = ", smoothed" if self.smooth is not None else ""
         blocks = f", block_size={self.block_size}" if self.block_size is not None else ""
         static = ", static activation scale" if self.activation_scale is not None else ""
+        static += ", KV cache" if self.cache else ""
         return (f"QuantizedArray(i{self.bits}{list(self.shape)}, contracting={self.contracting}, "
                 f"dtype={self.dtype.name}{blocks}{smooth}{static})")
 

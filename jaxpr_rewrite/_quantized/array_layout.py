@@ -54,7 +54,10 @@ METADATA_FIELDS = {
     "length": (lambda length: length, lambda length: length),
     "block_size": (lambda block: block, lambda block: block),
     "activation_group": (lambda group: group, lambda group: group),
+    "cache": (bool, bool),
 }
+# The metadata a layout written before it existed lacks, and what it reads as there.
+METADATA_DEFAULTS = {"cache": False}
 # The code range of each supported width.
 CODE_LIMITS = {8: INT8_MAX, 4: INT4_MAX}
 
@@ -66,11 +69,12 @@ def read_metadata(metadata: Mapping, where: str) -> tuple:
         raise Int8ifyError(f"{where} is stored in QuantizedArray layout version {version!r}; this int8ify reads "
                            f"{readable_versions()} (write it again with this int8ify, or quantize the float "
                            "params again)")
-    missing = [name for name in METADATA_FIELDS if name not in metadata]
+    missing = [name for name in METADATA_FIELDS if name not in metadata and name not in METADATA_DEFAULTS]
     if missing:
         raise Int8ifyError(f"{where} is malformed: metadata missing {missing}")
     try:
-        return tuple(read(metadata[name]) for name, (_, read) in METADATA_FIELDS.items())
+        return tuple(read(metadata.get(name, METADATA_DEFAULTS.get(name)))
+                     for name, (_, read) in METADATA_FIELDS.items())
     except (TypeError, ValueError) as e:
         raise Int8ifyError(f"{where} is malformed: its metadata {dict(metadata)!r:.200} does not read back "
                            f"({e})") from None
@@ -141,6 +145,8 @@ def metadata_problems(array) -> list[str]:
         problems.append(f"length is {array.length!r}, not a non-negative int")
     if array.block_size is not None and not _is_int(array.block_size, 1):
         problems.append(f"block_size is {array.block_size!r}, not a positive int (or None)")
+    if not isinstance(array.cache, bool):
+        problems.append(f"cache is {array.cache!r}, not True or False")
     return problems
 
 

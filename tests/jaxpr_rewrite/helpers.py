@@ -468,8 +468,8 @@ def evaluate_as(platform: str, fn, *args, excess_precision: bool = False):
     (``float32 -> bfloat16/float16/float8 -> float32``) does not round. ``optimization_barrier``,
     ``reduce_precision`` and a ``bitcast_convert_type`` of the narrow value keep the rounding, as they do on the
     GPU."""
-    with every_platform():
-        closed = jax.make_jaxpr(fn)(*args)
+    with every_platform():  # (a new function: JAX's cached traces of ``fn`` may be the default platform's alone)
+        closed = jax.make_jaxpr(lambda *values: fn(*values))(*args)
     leaves = jax.tree_util.tree_leaves(args)
     if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):  # inside a jit: on the device its inputs are on
         return _evaluate_as(platform, closed.jaxpr, closed.consts, leaves, excess_precision, {})

@@ -317,6 +317,7 @@ def test_quantized_params_calibrate_as_the_values_they_stand_for(transformer):
     assert from_quantized == calibrate_activation_dots(block, values, *calibration[0], calibration=calibration)
 
 
+@pytest.mark.usefixtures("every_platform_programs")
 def test_tpu_finds_nan_in_both_activations_by_their_codes():
     """A TPU marks an activation's NaN/Inf slices with a sum over its values only where the activation feeds a
     weight's dot; both operands of a dot of two activations keep the minimum over their codes (XLA:TPU made that sum

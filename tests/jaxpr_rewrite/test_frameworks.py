@@ -227,7 +227,7 @@ def test_weights_closed_over_by_flax_and_equinox_code_are_quantized_once(monkeyp
     as it is): each kernel is quantized once, when the program is traced, with the numbers of the weights passed
     as arguments, bit for bit."""
     nn, eqx = pytest.importorskip("flax.linen"), pytest.importorskip("equinox")
-    from jaxpr_rewrite import api
+    from jaxpr_rewrite import _api as api
 
     quantized = []
     original = api.quantized_weight

@@ -59,6 +59,7 @@ def test_on_a_hopper_gpu_the_rewrite_refuses_unchecked_autotuning(monkeypatch, b
     int8ify(lambda x, w: x @ w, backend=backend)(X, W)  # each dot's shared program, traced and kept
     int8ify(lambda w, x: _project(w, x), backend=backend)(weights, X)
     monkeypatch.setattr(gpu_gemm_flags, "_hopper_device", lambda: H200)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # programs traced for the GPU, as on its host
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_autotune_level=0")
     with pytest.raises(Int8ifyError, match=r"NVIDIA H200 .*autotune_level=0.*doubled.*triton_gemm=false"):
         int8ify(lambda x, w: x @ w, backend=backend)(X, W)

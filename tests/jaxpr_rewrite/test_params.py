@@ -213,6 +213,7 @@ def test_smoothing_factors_are_the_same_wherever_they_are_computed(alpha):
     assert finite.all() and (got[:3] == 1).all(), got
 
 
+@pytest.mark.usefixtures("every_platform_programs")
 def test_smoothing_stores_the_exact_reciprocal_of_its_factors():
     """``quantize_params`` stores ``1 / smooth`` correctly rounded, so the program multiplies by it as it is (off
     CPU a reciprocal in the program is integer long division: a GPU kernel per weight); a smoothed weight without it

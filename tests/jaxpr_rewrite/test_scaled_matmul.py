@@ -455,7 +455,8 @@ def test_importing_patches_nothing_and_registration_is_lazy_and_idempotent():
     script = """
         import jax, jax.numpy as jnp
         import jaxpr_rewrite
-        from jaxpr_rewrite import _compat, int8ify, scaled_matmul as sm
+        from jaxpr_rewrite import _compat, int8ify
+        from jaxpr_rewrite._backends import scaled_matmul as sm
         prim = _compat.scaled_matmul_primitive()
         cpu_before = _compat.has_lowering(prim, "cpu")
         assert _compat.emulated_platforms() == ()

@@ -9,6 +9,7 @@ import pytest
 from jax import lax
 
 from helpers import assert_same_bits_but_nan, evaluate_as, examples, platform_eqns
+from jaxpr_rewrite._core import platforms
 from hypothesis import given
 from hypothesis import strategies as st
 from jaxpr_rewrite import Int8ifyError, QuantizationWarning, int8ify, quantize_params
@@ -130,6 +131,7 @@ def test_activations_of_higher_rank_match_the_reference(layout):
         assert compiled.count("round-nearest-even(") == 1
 
 
+@pytest.mark.usefixtures("every_platform_programs")
 def test_the_hot_path_has_no_absmax_reduction():
     params, calibration = make_dense()
     dynamic = quantize_params(dense, params, *calibration[0])
@@ -146,6 +148,7 @@ def test_the_hot_path_has_no_absmax_reduction():
     assert [primitives(static, platform).count("reduce_max") for platform in ("cpu", "cuda", "tpu")] == [0, 1, 0]
 
 
+@pytest.mark.usefixtures("every_platform_programs")
 def test_the_codes_rounding_is_their_conversions_operand():
     """The static codes are clipped and marked (-128 for NaN and Inf) before they are rounded, so that the rounding
     is the int8 conversion's operand, which XLA:TPU folds into the conversion; a clip or select between the two made
@@ -165,6 +168,7 @@ def test_the_codes_rounding_is_their_conversions_operand():
             assert producer is not None and producer.primitive.name == "round", (platform, producer)
 
 
+@pytest.mark.usefixtures("every_platform_programs")
 @pytest.mark.parametrize("layout, tpu_marks", [("matrix", False), ("sequence", True)])
 def test_only_codes_whose_nan_check_reads_them_are_marked(layout, tpu_marks):
     """A value that is NaN or Inf gets the code -128 where the slice's NaN check reads the codes (CPU, GPU, and a TPU's
@@ -185,13 +189,14 @@ def test_the_stored_scale_reads_the_same_on_every_platform(amax):
     makes a kernel of each slice): the same fields, bit for bit, over the whole range of calibrated absmaxes."""
     vector = jax.jit(lambda a: ss.StaticScale.of(a).stored())(np.float32(amax))
     count = len(ss.StaticScale._fields)
-    by_masks = jax.jit(lambda v: ss._fields_by_masks(v, count))(vector)
-    by_slices = jax.jit(lambda v: ss._fields_by_slices(v, count))(vector)
+    by_masks = jax.jit(lambda v: ss.fields_by_masks(v, count))(vector)
+    by_slices = jax.jit(lambda v: ss.fields_by_slices(v, count))(vector)
     for masked, sliced in zip(by_masks, by_slices):
         assert np.asarray(masked).tobytes() == np.asarray(sliced).tobytes()
     np.testing.assert_array_equal(np.asarray(by_slices), np.asarray(vector))
 
 
+@pytest.mark.usefixtures("every_platform_programs")
 def test_tpu_reads_the_stored_scale_without_slices():
     params, calibration = make_dense()
     static = quantize_params(dense, params, *calibration[0], activations="static", calibration=calibration)
@@ -203,6 +208,7 @@ def test_tpu_reads_the_stored_scale_without_slices():
     assert slices("tpu") == 0 and slices("cpu") == slices("cuda") > 0
 
 
+@pytest.mark.usefixtures("every_platform_programs")
 def test_tpu_and_gpu_mark_nan_and_inf_rows_in_the_quantizations_own_reduction():
     """On TPU a row's factor, NaN for a row holding NaN or Inf, is the output of one sum over the activation, and on a
     GPU (Inf there) of one maximum over its codes: XLA:TPU and XLA:GPU make a kernel of their own of the per-row work
@@ -264,7 +270,7 @@ def test_a_slice_of_nothing_has_a_finite_factor(platform):
     on TPU."""
     static = ss.StaticScale.of(np.float32(3.0))
     x = np.zeros((8, 0), np.float32)
-    (got,) = evaluate_as(platform, lambda v: ss.quantize_static_parts(v, static, (1,), True)[3][0], x)
+    (got,) = evaluate_as(platform, lambda v: platforms.current().quantize_static(v, static, reduce_axes=(1,), sums_values=True)[3][0], x)
     want = np.float32(0) if platform == "tpu" else np.asarray(static.factor)
     np.testing.assert_array_equal(np.asarray(got), np.full(8, want, np.float32))
 
@@ -306,6 +312,7 @@ def test_percentile_calibration():
     assert float(qparams["w"].static_scale.absmax) < max(np.abs(c[0]).max() for c in calibration)
 
 
+@pytest.mark.usefixtures("every_platform_programs")
 def test_weights_reading_one_activation_share_its_quantization():
     d = 256
     params = {n: (RNG.standard_normal((d, d)) / 16).astype(np.float32) for n in ("wq", "wk", "wv")}

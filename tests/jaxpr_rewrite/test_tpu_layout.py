@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from jaxpr_rewrite import calibrate_activation_dots, int8ify
+from jaxpr_rewrite._core import platforms
 from jaxpr_rewrite._platforms.tpu_layout import dot_operand_layout
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -36,7 +37,9 @@ def constraints(lowered_text: str) -> list[tuple[tuple[int, ...], tuple[int, ...
 
 
 def lowered_for(fn, args, platform: str) -> str:
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+    """``fn`` traced for ``platform`` (the program that platform runs) and lowered for it, as StableHLO text."""
+    with platforms.target(platform):
+        return jax.jit(lambda *values: fn(*values)).trace(*args).lower(lowering_platforms=(platform,)).as_text()
 
 
 @pytest.mark.parametrize("shape, batch, contracting, expected", [
@@ -102,7 +105,7 @@ def test_jax_export_leaves_the_constraint_out():
     """XLA's layout constraint is no custom call jax.export can serialize: an exported program keeps XLA's
     layouts, for a TPU too."""
     q = jax.random.normal(jax.random.PRNGKey(0), (2, 197, 6, 64))
-    exported = jax.export.export(jax.jit(int8ify(scores)), platforms=["cpu", "tpu"])(q, q)
+    exported = jax.export.export(jax.jit(int8ify(scores, platforms=["cpu", "tpu"])), platforms=["cpu", "tpu"])(q, q)
     assert "LayoutConstraint" not in exported.mlir_module()
     np.testing.assert_array_equal(exported.call(q, q), jax.jit(int8ify(scores))(q, q))
 

@@ -54,10 +54,10 @@ def _shard_map_quantized(context: RuleContext, eqn, invals):
 
 
 def _child_specs(value, spec: PartitionSpec, mesh, eqn, context: RuleContext):
-    """The spec of each of a pre-quantized weight's arrays (:data:`~jaxpr_rewrite._quantized.array.ARRAY_FIELDS`, ``None``
-    for an absent one) from the float weight's ``spec``: codes like it, each other array like the weight's axes it
-    runs over (:data:`~jaxpr_rewrite._quantized.array.FIELD_AXES`; a static scale replicated); and the weight as one shard
-    of it (a 4-bit weight's unpacked length is its shard's)."""
+    """The spec of each of a pre-quantized weight's arrays (:data:`~jaxpr_rewrite._quantized.array.ARRAY_FIELDS`,
+    ``None`` for an absent one) from the float weight's ``spec``: codes like it, each other array like the weight's axes
+    it runs over (:data:`~jaxpr_rewrite._quantized.array.FIELD_AXES`; a static scale replicated); and the weight as one
+    shard of it (a 4-bit weight's unpacked length is its shard's)."""
     entries = (*spec, *(None,) * (value.ndim - len(spec)))
     sizes = [int(np.prod([mesh.shape[n] for n in ((e,) if isinstance(e, str) else e or ())])) for e in entries]
     where = describe_source(eqn, context.where)
