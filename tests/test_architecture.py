@@ -2,8 +2,8 @@
 
 * the import graphs: no cycle in either, and no import inside a function or under ``if TYPE_CHECKING:`` (how a
   cycle hides);
-* what int8ify knows about a primitive is in its rule (``jaxpr_rewrite/_interpret/rules/``): no primitive name is compared
-  anywhere else;
+* what int8ify knows about a primitive is in its rule (``jaxpr_rewrite/_interpret/rules/``): no primitive name is
+  compared anywhere else;
 * what a backend can take is asked of the backend: no backend name is compared outside the backend registry;
 * the layers of ``jaxpr_rewrite`` import downwards only (:data:`LAYERS`).
 """
@@ -150,7 +150,8 @@ def _modules(exempt: tuple[str, ...]):
 
 def test_no_primitive_name_is_compared_outside_the_rules():
     # verify.py's JX checks (JX102-JX104 patterns, callbacks) are the contract checker's own table
-    found = [(module, line, name) for module, source in _modules(("jaxpr_rewrite/_interpret/rules/", "jaxpr_rewrite/_inspect/verify.py"))
+    exempt = ("jaxpr_rewrite/_interpret/rules/", "jaxpr_rewrite/_inspect/verify.py")
+    found = [(module, line, name) for module, source in _modules(exempt)
              for line, name in _compared_names(source, PRIMITIVE_NAMES)]
     assert found == [], found
 

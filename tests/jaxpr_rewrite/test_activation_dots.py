@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given
 
 from helpers import assert_same_bits_but_nan, evaluate_as, examples, platform_eqns
-from jaxpr_rewrite import ActivationScales, Int8ifyError, QuantizationWarning, calibrate_activation_dots, int8ify, iter_eqns, quantize_params
+from jaxpr_rewrite import (ActivationScales, Int8ifyError, QuantizationWarning, calibrate_activation_dots, int8ify,
+                           iter_eqns, quantize_params)
 from jaxpr_rewrite import report
 from jaxpr_rewrite._numerics.static_scales import StaticScale
 

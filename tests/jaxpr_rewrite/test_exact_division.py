@@ -14,10 +14,10 @@ from jax import lax
 from helpers import (CPU, TPU_DIVISION_ULPS, approximate_division, assert_within_ulps, evaluate_as, examples,
                      ieee_float64, platform_eqns, reference_codes, reference_scale_parts)
 from jaxpr_rewrite._numerics import exact_division
-from jaxpr_rewrite._numerics.exact_division import (correctly_rounded_divide, divided_by_odd, divisor_prescale, reciprocal,
-                                          reciprocal_by_integers, reciprocals_in_float64, rounded_quotients_by_float64,
-                                          rounded_quotients_exactly, signed_divisors, tpu_per_slice_parts,
-                                          true_divide)
+from jaxpr_rewrite._numerics.exact_division import (correctly_rounded_divide, divided_by_odd, divisor_prescale,
+                                                    reciprocal, reciprocal_by_integers, reciprocals_in_float64,
+                                                    rounded_quotients_by_float64, rounded_quotients_exactly,
+                                                    signed_divisors, tpu_per_slice_parts, true_divide)
 from jaxpr_rewrite._dots.operands import smoothed_activation
 from jaxpr_rewrite._numerics.quantize import quantize_parts, smoothing_inverse
 from jaxpr_rewrite._numerics.static_scales import StaticScale

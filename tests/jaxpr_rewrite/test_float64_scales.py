@@ -16,8 +16,8 @@ from helpers import (CPU, assert_finite_slices_quantized_as_the_contract, evalua
                      platform_eqns, reference_codes, reference_scale_parts, with_zero_and_non_finite_rows)
 from jaxpr_rewrite import int8ify, quantize_params
 from jaxpr_rewrite._core import platforms
-from jaxpr_rewrite._numerics.float64_scales import (nan_safe_magnitude_of_bits, quantize_by_float64, rounded_significands,
-                                          scale_product_in_float64)
+from jaxpr_rewrite._numerics.float64_scales import (nan_safe_magnitude_of_bits, quantize_by_float64,
+                                                    rounded_significands, scale_product_in_float64)
 from jaxpr_rewrite._numerics.quantize import epilogue_factors, nan_safe_magnitude, pow2, scale_product
 
 TINY = np.finfo(np.float32).tiny

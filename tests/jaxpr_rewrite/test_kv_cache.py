@@ -253,7 +253,8 @@ def test_an_nnx_modules_cache_variables_stay_quantized_eagerly_and_under_nnx_jit
         assert _relative_error(got, reference(x, pos)) < 0.03, pos
         assert is_quantized(model.cache_k.get_value()) and is_quantized(model.cache_v.get_value())
     written = (slice(None), slice(0, 4))  # (the int8 projections' keys: close to the float ones, not equal)
-    assert _relative_error(model.cache_k.get_value().materialise()[written], reference.cache_k.get_value()[written]) < 0.02
+    got_keys, want_keys = model.cache_k.get_value().materialise()[written], reference.cache_k.get_value()[written]
+    assert _relative_error(got_keys, want_keys) < 0.02
 
 
 def test_the_cache_saves_and_loads_with_the_checkpoint_functions(tmp_path):
@@ -266,7 +267,7 @@ def test_the_cache_saves_and_loads_with_the_checkpoint_functions(tmp_path):
     for name in ("k", "v"):
         assert isinstance(loaded[name], QuantizedArray)
         for part in ("codes", "scales", "exponents"):
-            np.testing.assert_array_equal(np.asarray(getattr(loaded[name], part)), np.asarray(getattr(cache[name], part)))
+            np.testing.assert_array_equal(*(np.asarray(getattr(tree[name], part)) for tree in (loaded, cache)))
     token = _token(rng)
     np.testing.assert_array_equal(np.asarray(step(loaded, *token, 1)[0]), np.asarray(step(cache, *token, 1)[0]))
 
@@ -313,5 +314,5 @@ def test_float_weights_passed_to_a_small_batch_warn_and_a_large_batch_does_not()
     with warnings.catch_warnings():
         warnings.simplefilter("error", RequantizationWarning)
         int8ify(lambda w, x: x @ w).rewritten_jaxpr(weights, jnp.ones((512, 2048)))
-        int8ify(lambda w, x: x @ w).rewritten_jaxpr(quantize_params(lambda w, x: x @ w, weights, jnp.ones((16, 2048))),
-                                                   jnp.ones((16, 2048)))
+        quantized = quantize_params(lambda w, x: x @ w, weights, jnp.ones((16, 2048)))
+        int8ify(lambda w, x: x @ w).rewritten_jaxpr(quantized, jnp.ones((16, 2048)))
