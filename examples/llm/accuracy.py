@@ -1,10 +1,12 @@
 """How int8ify's choices move SmolLM2-135M-Instruct's next-token predictions: the investigation behind
 ``run.py``'s recipe (:func:`run.int8_recipe`).
 
-    python examples/llm/accuracy.py          # about 20 variants, a compile each: 5-15 minutes on 2 cores
+    python examples/llm/accuracy.py          # 20 variants, two compiles each: 15-30 minutes on 2 cores
 
-Every variant is scored on the built-in evaluation passage (``llm_texts.EVALUATION_PASSAGE``, 514 tokens): its
-perplexity, the change against float32's, and the fraction of positions whose most likely next token is float32's.
+Every variant is scored on the two built-in passages (``llm_texts.EVALUATION_PASSAGE``, 514 tokens, the one
+``run.py`` reports, and ``llm_texts.SECOND_PASSAGE``, 260 tokens, to see whether a choice holds on another text):
+its perplexity, the change against float32's, and the fraction of positions whose most likely next token is
+float32's.
 Smoothing factors and the per-dot errors that choose what to skip are measured on the calibration text
 (``llm_texts.CALIBRATION_TEXT``), never on the passage. The variants:
 
@@ -13,8 +15,8 @@ Smoothing factors and the per-dot errors that choose what to skip are measured o
   head in float32 (``skip``), and with the head in int8 from an untied copy of the embedding (quantized once);
 * each kind of matmul alone in int8 (the rest float32): its share of the loss;
 * SmoothQuant (``smooth_alpha``) at 0.3, 0.5 and 0.7, with the head float or int8;
-* SmoothQuant 0.5 with the kinds that lose most kept float32, and with the dots ``report`` finds worst on the
-  calibration text kept float32.
+* SmoothQuant 0.5 with the dots ``report`` finds worst on the calibration text kept float32 (all value
+  projections), then with their whole kind (``run.py``'s recipe), and with more kinds kept float32.
 """
 
 from __future__ import annotations
@@ -105,13 +107,18 @@ def recipes(worst: tuple[str, ...]) -> list[Recipe]:
         Recipe("int8ify, head int8 (untied copy)", int8_head=True),
         *alone,
         Recipe("smooth 0.3, head float32", skip=head, smooth_alpha=0.3),
-        Recipe(f"smooth {alpha}, head float32 (run.py)", skip=head, smooth_alpha=alpha),
+        Recipe(f"smooth {alpha}, head float32", skip=head, smooth_alpha=alpha),
         Recipe("smooth 0.7, head float32", skip=head, smooth_alpha=0.7),
         Recipe(f"smooth {alpha}, head int8 (untied copy)", smooth_alpha=alpha, int8_head=True),
-        Recipe(f"smooth {alpha}, head + v float32", skip=head + ("*attention/v",), smooth_alpha=alpha),
-        Recipe(f"smooth {alpha}, head + down float32", skip=head + KINDS["down"], smooth_alpha=alpha),
         Recipe(f"smooth {alpha}, head + {len(worst)} worst dots float32", skip=head + worst, smooth_alpha=alpha),
+        Recipe(f"smooth {alpha}, head + v float32 (run.py)", skip=run.INT8_SKIP, smooth_alpha=alpha),
+        Recipe(f"smooth {alpha}, head + v + down float32", skip=run.INT8_SKIP + KINDS["down"], smooth_alpha=alpha),
+        Recipe(f"smooth {alpha}, head + q/k/v float32", skip=head + KINDS["q/k/v"], smooth_alpha=alpha),
     ]
+
+
+def table_line(name: str, cells) -> str:
+    return f"  {name:<46}" + "".join(f"  {cell}" for cell in cells)
 
 
 def main() -> int:
@@ -119,34 +126,37 @@ def main() -> int:
     progress("reading the GGUF file")
     reader = gguf_weights.open_gguf()
     params, tokenizer = gguf_weights.load_params(reader), gguf_weights.load_tokenizer(reader)
-    passage = run.passage_tokens(tokenizer)
+    passages = {"evaluation passage": run.passage_tokens(tokenizer),
+                "second passage": tokenizer.encode(run.DOCUMENT_START + llm_texts.SECOND_PASSAGE).ids}
     calibration = tokenizer.encode(llm_texts.CALIBRATION_TEXT).ids
     progress(f"measuring every dot's int8 error on {REPORT_TOKENS} calibration tokens (report)")
     worst = worst_dots(params, calibration, WORST_DOTS)
     print(f"  the {len(worst)} worst: {', '.join(worst)}", flush=True)
 
-    rows = []
-    for name, variant in (("float32", run.Variant("float32", llama.forward, params)),
-                          ("bfloat16", run.Variant("bfloat16", llama.forward,
-                                                   llama.cast_params(params, jnp.bfloat16), jnp.bfloat16))):
-        progress(f"scoring {name}")
-        rows.append((name, llama.score(variant.score_fn, variant.params, passage,
-                                       variant.empty_cache(len(passage)))))
-    reference = rows[0][1]
-    print(f"\n  {'variant':<48}  {'perplexity':>10}  {'vs float32':>10}  {'top-1 agree':>11}", flush=True)
+    def scores(forward, variant_params, cache_dtype=jnp.float32):
+        fn = jax.jit(forward)
+        config = variant_params["config"]
+        return {name: llama.score(fn, variant_params, tokens, llama.init_cache(config, 1, len(tokens), cache_dtype))
+                for name, tokens in passages.items()}
+
+    progress("scoring float32")
+    reference = scores(llama.forward, params)
+    headers = [f"{name} ({len(tokens)} tokens)" for name, tokens in passages.items()]
+    print("\n" + table_line("", [f"{header:^38}" for header in headers]))
+    print(table_line("variant", ["perplexity  vs float32  top-1 agree"] * len(passages)), flush=True)
 
     def print_row(name, logits):
-        ppl = llama.perplexity(logits, passage)
-        print(f"  {name:<48}  {ppl:10.3f}  {100 * (ppl / llama.perplexity(reference, passage) - 1):+9.2f}%  "
-              f"{llama.top1_agreement(logits, reference):11.3f}", flush=True)
+        cells = []
+        for passage, tokens in passages.items():
+            ppl, ppl32 = llama.perplexity(logits[passage], tokens), llama.perplexity(reference[passage], tokens)
+            cells.append(f"{ppl:10.3f}  {100 * (ppl / ppl32 - 1):+9.2f}%  "
+                         f"{llama.top1_agreement(logits[passage], reference[passage]):11.3f}")
+        print(table_line(name, cells), flush=True)
 
-    for name, logits in rows:
-        print_row(name, logits)
+    print_row("float32", reference)
+    print_row("bfloat16", scores(llama.forward, llama.cast_params(params, jnp.bfloat16), jnp.bfloat16))
     for recipe in recipes(worst):
-        forward, qparams = build(recipe, params, calibration)
-        cache = llama.init_cache(qparams["config"], 1, len(passage))
-        logits = llama.score(jax.jit(forward), qparams, passage, cache)
-        print_row(recipe.name, logits)
+        print_row(recipe.name, scores(*build(recipe, params, calibration)))
     progress("done")
     return 0
 

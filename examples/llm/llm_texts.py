@@ -2,6 +2,8 @@
 that no model has seen verbatim.
 
 * :data:`EVALUATION_PASSAGE` (about 500 tokens) is where perplexity and top-1 agreement are measured.
+* :data:`SECOND_PASSAGE` (about 260 tokens, a story) is where ``accuracy.py`` checks that a recipe chosen on the
+  first passage holds on another text.
 * :data:`CALIBRATION_TEXT` is what SmoothQuant's factors are calibrated on: other topics, other sentences, and a
   chat turn in the model's own format, so that no number measured on the passage was tuned on it.
 * :data:`PROMPT` is the question the example answers.
@@ -36,6 +38,20 @@ their way. Yet the people who maintain the tower do not think of it as useless. 
 safety was once the job of a single family, awake all night, trusting that someone out on the dark water was \
 grateful for their care. On clear evenings in summer the museum opens late, and children are allowed to climb \
 to the top and look out over the bay as the sun goes down.
+"""
+
+SECOND_PASSAGE = """\
+When Maria opened the small repair shop on Elm Street, her friends told her that nobody fixed things anymore. \
+People bought new phones, new toasters and new bicycles as soon as the old ones broke, they said. Maria was not \
+so sure. On her first morning a retired teacher brought in a radio that had belonged to his mother, and asked \
+whether it could be made to work again. It took Maria two days to find the faulty part, a tiny capacitor that had \
+dried out after fifty years, but when the radio finally crackled to life the teacher stood at the counter and \
+listened to the news with tears in his eyes. Word spread quickly. Within a month the shelves behind the counter \
+were full of lamps, clocks, sewing machines and coffee grinders, each with a paper tag that named its owner. \
+Maria hired a student to help in the afternoons and began to teach evening classes, where neighbors learned to \
+replace a zipper, sharpen a kitchen knife or patch a bicycle tire. "The hardest part is not the repair," she \
+likes to say. "It is believing that the thing in your hands is worth the trouble." Last winter the city gave the \
+shop a small award for reducing waste, and Maria spent the prize money on better tools and a second workbench.
 """
 
 CALIBRATION_TEXT = """\
