@@ -141,9 +141,10 @@ def main() -> int:
 
     progress("scoring float32")
     reference = scores(llama.forward, params)
+    columns = "perplexity  vs float32  top-1 agree"
     headers = [f"{name} ({len(tokens)} tokens)" for name, tokens in passages.items()]
-    print("\n" + table_line("", [f"{header:^38}" for header in headers]))
-    print(table_line("variant", ["perplexity  vs float32  top-1 agree"] * len(passages)), flush=True)
+    print("\n" + table_line("", [f"{header:^{len(columns)}}" for header in headers]))
+    print(table_line("variant", [columns] * len(passages)), flush=True)
 
     def print_row(name, logits):
         cells = []
