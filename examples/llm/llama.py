@@ -176,6 +176,8 @@ def _rotate(x, cos, sin):
 
 
 def _attention(config: LlamaConfig, layer: dict, x, layer_cache: dict, position, cos, sin, visible):
+    """Grouped-query self-attention of ``x[batch, t, d]`` over the layer's cache with this call's keys and values
+    written at ``position``; returns the output ``[batch, t, d]`` and the layer's updated cache."""
     b, t, _ = x.shape
     kv, group, hd = config.n_kv_heads, config.group, config.head_dim
     with jax.named_scope("q"):
@@ -188,6 +190,7 @@ def _attention(config: LlamaConfig, layer: dict, x, layer_cache: dict, position,
     start = (0, position, 0, 0)
     keys = lax.dynamic_update_slice(layer_cache["k"], k.astype(layer_cache["k"].dtype), start)
     values = lax.dynamic_update_slice(layer_cache["v"], v.astype(layer_cache["v"].dtype), start)
+    # the einsums read the cache arrays themselves (cast only where the cache's dtype is not the computation's)
     with jax.named_scope("scores"):
         scores = jnp.einsum("btkgd,bskd->bkgts", q, keys.astype(q.dtype)) * (1.0 / np.sqrt(hd))
     scores = jnp.where(visible, scores.astype(jnp.float32), -jnp.inf)
@@ -200,6 +203,7 @@ def _attention(config: LlamaConfig, layer: dict, x, layer_cache: dict, position,
 
 
 def _mlp(layer: dict, x):
+    """SwiGLU: ``(silu(x @ w_gate) * (x @ w_up)) @ w_down``."""
     with jax.named_scope("gate"):
         gate = x @ layer["w_gate"]
     with jax.named_scope("up"):

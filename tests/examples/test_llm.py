@@ -100,6 +100,47 @@ def test_unpermute_undoes_the_converters_rotary_permutation(gguf_weights):
     np.testing.assert_array_equal(gguf_weights.unpermute_rotary_rows(permuted, 3), original)
 
 
+def _write_gguf(path, architecture: str, tensors: dict):
+    """A small GGUF file of a 2-layer decoder's metadata (d 64, 4 heads of 16, 2 key-value heads) and ``tensors``."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_block_count(2)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_rope_dimension_count(16)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(32)])
+    for name, array in tensors.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_a_file_that_is_not_the_model_is_an_error_naming_what(gguf_weights, tmp_path):
+    embed = np.zeros((32, 64), np.float32)
+    _write_gguf(tmp_path / "gpt2.gguf", "gpt2", {"token_embd.weight": embed})
+    with pytest.raises(gguf_weights.GGUFError, match="architecture 'gpt2', this model implements 'llama'"):
+        gguf_weights.read_config(gguf_weights.open_gguf(tmp_path / "gpt2.gguf"))
+
+    _write_gguf(tmp_path / "short.gguf", "llama", {"token_embd.weight": embed})
+    reader = gguf_weights.open_gguf(tmp_path / "short.gguf")
+    assert gguf_weights.read_config(reader).n_kv_heads == 2
+    with pytest.raises(gguf_weights.GGUFError, match="tensor 'blk.0.attn_norm.weight' is missing"):
+        gguf_weights.load_params(reader)
+
+    _write_gguf(tmp_path / "wide.gguf", "llama", {"token_embd.weight": np.zeros((32, 48), np.float32)})
+    with pytest.raises(gguf_weights.GGUFError, match=r"'token_embd.weight' gives embed the shape \(32, 48\), "
+                                                     r"the model's is \(32, 64\)"):
+        gguf_weights.load_params(gguf_weights.open_gguf(tmp_path / "wide.gguf"))
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The forward pass and its cache
 # ----------------------------------------------------------------------------------------------------------
@@ -224,3 +265,12 @@ def test_int8ify_rewrites_every_dot_but_the_head_and_the_values(smollm, load_exa
     # per layer q, k, the two attention einsums, o, gate, up and down in int8; the value projections and the head
     assert kinds.count(("int8", "int8")) == 30 * 8
     assert kinds.count(("float32", "float32")) == 30 + 1 and len(kinds) == 30 * 9 + 1
+
+
+@pytest.mark.parametrize("argv, message", [(["--max-new-tokens", "0"], "--max-new-tokens must be positive, got 0"),
+                                           (["--prompt", "  "], "--prompt is empty")])
+def test_run_refuses_bad_arguments_before_loading_the_model(load_example, capsys, argv, message):
+    run = load_example("llm/run.py")
+    with pytest.raises(SystemExit) as exit_info:
+        run.main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
