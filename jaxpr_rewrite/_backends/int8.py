@@ -39,7 +39,7 @@ def _as_dots_read_it(x):
     a TPU v5e at d 1024; ``docs/performance.md``, "Only what a dot reads"). Any other operand as it is."""
     if not is_quantized(x):
         return x
-    unread = dict(smooth=None, smooth_inverse=None)
+    unread = dict(smooth=None, smooth_inverse=None, value=None)
     if x.epilogue_factor is not None:  # the program's epilogue and the straight-through value read only these
         unread.update(scales=None, exponents=None)
     return x.replace(**unread)

@@ -30,6 +30,7 @@ class Use:
     eqn: object  # the matmul
     side: int  # 0: lhs, 1: rhs
     jaxpr: object  # the jaxpr holding the matmul
+    keeps_value: bool = False  # the leaf is also looked up (a tied embedding): its float values are kept too
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,10 +65,10 @@ class _Trail:
         ``changes``: the fields that change on the way (``casts``, ``axes``)."""
         return _uses(jaxpr, var, dataclasses.replace(self, top=self.top and not nested, **changes))
 
-    def refuse(self, why: str, eqn=None) -> None:
+    def refuse(self, why: str, eqn=None, *, skipped: bool = False) -> None:
         """Record a use that keeps the leaf float: by the equation ``eqn`` of :attr:`jaxpr` (which may still lead
-        to a matmul), or by none (it is returned)."""
-        self.refused.append(_Refusal(why, eqn is not None and _reaches_a_float_dot(self.jaxpr, eqn)))
+        to a matmul), or by none (it is returned); ``skipped``: a matmul the options keep float."""
+        self.refused.append(_Refusal(why, eqn is not None and _reaches_a_float_dot(self.jaxpr, eqn), skipped=skipped))
 
     def refuse_unfollowed(self, eqn, where: str) -> None:
         """Record a use by ``eqn``, a primitive without a rule to follow a parameter through (a slice, a
@@ -76,13 +77,21 @@ class _Trail:
         follows = " (quantize_params follows casts, transposes, calls, loops, branches and a scan's slices)"
         self.refused.append(_Refusal(
             f"it is used by {eqn.primitive.name} at {where}" + (", whose result feeds a matmul" + follows if feeds
-                                                                else ""), feeds))
+                                                                else ""), feeds,
+            lookup=eqn.primitive.name in LOOKUP_PRIMITIVES))
+
+
+# Primitives that read some of a leaf's rows (an embedding's lookup of its tokens): a leaf that matmuls read too (a
+# tied embedding's LM head) is quantized for them with its float values kept for these reads
+LOOKUP_PRIMITIVES = frozenset({"gather", "dynamic_slice"})
 
 
 @dataclasses.dataclass(frozen=True)
 class _Refusal:
     why: str
     feeds_matmul: bool  # the refused use leads to a float matmul: the leaf feeds one, but stays float
+    lookup: bool = False  # a lookup of some of its rows (an embedding's): its result is an activation
+    skipped: bool = False  # a matmul the options keep float
 
 
 def _reaches_a_float_dot(jaxpr, start) -> bool:
@@ -137,7 +146,7 @@ def _matmul_use(eqn, positions, trail: _Trail, where: str) -> list[Use]:
         return []
     reason = skip_reason(eqn, trail.config, trail.scope)
     if reason is not None:
-        trail.refuse(f"its matmul at {where} stays float ({reason})", eqn)
+        trail.refuse(f"its matmul at {where} stays float ({reason})", eqn, skipped=True)
         return []
     dims = matmul_dimension_numbers(eqn)
     side = positions[0]
@@ -156,17 +165,28 @@ def _matmul_use(eqn, positions, trail: _Trail, where: str) -> list[Use]:
 
 
 def plan_uses(jaxpr, var, config: RewriteConfig) -> tuple[list[Use], str]:
-    """The uses of a parameter input and how it is quantized, or ``([], reason)`` when it stays float."""
+    """The uses of a parameter input and how it is quantized, or ``([], reason)`` when it stays float.
+
+    A leaf read by matmuls and otherwise only by lookups of its rows (a tied embedding: its lookup and its LM head)
+    is quantized for its matmuls with its float values kept for the lookups (each use's ``keeps_value``). A reason
+    that starts with ``"kept float"`` is one a matmul would run faster without: the leaf feeds a rewritten matmul,
+    which then quantizes it on every call."""
     if not jnp.issubdtype(var.aval.dtype, jnp.floating):
         return [], f"not a float array ({var.aval.str_short()})"
     refused: list[_Refusal] = []
     uses = _uses(jaxpr, var, _Trail(config, refused, axes=tuple(range(len(var.aval.shape)))))
     if not uses:
-        feeding = [r for r in refused if r.feeds_matmul]
+        # a lookup's rows are an activation, which its matmuls quantize on every call anyway
+        feeding = [r for r in refused if r.feeds_matmul and not (r.skipped or r.lookup)]
         if feeding:
             return [], f"kept float: {feeding[0].why}"
+        skipped = [r for r in refused if r.skipped]
+        if skipped:
+            return [], f"float: {skipped[0].why}"
         return [], "kept float: it feeds no matmul" + (f" ({refused[0].why})" if refused else "")
-    if refused:
+    if refused and all(r.lookup for r in refused):
+        uses = [dataclasses.replace(use, keeps_value=True) for use in uses]
+    elif refused:
         return [], f"kept float: {refused[0].why}"
     if len({u.from_end for u in uses}) > 1:
         return [], "kept float: its matmuls contract different axes"

@@ -65,7 +65,7 @@ def quantized_weight(value, uses: list[Use]) -> QuantizedArray:
     use = uses[0]
     cast = functools.reduce(lambda v, dtype: v.astype(dtype), use.casts, value)
     return _quantize_weight(cast, tuple(a + value.ndim for a in use.from_end), 8, None).replace(
-        dtype=np.dtype(value.dtype))
+        dtype=np.dtype(value.dtype), value=value if use.keeps_value else None)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
@@ -246,15 +246,16 @@ def quantize_params(fn: Callable, params, *example_args, smooth_alpha: float | N
         inverse = None if factors is None else smoothing_inverse(factors)
         new_leaves.append(q.replace(dtype=np.dtype(value.dtype), smooth=factors, smooth_inverse=inverse,
                                     smooth_group=group, activation_scale=activation_scale,
-                                    activation_group=activation_group))
+                                    activation_group=activation_group, value=value if use.keeps_value else None))
         casts = ", ".join(d.name for d in use.casts)
         cast = f" after {'a cast' if len(use.casts) == 1 else 'casts'} to {casts}" if use.casts else ""
         smoothing = " with SmoothQuant factors" if factors is not None else ""
         scaled = " and a static activation scale" if i in static else ""
         width = " to 4 bits" if bits == 4 else ""
         width += f" in blocks of {config.int8_block_size}" if config.int8_block_size is not None else ""
+        kept = "; its float values kept for its lookups" if use.keeps_value else ""
         explanation.setdefault(paths[i], f"quantized{width}: {len(plans[i])} matmul use(s), contracting axes "
-                                         f"{q.contracting}{cast}{smoothing}{scaled}")
+                                         f"{q.contracting}{cast}{smoothing}{scaled}{kept}")
 
     if not explain:
         surprising = {p: r for p, r in explanation.items() if r.startswith("kept float") and "feeds no matmul" not in r}

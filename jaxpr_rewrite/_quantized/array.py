@@ -101,6 +101,9 @@ class QuantizedArray:
         activation_group: a token shared by weights whose static scale was calibrated on the same activation (one
             per activation, unique per :func:`~jaxpr_rewrite.quantize_params` call): the compiled program quantizes that
             activation once for all of them (``x @ wq``, ``x @ wk``, ``x @ wv``).
+        value: ``None``, or the float array itself, kept beside its codes for the reads that are no matmul: a tied
+            embedding, whose lookup (a gather) reads its float rows and whose LM head (``x @ embed.T``) its codes
+            (:func:`~jaxpr_rewrite.quantize_params`). :meth:`materialise` returns it as it is.
         cache: whether it is a KV cache (:func:`~jaxpr_rewrite.quantize_cache`): a dot contracting it along the axes
             its scales run over (attention's ``p . v`` over the tokens) folds its scales into the other operand
             (:meth:`folds_into_partner`); a weight there is materialised, as the contract has it.
@@ -109,7 +112,7 @@ class QuantizedArray:
     def __init__(self, codes, scales, exponents, contracting: Sequence[int] | None = None, dtype=None, smooth=None,
                  smooth_group=None, bits: int = 8, length: int | None = None, block_size: int | None = None,
                  epilogue_factor=None, epilogue_power=None, activation_scale=None, activation_group=None,
-                 smooth_inverse=None, cache: bool = False, *, from_end: Sequence[int] | None = None):
+                 smooth_inverse=None, value=None, cache: bool = False, *, from_end: Sequence[int] | None = None):
         if (contracting is None) == (from_end is None) or dtype is None:
             raise Int8ifyError("QuantizedArray needs its dtype and either contracting (axes) or from_end (axes "
                                f"counted from the end); got contracting={contracting!r}, from_end={from_end!r}, "
@@ -131,6 +134,7 @@ class QuantizedArray:
         self.epilogue_power = epilogue_power
         self.activation_scale = activation_scale
         self.activation_group = activation_group
+        self.value = value
         self.cache = cache
 
     # -- array-like ------------------------------------------------------------------------------------------
@@ -212,7 +216,10 @@ class QuantizedArray:
         return self.replace(codes=unpack_int4(self.codes, self.shape[-1]), bits=8, length=None)
 
     def materialise(self):
-        """The float array this stands for: ``codes * scales`` (divided by ``smooth``), in ``dtype``."""
+        """The float array this stands for: its kept :attr:`value`, else ``codes * scales`` (divided by ``smooth``),
+        in ``dtype``."""
+        if self.value is not None:
+            return self.value if self.value.dtype == self.dtype else lax.convert_element_type(self.value, self.dtype)
         value = self.dot_value()
         if self.smooth is not None:
             stacked = tuple(range(self.smooth.ndim - 1))  # the leading axes of stacked weights' factors
@@ -313,7 +320,8 @@ class QuantizedArray:
                      if getattr(self, name) is not None}
         if order != tuple(range(len(order))):
             per_slice = {name: lax.transpose(value, order) for name, value in per_slice.items()}
-        return self.replace(codes=lax.transpose(self.codes, permutation),
+        value = None if self.value is None else lax.transpose(self.value, permutation)
+        return self.replace(codes=lax.transpose(self.codes, permutation), value=value,
                             from_end=_from_end(new_contracting, self.ndim), **per_slice)
 
     # -- pytree and serialization (all from ARRAY_FIELDS and METADATA_FIELDS) ---------------------------------

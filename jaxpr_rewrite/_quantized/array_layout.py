@@ -29,9 +29,10 @@ LAYOUT_VERSION = 2
 READABLE_LAYOUT_VERSIONS = (1, 2)
 # The array children, in flatten order (a new optional child is appended here and to OPTIONAL_ARRAY_FIELDS).
 ARRAY_FIELDS = ("codes", "scales", "exponents", "smooth", "epilogue_factor", "epilogue_power", "activation_scale",
-                "smooth_inverse")
+                "smooth_inverse", "value")
 # The children that may be None (absent).
-OPTIONAL_ARRAY_FIELDS = frozenset({"smooth", "epilogue_factor", "epilogue_power", "activation_scale", "smooth_inverse"})
+OPTIONAL_ARRAY_FIELDS = frozenset({"smooth", "epilogue_factor", "epilogue_power", "activation_scale", "smooth_inverse",
+                                   "value"})
 # The length of a stored static activation scale (StaticScale.stored: one vector of its fields).
 STATIC_SCALE_LENGTH = len(StaticScale._fields)
 # Which axes of the array each child's axes run over (None: an axis of its own, the block index of block-scaled
@@ -44,6 +45,7 @@ FIELD_AXES = {
     "smooth_inverse": lambda array: array.contracting,
     "epilogue_factor": lambda array: array.scale_axes,
     "epilogue_power": lambda array: array.scale_axes,
+    "value": lambda array: tuple(range(array.ndim)),
 }
 # The metadata (pytree aux data), in order, each with how it is written as JSON and read back.
 METADATA_FIELDS = {
@@ -196,6 +198,10 @@ def layout_problems(array) -> list[str]:
     if array.activation_scale is not None and not _stacked(scale_shape, (STATIC_SCALE_LENGTH,), array):
         problems.append(f"activation_scale has shape {scale_shape}, expected ({STATIC_SCALE_LENGTH},): a "
                         f"StaticScale stored as one vector{STACKED}")
+    if array.value is not None and (tuple(array.value.shape) != array.shape
+                                    or not jnp.issubdtype(array.value.dtype, jnp.floating)):
+        problems.append(f"value is {np.dtype(array.value.dtype).name}{list(array.value.shape)}, not the float array "
+                        f"of shape {list(array.shape)} the codes stand for")
     if array.smooth_inverse is not None and (array.smooth is None or inverse_shape != smooth_shape):
         problems.append("smooth_inverse is set without smooth factors" if array.smooth is None else
                         f"smooth_inverse has shape {inverse_shape}, expected the smooth factors' {smooth_shape}")

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import (TPU_DIVISION_ULPS, approximate_division, assert_all_dots_int8, assert_close_to_reference,
                      assert_within_ulps, evaluate_as, is_max_reduction, platform_eqns, reference_dot)
-from jaxpr_rewrite import Int8ifyError, QuantizationWarning, QuantizedArray, int8ify, quantize_params
+from jaxpr_rewrite import Int8ifyError, QuantizationWarning, QuantizedArray, dot_eqns, int8ify, iter_eqns, quantize_params
 from jaxpr_rewrite._backends import int8 as int8_backend
 
 
@@ -535,3 +535,48 @@ def test_quantized_params_print_and_map_like_any_pytree():
     assert repr(q) == "{'w': QuantizedArray(i8[32, 32], contracting=(0,), dtype=float32)}"
     shapes = jax.tree_util.tree_map(lambda a: a.shape, q)  # the leaves become tuples: repr must still work
     assert "codes=(32, 32)" in repr(shapes)
+
+
+def _tied(params, tokens):
+    """An LLM's tied embedding: read by the lookup of its tokens and by the LM head's ``x @ embed.T``."""
+    x = params["embed"][tokens]
+    return jnp.tanh(x @ params["w"]) @ params["embed"].T
+
+
+def test_a_tied_embedding_is_quantized_for_its_head_with_its_float_rows_kept_for_its_lookup(tmp_path):
+    from jaxpr_rewrite.safetensors_io import load_safetensors, save_safetensors
+
+    vocab, d = 1024, 128
+    params = {"embed": jnp.asarray(rng.normal(size=(vocab, d)), jnp.float32),
+              "w": jnp.asarray(rng.normal(size=(d, d)) / np.sqrt(d), jnp.float32)}
+    tokens = jnp.asarray(rng.integers(0, vocab, size=(4, 16)), jnp.int32)
+    q, why = quantize_params(_tied, params, tokens, explain=True)
+    embed = q["embed"]
+    assert isinstance(embed, QuantizedArray) and embed.contracting == (1,)
+    assert why["['embed']"] == "quantized: 1 matmul use(s), contracting axes (1,); its float values kept for its lookups"
+    np.testing.assert_array_equal(np.asarray(embed.materialise()), np.asarray(params["embed"]))
+    # the head's codes are the ones the program would compute from the float table, so the outputs are bit-identical
+    want = np.asarray(jax.jit(int8ify(_tied))(params, tokens))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(np.asarray(jax.jit(int8ify(_tied))(q, tokens)), want)
+        jaxpr = int8ify(_tied).rewritten_jaxpr(q, tokens)
+    # the table is not quantized in the program: no absmax over its 1024 x 128 values; the head reads its codes
+    assert not any(e.primitive.name == "reduce_max" and e.invars[0].aval.shape == (vocab, d) for e in iter_eqns(jaxpr))
+    assert any(tuple(v.aval.shape) == (d, vocab) and v.aval.dtype == np.int8 for e in dot_eqns(jaxpr) for v in e.invars)
+    save_safetensors(tmp_path / "tied.safetensors", q)
+    loaded = load_safetensors(tmp_path / "tied.safetensors")
+    np.testing.assert_array_equal(np.asarray(loaded["embed"].value), np.asarray(params["embed"]))
+    np.testing.assert_array_equal(np.asarray(jax.jit(int8ify(_tied))(loaded, tokens)), want)
+
+
+def test_a_weight_whose_only_matmul_is_skipped_is_float_without_a_warning():
+    """A weight kept float by ``skip`` is what the options ask for: no warning that int8ify quantizes it per call."""
+    params = {"embed": jnp.asarray(rng.normal(size=(256, 64)), jnp.float32)}
+    tokens = jnp.zeros((2, 8), jnp.int32)
+    fn = int8ify(lambda p, t: p["embed"][t] @ p["embed"].T, skip=["*"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        q, why = quantize_params(fn, params, tokens, explain=True)
+        quantize_params(fn, params, tokens)
+    assert not isinstance(q["embed"], QuantizedArray) and why["['embed']"].startswith("float: its matmul at ")

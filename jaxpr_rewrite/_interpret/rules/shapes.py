@@ -27,13 +27,15 @@ def _movable(array) -> QuantizedArray | None:
     return array.unpacked()
 
 
-def _moved(array: QuantizedArray, codes, per_slice, contracting) -> QuantizedArray:
-    """``array`` with its codes replaced by ``codes``, each present per-slice array by ``per_slice(value)``, and its
-    contracting axes by ``contracting`` (axes of ``codes``)."""
+def _moved(array: QuantizedArray, per_element, per_slice, contracting) -> QuantizedArray:
+    """``array`` with its codes (and its kept float value) moved by ``per_element``, each present per-slice array by
+    ``per_slice``, and its contracting axes now ``contracting`` (axes of the moved codes)."""
     changes = {name: per_slice(getattr(array, name)) for name in _PER_SLICE if getattr(array, name) is not None}
+    codes = per_element(array.codes)
     ndim = len(codes.shape)
     from_end = tuple(sorted(a - ndim for a in contracting))
-    return array.replace(codes=codes, from_end=from_end, **changes)
+    value = None if array.value is None else per_element(array.value)
+    return array.replace(codes=codes, value=value, from_end=from_end, **changes)
 
 
 def _broadcast_quantized(context: RuleContext, eqn, invals):
@@ -49,8 +51,8 @@ def _broadcast_quantized(context: RuleContext, eqn, invals):
     out_kept = [d for d in range(len(shape)) if d not in contracting]
     kept_dims = tuple(out_kept.index(dims[a]) for a in array.kept_axes)
     kept_shape = tuple(shape[d] for d in out_kept)
-    codes = lax.broadcast_in_dim(array.codes, shape, dims)
-    return [_moved(array, codes, lambda v: lax.broadcast_in_dim(v, kept_shape, kept_dims), contracting)]
+    return [_moved(array, lambda v: lax.broadcast_in_dim(v, shape, dims),
+                   lambda v: lax.broadcast_in_dim(v, kept_shape, kept_dims), contracting)]
 
 
 def _reshape_quantized(context: RuleContext, eqn, invals):
@@ -65,8 +67,8 @@ def _reshape_quantized(context: RuleContext, eqn, invals):
     if array.contracting != trailing or n > len(sizes) or sizes[len(sizes) - n:] != array.shape[array.ndim - n:]:
         return None
     contracting = tuple(range(len(sizes) - n, len(sizes)))
-    codes = lax.reshape(array.codes, sizes)
-    return [_moved(array, codes, lambda v: lax.reshape(v, sizes[:len(sizes) - n]), contracting)]
+    return [_moved(array, lambda v: lax.reshape(v, sizes), lambda v: lax.reshape(v, sizes[:len(sizes) - n]),
+                   contracting)]
 
 
 def _squeeze_quantized(context: RuleContext, eqn, invals):
@@ -79,8 +81,7 @@ def _squeeze_quantized(context: RuleContext, eqn, invals):
         return None
     contracting = tuple(a - sum(d < a for d in dropped) for a in array.contracting)
     kept_dropped = tuple(array.kept_axes.index(d) for d in dropped)
-    codes = lax.squeeze(array.codes, dropped)
-    return [_moved(array, codes, lambda v: lax.squeeze(v, kept_dropped), contracting)]
+    return [_moved(array, lambda v: lax.squeeze(v, dropped), lambda v: lax.squeeze(v, kept_dropped), contracting)]
 
 
 def _slice_quantized(context: RuleContext, eqn, invals):
@@ -98,7 +99,7 @@ def _slice_quantized(context: RuleContext, eqn, invals):
     def per_slice(value):
         return lax.slice(value, [starts[a] for a in kept], [limits[a] for a in kept], [strides[a] for a in kept])
 
-    return [_moved(array, lax.slice(array.codes, starts, limits, strides), per_slice, array.contracting)]
+    return [_moved(array, lambda v: lax.slice(v, starts, limits, strides), per_slice, array.contracting)]
 
 
 def _dynamic_slice_quantized(context: RuleContext, eqn, invals):
@@ -113,7 +114,7 @@ def _dynamic_slice_quantized(context: RuleContext, eqn, invals):
     def per_slice(value):
         return lax.dynamic_slice(value, [starts[a] for a in kept], [sizes[a] for a in kept])
 
-    return [_moved(array, lax.dynamic_slice(array.codes, starts, sizes), per_slice, array.contracting)]
+    return [_moved(array, lambda v: lax.dynamic_slice(v, starts, sizes), per_slice, array.contracting)]
 
 
 def _label_broadcast(params) -> list[str]:

@@ -23,9 +23,10 @@ __all__ = ["writable"]
 
 def writable(array) -> bool:
     """Whether float values can be written into ``array`` as codes and scales of its own layout: an int8
-    :class:`QuantizedArray` with one scale per slice (no blocks, smoothing or static activation scale)."""
+    :class:`QuantizedArray` with one scale per slice (no blocks, smoothing, static activation scale or kept float
+    value)."""
     return (is_quantized(array) and array.bits == 8 and array.block_size is None and array.smooth is None
-            and array.activation_scale is None)
+            and array.activation_scale is None and array.value is None)
 
 
 def _quantized_like(array: QuantizedArray, values, reduce_axes: tuple) -> QuantizedArray:
