@@ -8,6 +8,7 @@ compilers' environments (``../shared/tools``), which CI does not have: its dry r
 such an environment's Python in ``INT8IFY_GPU_COMPILE_PYTHON`` or ``INT8IFY_TPU_COMPILE_PYTHON``.
 """
 
+import dataclasses
 import importlib
 import math
 import os
@@ -22,7 +23,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from jaxpr_rewrite import int8ify
+from jaxpr_rewrite import dot_eqns, int8ify, iter_eqns
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import harness  # noqa: E402
@@ -397,3 +398,97 @@ def test_accelerators_benchmark_dry_run_under_a_deviceless_compiler(which, tmp_p
     assert text.startswith("device: ") and f"deviceless {which.upper()} compile" in text
     models = ("MLP 4x128, batch 64", "transformer block d 64, batch 2x16")
     assert all(f"| {model} | " in text.split("Targets:")[1] for model in models)
+
+
+# -- llm.py ---------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def llm_one_layer(load_benchmark, monkeypatch):
+    """``benchmarks/llm.py`` with its dry run's toy decoder cut to one layer (half its compile time)."""
+    llm = load_benchmark("llm")
+    monkeypatch.setattr(llm, "DRY_RUN", llm.DRY_RUN._replace(config=dataclasses.replace(llm.TOY, n_layers=1)))
+    return llm
+
+
+@pytest.mark.filterwarnings("ignore:'VariableState' was removed:DeprecationWarning")  # qwix's own use of flax
+def test_llm_benchmark_dry_run_has_every_variants_column_and_its_checks(llm_one_layer, tmp_path):
+    """One toy decode workload: the summary has every variant's column (Qwix's saying so where qwix is missing);
+    every int8 variant's first logits are near bf16's and not equal to them; the int8 cache is about half of
+    bf16's; the int8 cache variants' steps make no float pass over the cache, where the one wrapped as written
+    quantizes it on every call; int8ify's dots are all int8, traced and compiled."""
+    llm = llm_one_layer
+    out = tmp_path / "llm.md"
+    assert llm.main(["--dry-run", "--workloads", "decode-b1-c128", "--rounds", "1", "--reps", "1",
+                     "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("device: ")
+    summary = text.split("### Summary")[1]
+    assert "| workload | bf16 ms | " + " | ".join(llm.INT8_VARIANTS) + " |" in summary
+    [cells] = table_rows(summary, "decode-b1-c128")
+    assert float(cells[1]) > 0
+    qwix = harness.package_version("qwix")
+    for name, cell in zip(llm.INT8_VARIANTS, cells[2:]):
+        assert cell == "qwix not installed" if name.startswith("Qwix") and not qwix else re.fullmatch(
+            r"\d+\.\d\dx", cell), (name, cell)
+    assert "holds for every variant measured" in summary
+
+    rows = {}
+    for name in llm.VARIANTS:
+        [row] = table_rows(text.split("### decode")[1].split("### Summary")[0], name)
+        rows[name] = dict(zip(["ms", "speed", "error", "cache", "compile", "dots", "passes", "warned"], row[1:]))
+    assert float(rows["bf16"]["error"]) == 0 and rows["bf16"]["dots"] == "0/10 / 0/10"
+    measured = [name for name in llm.INT8_VARIANTS if qwix or not name.startswith("Qwix")]
+    for name in measured:  # int8 rounding: an error, and a small one
+        assert 1e-3 < float(rows[name]["error"]) < 0.1, (name, rows[name])
+    for name in (llm.WRAPPED, llm.QPARAMS, llm.STATIC):
+        assert rows[name]["dots"] == "10/10 / 10/10", (name, rows[name])
+    kib = {name: float(rows[name]["cache"].removesuffix(" KiB")) for name in measured + ["bf16"]}
+    assert kib["bf16"] == 64  # 1 layer x (k, v) x 128 tokens x 2 heads x 64 x 2 bytes
+    assert 0.5 < kib[llm.QPARAMS] / kib["bf16"] == kib[llm.STATIC] / kib["bf16"] < 0.6  # codes + per-token scales
+    assert rows[llm.QPARAMS]["passes"] == rows[llm.STATIC]["passes"] == "0" and int(rows[llm.WRAPPED]["passes"]) > 0
+
+
+def test_llm_benchmark_int8_cache_variant_reads_the_cache_as_int8_codes(llm_one_layer):
+    """The program of ``int8ify + quantize_params + int8 cache`` at a toy decode: every array of the cache's shape
+    in it is int8 (no float copy of the cache, so none quantized per call), and both attention dots read such an
+    array; the variant wrapped as written makes float arrays of that shape."""
+    llm = llm_one_layer
+    sizes = llm.DRY_RUN
+    params = llm.llama.random_params(sizes.config, 0, jnp.bfloat16)
+    variants = llm.make_variants(sizes, params, names=[llm.WRAPPED, llm.QPARAMS])
+    workload = llm.Workload("decode", 2, 64)
+    cache = llm.initial_cache(sizes.config, workload, 0)
+    shape = (2, 64, sizes.config.n_kv_heads, sizes.config.head_dim)
+    tokens, position = llm.random_tokens(sizes.config, workload, 0), jnp.int32(60)
+
+    def cache_shaped(name):
+        variant = variants[name]
+        jaxpr = jax.make_jaxpr(variant.step)(variant.params, tokens, variant.prepare_cache(cache), position)
+        return jaxpr, [v for eqn in iter_eqns(jaxpr) for v in eqn.outvars if tuple(v.aval.shape) == shape]
+
+    jaxpr, arrays = cache_shaped(llm.QPARAMS)
+    assert arrays and all(v.aval.dtype == np.int8 for v in arrays)  # the codes' writes, nothing else
+    attention = [eqn for eqn in dot_eqns(jaxpr) if any(tuple(v.aval.shape) == shape for v in eqn.invars)]
+    assert len(attention) == 2 and all(v.aval.dtype == np.int8 for eqn in attention for v in eqn.invars)
+    _, arrays = cache_shaped(llm.WRAPPED)
+    assert any(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in arrays)
+
+
+def test_llm_benchmark_counts_int8_dots_in_either_hlo_text_format(load_benchmark):
+    """Compiled HLO names a dot's operands with their types beside them (as on TPU) or bare (XLA:CPU), their types
+    on the lines that define them; a dot is int8 when both are s8, a convolution counts as a dot."""
+    llm = load_benchmark("llm")
+    typed = "\n".join([
+        "%p0 = s8[4,256]{1,0:T(8,128)(4,1)} parameter(0)",
+        "%conv = s32[4,256]{1,0:T(8,128)} convolution(s8[4,256]{1,0:T(8,128)(4,1)} %p0, "
+        "s8[256,256]{1,0:T(8,128)(4,1)} %p1), dim_labels=bf_io->bf",
+        "%mixed = f32[4,256]{1,0} dot(bf16[4,256]{1,0} %a, s8[256,256]{1,0} %b), lhs_contracting_dims={1}"])
+    bare = "\n".join([
+        "  %param_0.1 = s8[4,256]{1,0} parameter(0)", "  %param_1.1 = s8[256,256]{1,0} parameter(1)",
+        "  %x = bf16[4,256]{1,0} parameter(2)",
+        "  ROOT %dot.2 = s32[4,256]{1,0} dot(%param_0.1, %param_1.1), lhs_contracting_dims={1}",
+        "  %dot.3 = f32[4,256]{1,0} dot(%x, %param_1.1), lhs_contracting_dims={1}",
+        "  %dot.4 = s32[4,256]{1,0} dot(%param_0.1, %param_1.1), lhs_contracting_dims={1}"])
+    assert llm.hlo_dots(typed) == (1, 2)
+    assert llm.hlo_dots(bare) == (2, 3)
+    compiled = jax.jit(int8ify(lambda w, x: x @ w)).lower(jnp.ones((256, 128)), jnp.ones((4, 256))).compile()
+    assert llm.hlo_dots(compiled.as_text()) == (1, 1)
