@@ -222,10 +222,12 @@ def _wrong_children(value) -> list:
     return wrong
 
 
-# ... and in place of a static field (the tokens accept anything: they only group weights)
+# ... and in place of a static field (the tokens accept anything: they only group weights; a weight marked a KV cache
+# is read as one, the same numbers in its own contraction)
 WRONG_METADATA = {"from_end": [(), (-1,), (-3,), (0,), (-2, -2), (1.5,), "x"], "dtype": [np.dtype(np.int32)],
                   "smooth_group": [None, "another"], "bits": [4, 3, "8", True], "length": [3, -1, 64, 64.0],
-                  "block_size": [0, -4, 16, 2.5, True], "activation_group": [None, "another"]}
+                  "block_size": [0, -4, 16, 2.5, True], "activation_group": [None, "another"],
+                  "cache": [True, None, 1, "yes"]}
 WEIGHT_KINDS = {"dynamic": {}, "smoothed": {"smooth_alpha": 0.5}, "static": {"activations": "static"},
                 "4-bit": {"bits": 4}}
 

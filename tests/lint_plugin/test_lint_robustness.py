@@ -196,6 +196,16 @@ def _chain_then_matmul(terms: int) -> str:
 _CHAIN_THEN_MATMUL_REPORTS = [(6, 4, "JX201"), (8, 11, "JX101")]
 
 
+@pytest.fixture
+def default_recursion_limit():
+    """CPython's default recursion limit for the test (another test's library may have raised it in this process),
+    so that the 600-term chain is too deep for the main thread, as in a fresh flake8 process."""
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)
+    yield
+    sys.setrecursionlimit(old)
+
+
 def _refuse_threads(monkeypatch):
     def refuse(thread):
         raise RuntimeError("can't start new thread")
@@ -203,6 +213,7 @@ def _refuse_threads(monkeypatch):
     monkeypatch.setattr(threading.Thread, "start", refuse)
 
 
+@pytest.mark.usefixtures("default_recursion_limit")
 def test_without_a_thread_the_deepest_code_is_skipped_and_the_rest_checked(monkeypatch):
     source = _chain_then_matmul(600)
     assert [(v.line, v.col, v.code) for v in lint_source(source, raise_errors=True)] == _CHAIN_THEN_MATMUL_REPORTS
@@ -219,6 +230,7 @@ def test_without_a_thread_the_deepest_code_is_skipped_and_the_rest_checked(monke
         assert matmul.message.startswith("JX101 float matmul `@` in traced code")
 
 
+@pytest.mark.usefixtures("default_recursion_limit")
 def test_too_deep_even_for_the_larger_stack_skips_the_deepest_code(monkeypatch):
     monkeypatch.setattr(deep_stack, "_RECURSION_LIMIT", 400)  # the thread's stack overflows too
     reports = lint_source(_chain_then_matmul(600), raise_errors=True)
