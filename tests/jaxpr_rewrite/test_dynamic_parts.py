@@ -130,6 +130,7 @@ def test_nan_as_inf_in_the_values_quantizes_as_the_contract_does(case, layout):
 
 @pytest.mark.parametrize("rows, width, nan_safe", [
     (1, 256, True), (1, 8192, True), (2, 256, True), (15, 256, True), (16, 256, False), (4, 1024, False)])
+@pytest.mark.usefixtures("every_platform_programs")
 def test_cpu_quantizes_a_single_row_or_a_small_matrix_with_the_nan_safe_absmax(rows, width, nan_safe):
     """A matrix with one slice (a matrix-vector product's vector) or fewer than 4096 elements, whose ``|x|`` XLA:CPU
     writes out as a kernel of its own before reducing it in its own loops, takes the NaN-to-Inf absmax on CPU and no

@@ -95,6 +95,7 @@ def test_structure_one_int8_dot_no_float_product():
             assert np.prod(v.aval.shape) < b * d_in * d_out, f"B x D_in x D_out sized value: {eqn}"
 
 
+@pytest.mark.usefixtures("every_platform_programs")
 def test_each_operand_is_quantized_once_on_every_platform():
     """The codes and scales returned are the ones the dot multiplied: one absmax per operand in the program each
     platform runs (a GPU's float64-scale dot included), and the GPU's program gives the CPU's outputs bit for bit."""

@@ -11,7 +11,8 @@ import pytest
 
 from helpers import (TPU_DIVISION_ULPS, approximate_division, assert_all_dots_int8, assert_close_to_reference,
                      assert_within_ulps, evaluate_as, is_max_reduction, platform_eqns, reference_dot)
-from jaxpr_rewrite import Int8ifyError, QuantizationWarning, QuantizedArray, dot_eqns, int8ify, iter_eqns, quantize_params
+from jaxpr_rewrite import (Int8ifyError, QuantizationWarning, QuantizedArray, dot_eqns, int8ify, iter_eqns,
+                           quantize_params)
 from jaxpr_rewrite._backends import int8 as int8_backend
 
 
@@ -553,7 +554,8 @@ def test_a_tied_embedding_is_quantized_for_its_head_with_its_float_rows_kept_for
     q, why = quantize_params(_tied, params, tokens, explain=True)
     embed = q["embed"]
     assert isinstance(embed, QuantizedArray) and embed.contracting == (1,)
-    assert why["['embed']"] == "quantized: 1 matmul use(s), contracting axes (1,); its float values kept for its lookups"
+    assert why["['embed']"] == ("quantized: 1 matmul use(s), contracting axes (1,); "
+                                "its float values kept for its lookups")
     np.testing.assert_array_equal(np.asarray(embed.materialise()), np.asarray(params["embed"]))
     # the head's codes are the ones the program would compute from the float table, so the outputs are bit-identical
     want = np.asarray(jax.jit(int8ify(_tied))(params, tokens))

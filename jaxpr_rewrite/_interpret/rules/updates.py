@@ -34,13 +34,15 @@ def _quantized_like(array: QuantizedArray, values, reduce_axes: tuple) -> Quanti
     return quantize(lax.convert_element_type(values, array.dtype), reduce_axes)
 
 
-def _with_parts(array: QuantizedArray, write) -> QuantizedArray:
-    """``array`` with its codes and per-slice arrays each replaced by ``write(name, part)``; stored epilogue factors
-    are made again from the written scales."""
-    changes = {"codes": write("codes"), "scales": write("scales"), "exponents": write("exponents")}
+def _with_parts(array: QuantizedArray, written: QuantizedArray, write) -> QuantizedArray:
+    """``array`` with each of its codes and per-slice arrays replaced by ``write(part, written part)``: the written
+    values' codes, scales and exponents, and, where ``array`` stores its epilogue factors, the written slices'
+    factors (computed for them alone)."""
+    changes = {name: write(getattr(array, name), getattr(written, name)) for name in ("codes", "scales", "exponents")}
     if array.epilogue_factor is not None:
-        probe = array.replace(**changes, epilogue_factor=None, epilogue_power=None)
-        changes["epilogue_factor"], changes["epilogue_power"] = probe.epilogue_factors(array.scale_dtype)
+        factor, power = written.epilogue_factors(array.scale_dtype)
+        changes["epilogue_factor"] = write(array.epilogue_factor, factor)
+        changes["epilogue_power"] = write(array.epilogue_power, power)
     return array.replace(**changes)
 
 
@@ -56,11 +58,10 @@ def _dynamic_update_slice_quantized(context: RuleContext, eqn, invals):
     written = _quantized_like(array, update, reduce_axes)
     kept_starts = [start for a, start in enumerate(starts) if a not in reduce_axes]
 
-    def write(name):
-        part, new = getattr(array, name), getattr(written, name)
-        return lax.dynamic_update_slice(part, new, starts if name == "codes" else kept_starts)
+    def write(part, new):  # the codes at every start, a per-slice array at the kept axes'
+        return lax.dynamic_update_slice(part, new, starts if part.ndim == array.ndim else kept_starts)
 
-    return [_with_parts(array, write)]
+    return [_with_parts(array, written, write)]
 
 
 def _scatter_quantized(context: RuleContext, eqn, invals):
@@ -84,12 +85,11 @@ def _scatter_quantized(context: RuleContext, eqn, invals):
     scale_dnums = _without_axes(dnums, reduce_axes, update_reduce)
     kept_params = {k: v for k, v in params.items() if k != "dimension_numbers"}
 
-    def write(name):
-        part, new = getattr(array, name), getattr(written, name)
-        numbers = dnums if name == "codes" else scale_dnums
+    def write(part, new):  # the codes as the values would be, a per-slice array without the slices' axes
+        numbers = dnums if part.ndim == array.ndim else scale_dnums
         return eqn.primitive.bind(part, indices, new, dimension_numbers=numbers, **kept_params)
 
-    return [_with_parts(array, write)]
+    return [_with_parts(array, written, write)]
 
 
 def _without_axes(dnums, operand_axes: tuple, update_axes: tuple):
