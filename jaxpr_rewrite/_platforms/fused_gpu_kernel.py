@@ -5,9 +5,8 @@ and scaling the int32 sums in one launch.
 With dynamic scales, a first pass over the rows' ``K`` elements takes their absmax, and each row's scale and its
 reciprocal are computed once; the codes are then made block by block inside the GEMM's ``K`` loop; the epilogue
 scales the sums. With a calibrated (static) scale there is no first pass. Each column block of the output quantizes
-its rows again (``N / BLOCK_N`` times over): that is the price of the missing kernels, and only a GPU can weigh it
-(``benchmarks/device_check.py``). Several weights of one activation share the grid: its columns run through each
-weight's column blocks in turn.
+its rows again (``N / BLOCK_N`` times over): that is the price of the missing kernels, and only a GPU can weigh
+it. Several weights of one activation share the grid: its columns run through each weight's column blocks in turn.
 
 The numbers are the ``"int8"`` backend's on a GPU, bit for bit. Dynamic: the row's scale is ``fl24(absmax / 127)`` in
 float64 (a float32 significand, its exponent unbounded; NaN or Inf make it Inf, a row of zeros takes the smallest normal

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
+from flax import linen, nnx
 from jax import lax
 
 from helpers import assert_all_dots_int8, reference_codes, reference_scale_parts
@@ -255,6 +255,42 @@ def test_an_nnx_modules_cache_variables_stay_quantized_eagerly_and_under_nnx_jit
     written = (slice(None), slice(0, 4))  # (the int8 projections' keys: close to the float ones, not equal)
     got_keys, want_keys = model.cache_k.get_value().materialise()[written], reference.cache_k.get_value()[written]
     assert _relative_error(got_keys, want_keys) < 0.02
+
+
+class _LinenAttention(linen.Module):
+    """A linen attention block whose KV cache lives in its ``cache`` collection, written each step."""
+
+    @linen.compact
+    def __call__(self, x, pos):
+        shape = (BATCH, TOKENS, KV_HEADS, HEAD_DIM)
+        cache_k = self.variable("cache", "k", jnp.zeros, shape)
+        cache_v = self.variable("cache", "v", jnp.zeros, shape)
+        k = linen.Dense(KV_HEADS * HEAD_DIM, name="key")(x).reshape(BATCH, 1, KV_HEADS, HEAD_DIM)
+        v = linen.Dense(KV_HEADS * HEAD_DIM, name="value")(x).reshape(BATCH, 1, KV_HEADS, HEAD_DIM)
+        cache_k.value = lax.dynamic_update_slice(cache_k.value, k, (0, pos, 0, 0))
+        cache_v.value = lax.dynamic_update_slice(cache_v.value, v, (0, pos, 0, 0))
+        q = linen.Dense(KV_HEADS * GROUP * HEAD_DIM, name="query")(x)
+        return _attend(q, cache_k.value, cache_v.value, pos + 1)
+
+
+def test_a_linen_cache_collection_stays_quantized_across_applies():
+    module = _LinenAttention()
+    x0 = jnp.zeros((BATCH, 1, KV_HEADS * GROUP * HEAD_DIM), jnp.float32)
+    variables = module.init(jax.random.key(0), x0, 0)
+    params, float_cache = variables["params"], variables["cache"]
+    cache = quantize_cache(float_cache)
+    step = jax.jit(int8ify(lambda params, cache, x, pos: module.apply(
+        {"params": params, "cache": cache}, x, pos, mutable=["cache"])))
+    rng = np.random.default_rng(10)
+    for pos in range(4):
+        x = jnp.asarray(rng.standard_normal((BATCH, 1, KV_HEADS * GROUP * HEAD_DIM)) / 8, jnp.float32)
+        got, updated = step(params, cache, x, pos)
+        want, updated_float = module.apply({"params": params, "cache": float_cache}, x, pos, mutable=["cache"])
+        cache, float_cache = updated["cache"], updated_float["cache"]
+        assert all(is_quantized(leaf) for leaf in jax.tree.leaves(cache, is_leaf=is_quantized)), pos
+        assert _relative_error(got, want) < 0.03, pos
+    written = (slice(None), slice(0, 4))
+    assert _relative_error(cache["k"].materialise()[written], float_cache["k"][written]) < 0.02
 
 
 def test_the_cache_saves_and_loads_with_the_checkpoint_functions(tmp_path):
