@@ -43,6 +43,8 @@ class _Trail:
         refused: every use that keeps the leaf float, described (shared by the whole walk).
         jaxpr: the jaxpr holding the value followed.
         scope: the name scope of the equation reading it.
+        enclosing_scope: the name scope of the equation holding :attr:`jaxpr` (``""`` at the top level): what the
+            name stacks of :attr:`jaxpr`'s equations are relative to.
         casts: the float dtypes the value was cast to on the way, in order (a chain keeps every rounding).
         top: whether the value is read at the traced program's top level.
         axes: ``axes[i]`` is the parameter leaf's axis that axis ``i`` of the value is (a scan over stacked
@@ -55,6 +57,7 @@ class _Trail:
     refused: list
     jaxpr: object = None
     scope: str = ""
+    enclosing_scope: str = ""
     casts: tuple = ()
     top: bool = True
     axes: tuple = ()
@@ -63,7 +66,11 @@ class _Trail:
     def follow(self, jaxpr, var, *, nested: bool = False, **changes) -> list[Use]:
         """The matmul uses of ``var`` in ``jaxpr``; ``nested``: ``jaxpr`` is a sub-jaxpr of the current one;
         ``changes``: the fields that change on the way (``casts``, ``axes``)."""
-        return _uses(jaxpr, var, dataclasses.replace(self, top=self.top and not nested, **changes))
+        # a value followed within the same jaxpr (a cast, a transpose) is read by equations whose name stacks are
+        # relative to the same enclosing equation; a sub-jaxpr's are relative to the equation holding it
+        enclosing = self.scope if nested else self.enclosing_scope
+        return _uses(jaxpr, var, dataclasses.replace(self, top=self.top and not nested, enclosing_scope=enclosing,
+                                                     **changes))
 
     def refuse(self, why: str, eqn=None, *, skipped: bool = False) -> None:
         """Record a use that keeps the leaf float: by the equation ``eqn`` of :attr:`jaxpr` (which may still lead
@@ -123,8 +130,8 @@ def _uses(jaxpr, var, trail: _Trail) -> list[Use]:
         if not positions:
             continue
         location = eqn_location(eqn, trail.outer)
-        here = dataclasses.replace(trail, jaxpr=jaxpr, scope=join_scope(trail.scope, eqn.source_info.name_stack),
-                                   outer=location)
+        here = dataclasses.replace(trail, jaxpr=jaxpr, outer=location,
+                                   scope=join_scope(trail.enclosing_scope, eqn.source_info.name_stack))
         where = str(location)
         if is_float_dot(eqn) and positions[0] < 2:
             found += _matmul_use(eqn, positions, here, where)

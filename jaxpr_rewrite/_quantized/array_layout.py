@@ -23,10 +23,11 @@ __all__ = ["ARRAY_FIELDS", "CODE_LIMITS", "FIELD_AXES", "LAYOUT_VERSION", "METAD
 
 # The version of the layout below (children and metadata), stored with every serialized QuantizedArray: a reader
 # refuses a version it does not know instead of misreading it.
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 # The versions this int8ify reads: each one's children are the first of ARRAY_FIELDS (version 1 had no
-# smooth_inverse), and a missing optional child reads as None.
-READABLE_LAYOUT_VERSIONS = (1, 2)
+# smooth_inverse, version 2 no value) and its metadata the first of METADATA_FIELDS (versions 1 and 2 had no
+# cache); a missing optional child reads as None, missing metadata as METADATA_DEFAULTS.
+READABLE_LAYOUT_VERSIONS = (1, 2, 3)
 # The array children, in flatten order (a new optional child is appended here and to OPTIONAL_ARRAY_FIELDS).
 ARRAY_FIELDS = ("codes", "scales", "exponents", "smooth", "epilogue_factor", "epilogue_power", "activation_scale",
                 "smooth_inverse", "value")

@@ -130,12 +130,12 @@ def test_a_checkpoint_is_read_by_a_fresh_process(tmp_path, model):
 
 def test_another_layout_version_is_refused_naming_the_leaf(tmp_path, model, monkeypatch):
     *_, qparams = model
-    with monkeypatch.context() as patch:  # a future int8ify, writing version 3
-        patch.setattr(quantized, "LAYOUT_VERSION", 3)
-        patch.setattr(stored, "LAYOUT_VERSION", 3)
+    with monkeypatch.context() as patch:  # a future int8ify, writing version 4
+        patch.setattr(quantized, "LAYOUT_VERSION", 4)
+        patch.setattr(stored, "LAYOUT_VERSION", 4)
         save_quantized(tmp_path / "ckpt", qparams)
     with pytest.raises(Int8ifyError,
-                       match=r"layout version 3 \(first leaf \['embed'\]\['b'\]\).*reads versions 1 and 2"):
+                       match=r"layout version 4 \(first leaf \['embed'\]\['b'\]\).*reads versions 1, 2 and 3"):
         load_quantized(tmp_path / "ckpt")
 
 

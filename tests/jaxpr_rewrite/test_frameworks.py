@@ -279,14 +279,15 @@ def test_modules_passed_the_wrong_way_get_the_way_that_works():
 
 def test_a_tied_flax_embedding_left_float_is_located_in_the_users_module():
     """Flax's Embed looks tokens up with a gather inside a jitted jnp.take, whose equations carry no user frame:
-    the reason a tied embedding stays float named "<unknown location>"; it names the module's line now."""
+    the reason a tied embedding also read whole stays float named "<unknown location>"; it names the module's
+    line now."""
     nn = pytest.importorskip("flax.linen")
 
     class Tied(nn.Module):
         @nn.compact
         def __call__(self, tokens):
             embed = nn.Embed(256, 64)
-            return embed.attend(embed(tokens))
+            return embed.attend(embed(tokens)) + embed.embedding.mean()  # also read whole: kept float
 
     tokens = jnp.arange(16) % 256
     model = Tied()

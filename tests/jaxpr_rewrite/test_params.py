@@ -98,11 +98,12 @@ def test_memory_is_about_a_quarter(mlp):
 
 
 def test_leaf_used_outside_a_dot_stays_float():
-    """Weight tying: a table used by a lookup and by a dot keeps its float values for both."""
+    """A table read by a lookup, a dot and an elementwise op (not only lookups besides its matmuls) stays float,
+    and the warning names the first use that keeps it so."""
 
     def tied(params, ids):
         emb = params["table"][ids]
-        return emb @ params["table"].T  # also read by a lookup: its float values are needed
+        return emb @ params["table"].T + params["table"].mean()  # read whole: its float values are needed
 
     params = {"table": jnp.asarray(rng.normal(size=(10, 16)), jnp.float32)}
     ids = jnp.arange(4)
@@ -570,6 +571,25 @@ def test_a_tied_embedding_is_quantized_for_its_head_with_its_float_rows_kept_for
     loaded = load_safetensors(tmp_path / "tied.safetensors")
     np.testing.assert_array_equal(np.asarray(loaded["embed"].value), np.asarray(params["embed"]))
     np.testing.assert_array_equal(np.asarray(jax.jit(int8ify(_tied))(loaded, tokens)), want)
+
+
+@pytest.mark.parametrize("pattern", ["lm_head", "*head"])
+def test_a_tied_embedding_whose_head_is_skipped_by_its_name_scope_stays_float(pattern):
+    """The head's ``x @ embed.T`` under ``named_scope("lm_head")``: the scope of the dot reached through the
+    transpose is the dot's own (``lm_head``), so ``skip`` keeps it float and the table holds no codes."""
+
+    def head_in_scope(params, tokens):
+        x = params["embed"][tokens]
+        with jax.named_scope("lm_head"):
+            return x @ params["embed"].T
+
+    params = {"embed": jnp.asarray(rng.normal(size=(512, 64)), jnp.float32)}
+    tokens = jnp.asarray(rng.integers(0, 512, size=(2, 8)), jnp.int32)
+    q, why = quantize_params(int8ify(head_in_scope, skip=[pattern]), params, tokens, explain=True)
+    assert not isinstance(q["embed"], QuantizedArray)
+    assert why["['embed']"].endswith(f"stays float (name scope 'lm_head' matches skip pattern '{pattern}')")
+    quantized, _ = quantize_params(int8ify(head_in_scope, skip=["other"]), params, tokens, explain=True)
+    assert isinstance(quantized["embed"], QuantizedArray)
 
 
 def test_a_weight_whose_only_matmul_is_skipped_is_float_without_a_warning():
