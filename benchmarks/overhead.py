@@ -11,8 +11,9 @@ programs of each row interleaved (``benchmarks/harness.py``; ``--dry-run``: toy 
   the float program (target: at most 5x);
 * the first call of a 24-layer Flax MLP (trace + rewrite + compile + run) under ``jax.jit(int8ify(f))`` against
   ``jax.jit(f)`` (target: at most 1.5x), the same with the weights from ``quantize_params`` (target: at most 2x),
-  beside the same first call of the MLP written by hand in W8A8 (weights and activations quantized per call with
-  the plain ``absmax / 127`` formula): what any int8 program of this model costs XLA to compile, the floor;
+  beside the same first call of the MLP written by hand in W8A8 (activations, and weights per call or passed
+  quantized, with the plain ``absmax / 127`` formula): what any int8 program of this model costs XLA to compile,
+  the floors;
 * ``report(f, *arrays)`` (one compiled measuring pass) against the float program's first call (target: under 2x)
   and against ``int8ify``'s first call: the measuring pass compiles the float and the int8 matmuls together, so
   the int8 program's own first call is its floor;
@@ -94,18 +95,27 @@ def flax_mlp(layers: int, width: int):
     return MLP()
 
 
-def hand_w8a8_flax_mlp(layers: int):
+def hand_w8a8_flax_mlp(layers: int, weights_quantized: bool = False):
     """The Flax MLP's forward pass written by hand in W8A8: per-row activation and per-column weight scales,
-    ``absmax / 127``, quantized on every call (as ``int8ify`` does without ``quantize_params``)."""
+    ``absmax / 127``, the weights quantized on every call (as ``int8ify`` does without ``quantize_params``) or,
+    with ``weights_quantized``, passed as :func:`quantized_kernels`' ``(codes, scales)``."""
     def apply(variables, x):
         for i in range(layers):
             dense = variables["params"][f"Dense_{i}"]
-            (xq, sx), (wq, sw) = quantize_plain(x, 1), quantize_plain(dense["kernel"], 0)
+            xq, sx = quantize_plain(x, 1)
+            wq, sw = dense["kernel"] if weights_quantized else quantize_plain(dense["kernel"], 0)
             acc = jax.lax.dot_general(xq, wq, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
             x = jax.nn.gelu(acc.astype(jnp.float32) * sx * sw + dense["bias"])
         return x
 
     return apply
+
+
+def quantized_kernels(variables):
+    """The Flax MLP's variables with each kernel replaced by its plain ``(codes, scales)``."""
+    params = {name: dict(dense, kernel=quantize_plain(dense["kernel"], 0))
+              for name, dense in variables["params"].items()}
+    return {"params": params}
 
 
 def dispatch_us(params, x, repeats: int, calls: int) -> tuple[float, float]:
@@ -151,14 +161,19 @@ def main(argv=None) -> int:
         variables = model.init(jax.random.PRNGKey(0), jnp.ones((8, width)))
         x = jnp.ones((32, width))
         quantized = quantize_params(lambda v, x: model.apply(v, x), variables, x)
+        hand_variables = quantized_kernels(variables)
         seconds = median_seconds({
             "float": lambda: jax.jit(lambda v, x: model.apply(v, x))(variables, x),
             "int8ify": lambda: jax.jit(int8ify(lambda v, x: model.apply(v, x)))(variables, x),
             "quantized": lambda: jax.jit(int8ify(lambda v, x: model.apply(v, x)))(quantized, x),
-            "hand": lambda: jax.jit(hand_w8a8_flax_mlp(sizes.flax_layers))(variables, x)}, ns.repeats)
+            "hand": lambda: jax.jit(hand_w8a8_flax_mlp(sizes.flax_layers))(variables, x),
+            "hand quantized": lambda: jax.jit(hand_w8a8_flax_mlp(sizes.flax_layers, True))(hand_variables, x)},
+            ns.repeats)
         out.add(row(f"{sizes.flax_layers}-layer Flax MLP: first call", seconds["float"], seconds["int8ify"], 1.5),
                 row("  the same, weights from quantize_params", seconds["float"], seconds["quantized"], 2.0),
-                row("  the same, hand-written W8A8 (the floor)", seconds["float"], seconds["hand"]))
+                row("  the same, hand-written W8A8 (the floor)", seconds["float"], seconds["hand"]),
+                row("  the same, hand-written W8A8, weights quantized once", seconds["float"],
+                    seconds["hand quantized"]))
 
     params = mlp_params(sizes.report_layers, width)
     x = jnp.asarray(np.random.default_rng(1).normal(size=(32, width)), jnp.float32)

@@ -47,6 +47,7 @@ class _Trail:
             name stacks of :attr:`jaxpr`'s equations are relative to.
         casts: the float dtypes the value was cast to on the way, in order (a chain keeps every rounding).
         top: whether the value is read at the traced program's top level.
+        as_passed: whether the value is the leaf as passed (not followed through a cast, transpose or call).
         axes: ``axes[i]`` is the parameter leaf's axis that axis ``i`` of the value is (a scan over stacked
             layers slices the leading axes off, a transpose permutes them).
         outer: where the equation holding :attr:`jaxpr` is in the user's code: the place named for an equation
@@ -60,6 +61,7 @@ class _Trail:
     enclosing_scope: str = ""
     casts: tuple = ()
     top: bool = True
+    as_passed: bool = True
     axes: tuple = ()
     outer: Location = UNKNOWN  # where the equation holding `jaxpr` is in the user's code
 
@@ -70,12 +72,14 @@ class _Trail:
         # relative to the same enclosing equation; a sub-jaxpr's are relative to the equation holding it
         enclosing = self.scope if nested else self.enclosing_scope
         return _uses(jaxpr, var, dataclasses.replace(self, top=self.top and not nested, enclosing_scope=enclosing,
-                                                     **changes))
+                                                     as_passed=False, **changes))
 
-    def refuse(self, why: str, eqn=None, *, skipped: bool = False) -> None:
+    def refuse(self, why: str, eqn=None, *, skipped: bool = False, returned: bool = False) -> None:
         """Record a use that keeps the leaf float: by the equation ``eqn`` of :attr:`jaxpr` (which may still lead
-        to a matmul), or by none (it is returned); ``skipped``: a matmul the options keep float."""
-        self.refused.append(_Refusal(why, eqn is not None and _reaches_a_float_dot(self.jaxpr, eqn), skipped=skipped))
+        to a matmul), or by none (it is returned); ``skipped``: a matmul the options keep float; ``returned``: the
+        traced function returns the leaf as it is."""
+        self.refused.append(_Refusal(why, eqn is not None and _reaches_a_float_dot(self.jaxpr, eqn), skipped=skipped,
+                                     returned=returned))
 
     def refuse_unfollowed(self, eqn, where: str) -> None:
         """Record a use by ``eqn``, a primitive without a rule to follow a parameter through (a slice, a
@@ -99,6 +103,7 @@ class _Refusal:
     feeds_matmul: bool  # the refused use leads to a float matmul: the leaf feeds one, but stays float
     lookup: bool = False  # a lookup of some of its rows (an embedding's): its result is an activation
     skipped: bool = False  # a matmul the options keep float
+    returned: bool = False  # returned as it is by the traced function (a step returning its model)
 
 
 def _reaches_a_float_dot(jaxpr, start) -> bool:
@@ -124,7 +129,8 @@ def _uses(jaxpr, var, trail: _Trail) -> list[Use]:
     jaxpr = open_jaxpr(jaxpr)
     found: list[Use] = []
     if any(v is var for v in jaxpr.outvars):
-        trail.refuse("it is returned" + ("" if trail.top else " from a nested call or loop body"))
+        trail.refuse("it is returned" + ("" if trail.top else " from a nested call or loop body"),
+                     returned=trail.top and trail.as_passed)
     for eqn in jaxpr.eqns:
         positions = [k for k, v in enumerate(eqn.invars) if v is var]
         if not positions:
@@ -191,6 +197,9 @@ def plan_uses(jaxpr, var, config: RewriteConfig) -> tuple[list[Use], str]:
         if skipped:
             return [], f"float: {skipped[0].why}"
         return [], "kept float: it feeds no matmul" + (f" ({refused[0].why})" if refused else "")
+    # a leaf the function returns as it is (a step returning its model or params with them) comes back from an
+    # int8ify'd call quantized, in the layout it was passed in: returning it asks for no float values
+    refused = [r for r in refused if not r.returned]
     if refused and all(r.lookup for r in refused):
         uses = [dataclasses.replace(use, keeps_value=True) for use in uses]
     elif refused:

@@ -137,6 +137,55 @@ def test_equinox_module_with_static_leaves():
     assert rel_error(out_direct, model(X[0])) < 0.03
 
 
+def test_an_equinox_step_returning_its_model_gets_its_quantized_weights_back():
+    """The Equinox pattern ``return out, model`` (the model's KV cache updated): ``quantize_params`` of the step
+    quantizes the weights it returns as they are, and each call, jitted or eager, gives them back quantized, the
+    same codes and bytes, so the next call computes what a model rebuilt from the first weights would."""
+    eqx = pytest.importorskip("equinox")
+    from jaxpr_rewrite.quantized import QuantizedArray
+
+    class Decoder(eqx.Module):
+        w_in: jax.Array
+        w_out: jax.Array
+        cache: jax.Array
+
+        def __call__(self, x, pos):
+            h = jax.nn.relu(x @ self.w_in)
+            cache = self.cache.at[pos].set(h[0])
+            return h @ self.w_out + cache.mean(0), eqx.tree_at(lambda m: m.cache, self, cache)
+
+    rng = np.random.default_rng(3)
+    model = Decoder(jnp.asarray(rng.normal(size=(256, 512)) / 16, jnp.float32),
+                    jnp.asarray(rng.normal(size=(512, 512)) / 22, jnp.float32), jnp.zeros((8, 512)))
+    x = jnp.asarray(rng.normal(size=(4, 256)), jnp.float32)
+
+    def step(model, x, pos):
+        return model(x, pos)
+
+    quantized, why = quantize_params(step, model, x, 0, explain=True)
+    assert isinstance(quantized.w_in, QuantizedArray) and isinstance(quantized.w_out, QuantizedArray), why
+    nbytes = sum(leaf.nbytes for leaf in jax.tree.leaves(quantized))
+    for call in (eqx.filter_jit(int8ify(step)), int8ify(step)):
+        fed_back = quantized
+        for pos in range(3):
+            rebuilt = eqx.tree_at(lambda m: m.cache, quantized, fed_back.cache)
+            want, _ = int8ify(step)(rebuilt, x, pos)
+            got, fed_back = call(fed_back, x, pos)
+            for name in ("w_in", "w_out"):
+                back, first = getattr(fed_back, name), getattr(quantized, name)
+                assert isinstance(back, QuantizedArray), (name, pos)
+                np.testing.assert_array_equal(np.asarray(back.codes), np.asarray(first.codes))
+            assert sum(leaf.nbytes for leaf in jax.tree.leaves(fed_back)) == nbytes
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_a_weight_returned_transposed_stays_float():
+    """Only a leaf returned as it is comes back quantized; ``w.T`` returned is a float value of the weight."""
+    w = jnp.asarray(np.random.default_rng(4).normal(size=(128, 64)), jnp.float32)
+    _, why = quantize_params(lambda p, x: (x @ p["w"], p["w"].T), {"w": w}, jnp.ones((4, 128)), explain=True)
+    assert why["['w']"] == "kept float: it is returned"
+
+
 def test_equinox_rewritten_program_has_only_int8_dots():
     eqx = pytest.importorskip("equinox")
     model = eqx.nn.Linear(16, 4, key=jax.random.PRNGKey(3))
