@@ -1,6 +1,7 @@
 """The package builds into a wheel whose metadata works: the flake8 entry point, the console script, the extras,
 both packages and the supported JAX range."""
 
+import importlib.metadata
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,11 @@ BUILD_LEFTOVERS = shutil.ignore_patterns("build", "dist", "*.egg-info", ".git", 
 def wheel(tmp_path_factory):
     # setuptools builds in the source tree's build/ directory: the wheel is built from a private copy, so that
     # pytest-xdist workers building at once (each runs this module fixture) and an earlier build's leftovers
-    # cannot collide, and the checkout is left as it was.
+    # cannot collide, and the checkout is left as it was. The build runs offline in this environment
+    # (--no-build-isolation), so it needs the setuptools pyproject.toml asks for: older ones refuse its license field.
+    if _version(importlib.metadata.version("setuptools")) < (77,):
+        pytest.skip(f"this environment's setuptools {importlib.metadata.version('setuptools')} cannot build the "
+                    "wheel offline (pyproject.toml needs setuptools >= 77)")
     source = tmp_path_factory.mktemp("source") / "int8ify"
     shutil.copytree(ROOT, source, ignore=BUILD_LEFTOVERS)
     out = tmp_path_factory.mktemp("dist")
@@ -33,6 +38,10 @@ def wheel(tmp_path_factory):
     assert result.returncode == 0, result.stderr
     (path,) = out.glob("int8ify-*.whl")
     return zipfile.ZipFile(path)
+
+
+def _version(text: str) -> tuple:
+    return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
 
 
 def _read(wheel, suffix):

@@ -30,7 +30,9 @@ def test_the_traced_program_holds_one_int8_dot_and_no_platform_choice(program, m
     (dot,) = dot_eqns(jaxpr)
     assert [v.aval.dtype for v in dot.invars] == [np.int8, np.int8] and dot.outvars[0].aval.dtype == np.int32
     assert "platform_index" not in _names(jaxpr) and "cond" not in _names(jaxpr)
-    assert len(str(jaxpr).splitlines()) <= 200
+    assert len(_names(jaxpr)) <= 180  # the quantization, the dot and the epilogue of one platform
+    if jax.__version_info__ >= (0, 10):  # JAX 0.8 prints each of an equation's parameters on a line of its own
+        assert len(str(jaxpr).splitlines()) <= 200
 
 
 def _block(params, x):
