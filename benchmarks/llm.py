@@ -20,7 +20,10 @@ Workloads (``--workloads``: names, or ``decode`` / ``prefill`` for all of a kind
   in; each call writes the same slots of the cache it gets back, which is the empty cache's work).
 
 Variants, each compiled ahead of time for each workload and timed interleaved round by round
-(``benchmarks/harness.py``); speed = bf16's time / the variant's:
+(``benchmarks/harness.py``); speed = bf16's time / the variant's. A round is 50 calls dispatched back to back and
+waited for at its end, as a serving loop runs them, the device running step after step a few microseconds apart: a
+round's first dispatch and last wait (about 1 ms on a TPU v5e, the same for every variant) then add 20 us to a call
+(with 10 calls a round they added 100 us, and brought every decode speed towards 1):
 
 * ``bf16``: the float program.
 * ``int8ify as wrapped``: ``int8ify(step)`` handed the bf16 params and the bf16 cache, as a user first wraps it:
@@ -148,7 +151,7 @@ class Sizes(NamedTuple):
 FULL = Sizes(LLAMA3_8B_TWO_LAYERS,
              (Workload("decode", 1, 2048), Workload("decode", 32, 2048), Workload("decode", 8, 8192),
               Workload("decode", 128, 1024), Workload("prefill", 2, 2048, 1024)),
-             (Workload("prefill", 2, 2048, 1024), Workload("decode", 8, 2048)), rounds=20, reps=10, guard=0.5)
+             (Workload("prefill", 2, 2048, 1024), Workload("decode", 8, 2048)), rounds=10, reps=50, guard=0.5)
 DRY_RUN = Sizes(TOY,
                 (Workload("decode", 1, 128), Workload("decode", 8, 256), Workload("prefill", 2, 64, 32)),
                 (Workload("prefill", 2, 64, 32), Workload("decode", 4, 64)), rounds=3, reps=2, guard=0.1)
@@ -525,8 +528,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dry-run", "--quick", dest="dry_run", action="store_true",
                         help="toy sizes (d 256, 4 heads, short caches), three rounds: about a minute on a CPU")
     parser.add_argument("--workloads", nargs="+", help="workload names, or decode / prefill (default: all)")
-    parser.add_argument("--rounds", type=int, help="interleaved rounds per workload (default 20; dry run 3)")
-    parser.add_argument("--reps", type=int, help="calls per round (default 10; dry run 2)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds per workload (default 10; dry run 3)")
+    parser.add_argument("--reps", type=int, help="calls per round (default 50; dry run 2)")
     parser.add_argument("--out", help="the result file (default benchmarks/results/llm-<device>.md; a dry run "
                                       "prints only)")
     args = parser.parse_args(argv)
