@@ -43,12 +43,13 @@ from jaxpr_rewrite import int8ify, quantize_params  # noqa: E402
 def int8_dot_kernels(hlo: str) -> set[str]:
     """The names of the ENTRY instructions of an optimized CPU HLO module that run an int8 ``dot``: a fusion whose
     computation holds one, or the ``dot`` itself (older XLA:CPU runs an unfused dot as a kernel of its own)."""
+    int32_dot = r"= s32\[[^\]]*\][^ ]* dot\("
     computations = dict(re.findall(r"^%?([\w.\-]+) [^\n]*\{\n(.*?)\n\}", hlo, re.S | re.M))
     entry = hlo[hlo.index("\nENTRY"):]
-    names = set(re.findall(r"^\s*(?:ROOT )?%?([\w.\-]+) = s32\[[^\]]*\][^ ]* dot\(", entry, re.M))
+    names = set(re.findall(r"^\s*(?:ROOT )?%?([\w.\-]+) " + int32_dot, entry, re.M))
     for name, body in re.findall(r"^\s*%?([\w.\-]+) = [^\n]*?calls=%?([\w.\-]+)", hlo, re.M):
         called = computations.get(body, "")
-        if re.search(r"= s32\[[^\]]*\][^ ]* dot\(", called):
+        if re.search(int32_dot, called):
             names.add(name)
     return names
 

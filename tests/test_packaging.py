@@ -22,9 +22,10 @@ def wheel(tmp_path_factory):
     # pytest-xdist workers building at once (each runs this module fixture) and an earlier build's leftovers
     # cannot collide, and the checkout is left as it was. The build runs offline in this environment
     # (--no-build-isolation), so it needs the setuptools pyproject.toml asks for: older ones refuse its license field.
-    if _version(importlib.metadata.version("setuptools")) < (77,):
-        pytest.skip(f"this environment's setuptools {importlib.metadata.version('setuptools')} cannot build the "
-                    "wheel offline (pyproject.toml needs setuptools >= 77)")
+    setuptools_version = importlib.metadata.version("setuptools")
+    if int(setuptools_version.split(".")[0]) < 77:
+        pytest.skip(f"this environment's setuptools {setuptools_version} cannot build the wheel offline "
+                    "(pyproject.toml needs setuptools >= 77)")
     source = tmp_path_factory.mktemp("source") / "int8ify"
     shutil.copytree(ROOT, source, ignore=BUILD_LEFTOVERS)
     out = tmp_path_factory.mktemp("dist")
@@ -38,10 +39,6 @@ def wheel(tmp_path_factory):
     assert result.returncode == 0, result.stderr
     (path,) = out.glob("int8ify-*.whl")
     return zipfile.ZipFile(path)
-
-
-def _version(text: str) -> tuple:
-    return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
 
 
 def _read(wheel, suffix):
