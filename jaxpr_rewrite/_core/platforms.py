@@ -87,6 +87,12 @@ class Platform:
         """The ``count`` fields of a stored static scale vector, as 0-d arrays."""
         raise NotImplementedError
 
+    # -- writing into a quantized array ------------------------------------------------------------------------
+    def write_per_slice(self, array, update, *starts):
+        """A quantized array's per-slice scales (or exponents) with ``update``, the written slices', at ``starts``:
+        ``lax.dynamic_update_slice`` by default."""
+        return lax.dynamic_update_slice(array, update, starts)
+
     # -- the dot -------------------------------------------------------------------------------------------------
     def check_gemm(self) -> None:
         """Refuse to build an int8 GEMM the device would compute wrong (an :class:`Int8ifyError` saying why and what
@@ -111,8 +117,9 @@ class Platform:
         ``portable()`` is the contract's program, which a platform without a dot program of its own returns."""
         return portable()
 
-    def dot_output(self, out, *, batched: bool):
-        """The rewritten dot's result as its consumers read it (``batched``: the dot has batch dimensions)."""
+    def dot_output(self, out, *, batched: bool, decode_like: bool):
+        """The rewritten dot's result as its consumers read it (``batched``: the dot has batch dimensions;
+        ``decode_like``: a stored operand, a KV cache, meets a few rows of a float one, as in a decode step)."""
         return out
 
     def sibling_dots(self, lhs, rhss, *, contracting: tuple, out_dtypes: tuple, each_dot: Callable) -> tuple:

@@ -228,7 +228,22 @@ def _int8_dot(lhs, rhs, dimension_numbers, out_dtype, scheme: Scheme):
         out = scaled_int8_dot(lhs, rhs, dimension_numbers, lhs_reduce, rhs_reduce, out_dtype,
                               fused_gpu_kernel=scheme.fused_gpu_kernel and not per_tensor)
     out = out if out.dtype == out_dtype else lax.convert_element_type(out, out_dtype)
-    return platforms.current().dot_output(out, batched=bool(lb))
+    return platforms.current().dot_output(out, batched=bool(lb), decode_like=_decode_like(lhs, rhs, dimension_numbers))
+
+
+# the most rows per batch index of a float operand meeting a stored one in a dot that reads like a decode step's
+DECODE_ROWS = 128
+
+
+def _decode_like(lhs, rhs, dimension_numbers) -> bool:
+    """Whether the dot reads like a decode step's attention: one operand stored quantized (a KV cache), the other
+    float with at most :data:`DECODE_ROWS` rows per batch index (its size over the axes it neither contracts nor
+    batches: a step's few queries, not a prefill's thousands)."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    if is_quantized(lhs) == is_quantized(rhs):
+        return False
+    other, axes = (rhs, set(rc) | set(rb)) if is_quantized(lhs) else (lhs, set(lc) | set(lb))
+    return int(np.prod([n for a, n in enumerate(other.shape) if a not in axes])) <= DECODE_ROWS
 
 
 def int8_sibling_dots_impl(lhs, rhss, float_params, out_dtypes, scheme: Scheme) -> tuple:

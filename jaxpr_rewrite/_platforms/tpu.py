@@ -20,16 +20,21 @@ from .._numerics.int32_dot import matrix_vector_safe_dot
 from .._numerics.quantize import marked_codes, quantize_with_factors, saturated_codes
 from .._numerics.static_scales import (factor_poisoned_by_codes, factor_poisoned_by_values, fields_by_masks,
                                        quantize_static_parts)
+from .tpu_cache_write import token_written, writes_in_place
 from .tpu_layout import laid_out_for_tpu
 
 __all__ = ["TPU_FUSION_OF_BATCHED_EPILOGUE_CRASHES", "Tpu"]
 
-# Whether a batched dot's output goes behind an optimization barrier on TPU, written out before its consumers read it
-# (as the float program's attention scores are). XLA:TPU's compiler in the libtpu of JAX 0.10 dies of a stack
-# overflow (SIGSEGV, the whole process) estimating the cost of fusing the epilogue with a softmax over the output,
-# attention's softmax(q . k), in every int8ify'd BERT-style encoder (the deviceless TPU compile reproduces it;
-# docs/performance.md); JAX 0.12's compiles it, and the barrier would cost its transformer block 4-10% of its
-# estimated cycles with static scales. JAX 0.11's was not tried. An unbatched dot (Dense, an MLP) is never affected.
+# Whether a batched dot of two operands quantized in the program goes behind an optimization barrier on TPU, its
+# output written out before its consumers read it (as the float program's attention scores are). XLA:TPU's compiler
+# in the libtpu of JAX 0.10 dies of a stack overflow (SIGSEGV, the whole process) estimating the cost of fusing the
+# epilogue with a softmax over the output, attention's softmax(q . k), in int8ify'd BERT-style encoders (the
+# deviceless TPU compile reproduces it: MiniLM at batch 128 with static attention scales; docs/performance.md); JAX
+# 0.12's compiles it, and the barrier would cost its transformer block 4-10% of its estimated cycles with static
+# scales. JAX 0.11's was not tried. A decode step's attention (a stored KV cache read by a few query rows) keeps
+# its fusion: the Llama-shaped decoder's decode compiles without the barrier (dynamic and static scales, deviceless)
+# and runs 4% faster so at batch 128 on a v5e; its prefill (thousands of rows) keeps the barrier, without which it
+# compiles but ran at 1.22x bf16's speed against 1.51x. An unbatched dot (Dense, an MLP) is never affected.
 TPU_FUSION_OF_BATCHED_EPILOGUE_CRASHES = jax.__version_info__ < (0, 12)
 
 
@@ -78,14 +83,22 @@ class Tpu(Platform):
     def static_scale_fields(self, vector, *, count: int) -> tuple:
         return fields_by_masks(vector, count)
 
+    def write_per_slice(self, array, update, *starts):
+        """One decode token's scales written in place by a Pallas kernel (:mod:`.tpu_cache_write`), where XLA:TPU
+        would move the whole array through VMEM to write them; other writes by ``lax.dynamic_update_slice``."""
+        if writes_in_place(array.shape, update.shape, array.dtype):
+            return token_written(array, update, *starts)
+        return super().write_per_slice(array, update, *starts)
+
     def laid_out(self, operand, *, batch_axes: tuple, contracting_axes: tuple):
         return laid_out_for_tpu(operand, batch_axes, contracting_axes)
 
     def int8_sums(self, lhs_codes, rhs_codes, *, dimension_numbers):
         return matrix_vector_safe_dot(lhs_codes, rhs_codes, dimension_numbers)
 
-    def dot_output(self, out, *, batched: bool):
-        return lax.optimization_barrier(out) if batched and TPU_FUSION_OF_BATCHED_EPILOGUE_CRASHES else out
+    def dot_output(self, out, *, batched: bool, decode_like: bool):
+        crashes = batched and not decode_like and TPU_FUSION_OF_BATCHED_EPILOGUE_CRASHES
+        return lax.optimization_barrier(out) if crashes else out
 
 
 TPU = register_platform(Tpu())

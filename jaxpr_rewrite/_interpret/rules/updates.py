@@ -14,6 +14,7 @@ from __future__ import annotations
 import jax
 from jax import lax
 
+from ..._core import platforms
 from ..._dots.operands import quantize
 from ..._quantized.array import QuantizedArray, is_quantized
 from .registry import RuleContext, register
@@ -58,8 +59,10 @@ def _dynamic_update_slice_quantized(context: RuleContext, eqn, invals):
     written = _quantized_like(array, update, reduce_axes)
     kept_starts = [start for a, start in enumerate(starts) if a not in reduce_axes]
 
-    def write(part, new):  # the codes at every start, a per-slice array at the kept axes'
-        return lax.dynamic_update_slice(part, new, starts if part.ndim == array.ndim else kept_starts)
+    def write(part, new):  # the codes at every start, a per-slice array at the kept axes' (as its platform writes it)
+        if part.ndim == array.ndim:
+            return lax.dynamic_update_slice(part, new, starts)
+        return platforms.current().write_per_slice(part, new, *kept_starts)
 
     return [_with_parts(array, written, write)]
 
