@@ -22,7 +22,7 @@ import numpy as np
 from jax import lax
 
 from .._core import platforms
-from .._core.layout import blocked, blocked_dimension_numbers, contraction_size, scale_to_output
+from .._core.layout import blocked, blocked_dimension_numbers, contraction_size, is_static, scale_to_output
 from .._numerics.int32_dot import int32_dot
 from .._numerics.quantize import scale_product, to_compute
 from .._quantized.array import QuantizedArray, is_quantized
@@ -238,12 +238,13 @@ DECODE_ROWS = 128
 def _decode_like(lhs, rhs, dimension_numbers) -> bool:
     """Whether the dot reads like a decode step's attention: one operand stored quantized (a KV cache), the other
     float with at most :data:`DECODE_ROWS` rows per batch index (its size over the axes it neither contracts nor
-    batches: a step's few queries, not a prefill's thousands)."""
+    batches: a step's few queries, not a prefill's thousands); not one whose rows are symbolic (``jax.export``)."""
     (lc, rc), (lb, rb) = dimension_numbers
     if is_quantized(lhs) == is_quantized(rhs):
         return False
     other, axes = (rhs, set(rc) | set(rb)) if is_quantized(lhs) else (lhs, set(lc) | set(lb))
-    return int(np.prod([n for a, n in enumerate(other.shape) if a not in axes])) <= DECODE_ROWS
+    rows = [n for a, n in enumerate(other.shape) if a not in axes]
+    return all(is_static(n) for n in rows) and int(np.prod(rows)) <= DECODE_ROWS
 
 
 def int8_sibling_dots_impl(lhs, rhss, float_params, out_dtypes, scheme: Scheme) -> tuple:
