@@ -125,7 +125,7 @@ token_write_p.def_abstract_eval(lambda array, update, *starts: array)
 
 
 def _batched(args, dims):
-    return jax.vmap(_updated, in_axes=tuple(None if d is batching.not_mapped else d for d in dims))(*args), 0
+    return jax.vmap(_updated, in_axes=tuple(dims))(*args), 0
 
 
 def _jvp(primals, tangents):

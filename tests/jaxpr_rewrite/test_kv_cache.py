@@ -17,7 +17,7 @@ from jax import lax
 from helpers import assert_all_dots_int8, assert_same_tree, reference_codes, reference_scale_parts
 from jaxpr_rewrite import RequantizationWarning, dot_eqns, int8ify, iter_eqns, quantize_cache, quantize_params, report
 from jaxpr_rewrite._platforms.tpu import TPU_FUSION_OF_BATCHED_EPILOGUE_CRASHES
-from jaxpr_rewrite._platforms.tpu_cache_write import token_write_p, write_token, writes_in_place
+from jaxpr_rewrite._platforms.tpu_cache_write import token_write_p, token_written, write_token, writes_in_place
 from jaxpr_rewrite.checkpoint import load_quantized, save_quantized
 from jaxpr_rewrite.quantized import QuantizedArray, is_quantized
 
@@ -436,3 +436,18 @@ def test_a_decode_step_exported_for_a_cpu_and_a_tpu_carries_each_platforms_write
     _, got = exported.call(cache, q, k, v, 7)
     _, want = jax.jit(int8ify(decode_step))(cache, q, k, v, 7)
     assert_same_tree(got, want)
+
+
+def test_the_token_write_under_vmap_writes_each_mapped_cache():
+    """``jax.vmap`` over the TPU's token write (two caches, each its own token and position): a
+    ``dynamic_update_slice`` of each, as mapped."""
+    rng = np.random.default_rng(9)
+    arrays = jnp.asarray(rng.normal(size=(2, 4, 256, 8)), jnp.float32)
+    updates = jnp.asarray(rng.normal(size=(2, 4, 1, 8)), jnp.float32)
+    positions = jnp.asarray([3, 200], jnp.int32)
+    got = jax.vmap(lambda a, u, p: token_written(a, u, 0, p, 0))(arrays, updates, positions)
+    want = jax.vmap(lambda a, u, p: lax.dynamic_update_slice(a, u, (0, p, 0)))(arrays, updates, positions)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    shared = jax.vmap(lambda u: token_written(arrays[0], u, 0, 9, 0))(updates)  # the array itself unmapped
+    np.testing.assert_array_equal(np.asarray(shared[1]),
+                                  np.asarray(lax.dynamic_update_slice(arrays[0], updates[1], (0, 9, 0))))
