@@ -117,13 +117,6 @@ class Platform:
         ``portable()`` is the contract's program, which a platform without a dot program of its own returns."""
         return portable()
 
-    def folded_scales_dot(self, lhs, rhs, *, dimension_numbers, side: int, out_dtype, portable: Callable):
-        """A dot of a float operand and a quantized one whose scales run along the contraction (attention's
-        ``p . v`` over a KV cache), each of the quantized side's scales folded into the other operand (see
-        :func:`~jaxpr_rewrite._dots.int8_dot._folded_scales_dot`; ``side``: the quantized operand's). ``portable()``
-        is that program, which a platform without a kernel for it returns."""
-        return portable()
-
     def dot_output(self, out, *, batched: bool, decode_like: bool):
         """The rewritten dot's result as its consumers read it (``batched``: the dot has batch dimensions;
         ``decode_like``: a stored operand, a KV cache, meets a few rows of a float one, as in a decode step)."""

@@ -218,9 +218,7 @@ def _int8_dot(lhs, rhs, dimension_numbers, out_dtype, scheme: Scheme):
     (lc, rc), (lb, _) = dimension_numbers
     folded = _folded_side(lhs, rhs, dimension_numbers)
     if folded is not None:
-        out = platforms.current().folded_scales_dot(
-            lhs, rhs, dimension_numbers=dimension_numbers, side=folded, out_dtype=out_dtype,
-            portable=functools.partial(_folded_scales_dot, lhs, rhs, dimension_numbers, folded, out_dtype))
+        out = _folded_scales_dot(lhs, rhs, dimension_numbers, folded, out_dtype)
     elif scheme.block_size is not None:
         out = _block_scaled_dot(lhs, rhs, dimension_numbers, scheme.block_size, out_dtype)
     else:

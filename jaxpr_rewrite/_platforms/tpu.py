@@ -21,7 +21,6 @@ from .._numerics.quantize import marked_codes, quantize_with_factors, saturated_
 from .._numerics.static_scales import (factor_poisoned_by_codes, factor_poisoned_by_values, fields_by_masks,
                                        quantize_static_parts)
 from .tpu_cache_write import token_written, writes_in_place
-from .tpu_folded_dot import folded_dot
 from .tpu_layout import laid_out_for_tpu
 
 __all__ = ["TPU_FUSION_OF_BATCHED_EPILOGUE_CRASHES", "Tpu"]
@@ -90,13 +89,6 @@ class Tpu(Platform):
         if writes_in_place(array.shape, update.shape, array.dtype):
             return token_written(array, update, *starts)
         return super().write_per_slice(array, update, *starts)
-
-    def folded_scales_dot(self, lhs, rhs, *, dimension_numbers, side: int, out_dtype, portable):
-        """Attention's ``p . v`` over a ``[batch, tokens, heads, head_dim]`` cache in one Pallas kernel
-        (:mod:`.tpu_folded_dot`), where XLA:TPU would run the rows' absmax and codes as passes of their own."""
-        quantized, other = (lhs, rhs) if side == 0 else (rhs, lhs)
-        out = folded_dot(other, quantized, dimension_numbers, side, out_dtype)
-        return portable() if out is None else out
 
     def laid_out(self, operand, *, batch_axes: tuple, contracting_axes: tuple):
         return laid_out_for_tpu(operand, batch_axes, contracting_axes)

@@ -451,22 +451,3 @@ def test_the_token_write_under_vmap_writes_each_mapped_cache():
     shared = jax.vmap(lambda u: token_written(arrays[0], u, 0, 9, 0))(updates)  # the array itself unmapped
     np.testing.assert_array_equal(np.asarray(shared[1]),
                                   np.asarray(lax.dynamic_update_slice(arrays[0], updates[1], (0, 9, 0))))
-
-
-@pytest.mark.parametrize("spec", ["bkgts,bskd->btkgd", "bskd,bkgts->bkdgt"])
-def test_the_tpu_value_dot_kernel_gives_the_programs_bits(spec):
-    """Attention's ``p . v`` traced for a TPU runs as one Pallas kernel (here in its interpreter), bit for bit the
-    CPU program's, bfloat16 ``p`` with a NaN row too, under vmap too."""
-    rng = np.random.default_rng(10)
-    p = jax.nn.softmax(jnp.asarray(rng.standard_normal((BATCH, KV_HEADS, GROUP, 1, TOKENS)) * 3, jnp.float32), -1)
-    cache = quantize_cache(jnp.asarray(rng.standard_normal((BATCH, TOKENS, KV_HEADS, 128)), jnp.float32))
-    dot = lambda p, v: jnp.einsum(spec, p, v) if spec.startswith("bkgts") else jnp.einsum(spec, v, p)  # noqa: E731
-    tpu, cpu = (int8ify(dot, platforms=(platform,)) for platform in ("tpu", "cpu"))
-    names = [e.primitive.name for e in iter_eqns(jax.make_jaxpr(tpu)(p, cache).jaxpr)]
-    assert names.count("int8ify_folded_dot_sums") == 1 and "dot_general" not in names
-    for values in (p, p.astype(jnp.bfloat16).at[0, 1, 2, 0, 5].set(jnp.nan)):
-        np.testing.assert_array_equal(np.asarray(jax.jit(tpu)(values, cache), np.float32),
-                                      np.asarray(jax.jit(cpu)(values, cache), np.float32))
-    stacked = jnp.stack([p, p * 0.5])
-    np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(tpu, (0, None)))(stacked, cache)),
-                                  np.asarray(jax.jit(jax.vmap(cpu, (0, None)))(stacked, cache)))
