@@ -24,11 +24,10 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from .._core.layout import is_static
+from .tpu_layout import TPU_LANES  # a window of tokens: one lane tile of a 32-bit array
 
 __all__ = ["token_written", "write_token", "writes_in_place"]
 
-# a window of tokens: one lane tile of a 32-bit array
-LANES = 128
 # the most VMEM one window may take (all the leading axes' slices of the window at once)
 WINDOW_BYTES = 4 << 20
 
@@ -49,10 +48,10 @@ def writes_in_place(array_shape: tuple, update_shape: tuple, dtype) -> bool:
     rank = len(array_shape)
     if axis is None or rank < 2 or np.dtype(dtype).itemsize != 4:
         return False
-    if axis != rank - 1 and not (axis == rank - 2 and array_shape[-1] < LANES):
+    if axis != rank - 1 and not (axis == rank - 2 and array_shape[-1] < TPU_LANES):
         return False
     others = int(np.prod([n for a, n in enumerate(array_shape) if a != axis]))
-    return array_shape[axis] % LANES == 0 and others * LANES * 4 <= WINDOW_BYTES
+    return array_shape[axis] % TPU_LANES == 0 and others * TPU_LANES * 4 <= WINDOW_BYTES
 
 
 def write_token(array, update, *starts, interpret: bool = False):
@@ -61,7 +60,7 @@ def write_token(array, update, *starts, interpret: bool = False):
     Arguments:
         array: the per-slice array, donated by the caller's ``jit`` for the write to be in place (otherwise XLA
             copies it first, as for any aliased operand).
-        update: the token's values, ``array``'s shape with 1 along the token axis.
+        update: the token's values, ``array``'s dtype and shape with 1 along the token axis.
         starts: the update's start on each axis (0 on every axis but the token's); a token start past the end is
             clamped, as ``dynamic_update_slice`` clamps it.
         interpret: run the kernel in Pallas's TPU interpreter (tests on a CPU).
@@ -82,9 +81,9 @@ def write_token(array, update, *starts, interpret: bool = False):
 
     def kernel(position_ref, update_ref, array_hbm, out_hbm, window, semaphore):
         del array_hbm  # aliased to out_hbm
-        # the window's start, a multiple of LANES (positions are never negative: lax.div's truncation is a floor)
-        start = pl.multiple_of(lax.mul(lax.div(position_ref[0], np.int32(LANES)), np.int32(LANES)), LANES)
-        tokens_window = out_hbm.at[..., pl.ds(start, LANES)]
+        # the window's start, a multiple of TPU_LANES (positions are never negative: lax.div's truncation is a floor)
+        start = pl.multiple_of(lax.mul(lax.div(position_ref[0], np.int32(TPU_LANES)), np.int32(TPU_LANES)), TPU_LANES)
+        tokens_window = out_hbm.at[..., pl.ds(start, TPU_LANES)]
         copy = pltpu.make_async_copy(tokens_window, window, semaphore)
         copy.start()
         copy.wait()
@@ -101,10 +100,10 @@ def write_token(array, update, *starts, interpret: bool = False):
             num_scalar_prefetch=1, grid=(),
             in_specs=[pl.BlockSpec(memory_space=pltpu.VMEM), pl.BlockSpec(memory_space=pltpu.HBM)],
             out_specs=pl.BlockSpec(memory_space=pltpu.HBM),
-            scratch_shapes=[pltpu.VMEM((*array.shape[:-1], LANES), array.dtype), pltpu.SemaphoreType.DMA]),
+            scratch_shapes=[pltpu.VMEM((*array.shape[:-1], TPU_LANES), array.dtype), pltpu.SemaphoreType.DMA]),
         input_output_aliases={2: 0},
         interpret=interpret,
-    )(jnp.reshape(position, (1,)), update.astype(array.dtype), array)
+    )(jnp.reshape(position, (1,)), update, array)
 
 
 def _swapped(starts: tuple, a: int, b: int) -> tuple:
