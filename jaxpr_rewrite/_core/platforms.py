@@ -90,8 +90,9 @@ class Platform:
     # -- writing into a quantized array ------------------------------------------------------------------------
     def write_per_slice(self, array, update, *starts):
         """A quantized array's per-slice scales (or exponents) with ``update``, the written slices', at ``starts``:
-        ``lax.dynamic_update_slice`` by default."""
-        return lax.dynamic_update_slice(array, update, starts)
+        ``lax.dynamic_update_slice`` by default. ``starts`` are the ``dynamic_update_slice`` primitive's (a negative
+        one clamped to 0, not counted from the end: ``lax``'s API wrapped the user's once already)."""
+        return lax.dynamic_update_slice_p.bind(array, update, *starts)
 
     # -- the dot -------------------------------------------------------------------------------------------------
     def check_gemm(self) -> None:

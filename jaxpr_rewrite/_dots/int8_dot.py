@@ -193,7 +193,7 @@ def _folded_scales_dot(lhs, rhs, dimension_numbers, side: int, out_dtype):
     values = to_compute(other)
     order = sorted(range(len(quantized.kept_axes)), key=lambda i: partner_axis[quantized.kept_axes[i]])
     targets = tuple(partner_axis[quantized.kept_axes[i]] for i in order)
-    for factor in quantized.epilogue_factors(values.dtype):
+    for factor in _folded_factors(quantized, values.dtype):
         factor = factor if order == list(range(len(order))) else lax.transpose(factor, order)
         values = lax.mul(values, lax.broadcast_in_dim(factor, values.shape, targets))
     kept_shape = tuple(quantized.shape[a] for a in range(quantized.ndim) if a not in set(q_contracting))
@@ -201,6 +201,19 @@ def _folded_scales_dot(lhs, rhs, dimension_numbers, side: int, out_dtype):
                           q_contracting, quantized.dtype)
     operands = (values, unit) if side == 1 else (unit, values)
     return scaled_int8_dot(*operands, dimension_numbers, lc, rc, out_dtype)
+
+
+def _folded_factors(quantized: QuantizedArray, dtype) -> tuple:
+    """``v``'s per-slice epilogue factors, which :func:`_folded_scales_dot` multiplies ``p`` by, with 0 for a slice
+    never written: its scale 1 is a placeholder for its all-zero codes (a written slice's ``scales`` field is its
+    mantissa over 127, below 2/127), and 0 is its values' own product, so that a probability met there (attention
+    that does not mask the unwritten positions) takes no part in its row's absmax and leaves the written tokens'
+    codes their resolution."""
+    factor, power = quantized.epilogue_factors(dtype)
+    if quantized.scales is None:
+        return factor, power
+    unwritten = lax.eq(quantized.scales, lax.full_like(quantized.scales, 1))
+    return lax.select(unwritten, lax.full_like(factor, 0), factor), power
 
 
 def int8_dot_general_impl(lhs, rhs, dimension_numbers, out_dtype, scheme: Scheme = PER_CHANNEL):

@@ -113,7 +113,7 @@ def _swapped(starts: tuple, a: int, b: int) -> tuple:
 
 
 def _updated(array, update, *starts):
-    return lax.dynamic_update_slice(array, update, starts)
+    return lax.dynamic_update_slice_p.bind(array, update, *starts)  # the primitive: its starts clamped, never wrapped
 
 
 # ``lax.dynamic_update_slice(array, update, starts)`` of an update :func:`writes_in_place` takes: the in-place kernel

@@ -124,6 +124,59 @@ def test_the_value_dot_folds_each_tokens_scale_into_the_probabilities():
     assert _relative_error(got, jnp.einsum("bkgts,bskd->btkgd", p, values)) < 0.03
 
 
+@pytest.mark.parametrize("magnitude", [1e-30, 1e-20, 1.0, 1e30])
+@pytest.mark.parametrize("platform", ["cpu", "tpu"])
+def test_the_value_dot_of_a_partly_written_cache_is_its_float_result(magnitude, platform):
+    """Half the cache never written (codes 0, placeholder scale 1) and the attention not masking it: the unwritten
+    tokens take no part in the folded rows' absmax, at every magnitude the fold covers (down to values of about
+    1e-30, whose scales sit below 2**-100); the TPU's program run here too."""
+    rng = np.random.default_rng(3)
+    p = jax.nn.softmax(jnp.asarray(rng.standard_normal((BATCH, KV_HEADS, GROUP, 1, TOKENS)), jnp.float32), -1)
+    values = rng.standard_normal((BATCH, TOKENS, KV_HEADS, HEAD_DIM)) * magnitude
+    values[:, TOKENS // 2:] = 0
+    values = jnp.asarray(values, jnp.float32)
+    attend = jax.jit(int8ify(lambda p, v: jnp.einsum("bkgts,bskd->btkgd", p, v), platforms=(platform,)))
+    got = np.asarray(attend(p, quantize_cache(values)), np.float64)
+    want = np.einsum("bkgts,bskd->btkgd", np.asarray(p, np.float64), np.asarray(values, np.float64))
+    assert np.all(np.isfinite(got)) and _relative_error(got, want) < 0.03
+
+
+@pytest.mark.parametrize("platform", ["cpu", "tpu"])
+def test_a_start_below_minus_the_cache_length_is_clamped_as_the_float_program_clamps_it(platform):
+    """``lax.dynamic_update_slice`` and ``lax.dynamic_slice`` count a negative start from the end once, and XLA
+    clamps what is still negative to 0: a quantized cache is written and read at the same token."""
+    rng = np.random.default_rng(4)
+    values = jnp.asarray(rng.standard_normal((BATCH, TOKENS, KV_HEADS, HEAD_DIM)), jnp.float32)
+    update = jnp.asarray(rng.standard_normal((BATCH, 1, KV_HEADS, HEAD_DIM)) * 3, jnp.float32)
+    write = lambda c, u, pos: lax.dynamic_update_slice(c, u, (0, pos, 0, 0))
+    read = lambda c, pos: lax.dynamic_slice(c, (0, pos, 0, 0), (BATCH, 2, KV_HEADS, HEAD_DIM))
+    stored = quantize_cache(values)
+    for pos in (-1, -TOKENS, -TOKENS - 3, -3 * TOKENS, TOKENS + 3):
+        written = jax.jit(int8ify(write, platforms=(platform,)))(stored, update, pos)
+        want = np.asarray(write(values, update, pos))
+        np.testing.assert_array_equal(np.asarray(written.codes), reference_codes(want, (3,)))
+        got = jax.jit(int8ify(read, platforms=(platform,)))(stored, pos)  # the slice's codes and scales, returned
+        got = got.materialise() if is_quantized(got) else got  # as their float value
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(read(stored.materialise(), pos)))
+
+
+def test_a_vmapped_step_writes_each_cache_at_its_own_position_and_keeps_it_quantized():
+    """``jax.vmap`` makes a ``dynamic_update_slice`` a scatter indexing every axis, head_dim too (always at 0, in
+    ``CLIP`` mode): each cache keeps its codes and scales, the written tokens the contract's."""
+    rng = np.random.default_rng(5)
+    caches = jnp.asarray(rng.standard_normal((3, BATCH, TOKENS, KV_HEADS, HEAD_DIM)), jnp.float32)
+    updates = jnp.asarray(rng.standard_normal((3, BATCH, 1, KV_HEADS, HEAD_DIM)) * 2, jnp.float32)
+    positions = jnp.array([0, 7, TOKENS - 1])
+    write = jax.vmap(lambda c, u, pos: lax.dynamic_update_slice(c, u, (0, pos, 0, 0)))
+    got = jax.jit(int8ify(write))(quantize_cache(caches), updates, positions)
+    assert is_quantized(got)
+    want = np.asarray(write(caches, updates, positions))
+    np.testing.assert_array_equal(np.asarray(got.codes), reference_codes(want, (4,)))
+    want_scales, want_exponents = reference_scale_parts(want, (4,))
+    np.testing.assert_array_equal(np.asarray(got.scales), want_scales)
+    np.testing.assert_array_equal(np.asarray(got.exponents), want_exponents)
+
+
 def test_nan_or_inf_in_one_token_reaches_only_the_outputs_it_feeds():
     rng = np.random.default_rng(3)
     step = jax.jit(int8ify(decode_step))
@@ -395,8 +448,9 @@ def test_a_tpu_program_writes_a_tokens_scales_in_place_and_reads_the_scores_unba
 
 @pytest.mark.parametrize("shape, axis", [((4, 256, 8), 1), ((2, 3, 384), 2), ((3, 128, 5), 1)])
 def test_the_tpu_token_writer_writes_what_dynamic_update_slice_writes(shape, axis):
-    """The in-place kernel (in Pallas's TPU interpreter) against ``lax.dynamic_update_slice``: a token at each edge
-    of a 128-token window, inside one, at the last slot and past it (clamped), float32 scales and int32 exponents."""
+    """The in-place kernel (in Pallas's TPU interpreter) against the ``dynamic_update_slice`` primitive: a token at
+    each edge of a 128-token window, inside one, at the last slot, past it and before the first (clamped), float32
+    scales and int32 exponents."""
     rng = np.random.default_rng(7)
     update_shape = tuple(1 if a == axis else n for a, n in enumerate(shape))
     for dtype in (np.float32, np.int32):
@@ -405,10 +459,10 @@ def test_the_tpu_token_writer_writes_what_dynamic_update_slice_writes(shape, axi
         assert writes_in_place(shape, update_shape, dtype)
         write = jax.jit(lambda a, u, p: write_token(a, u, *[p if i == axis else 0 for i in range(a.ndim)],
                                                     interpret=True))
-        for position in (0, 1, 127, 128, 200, shape[axis] - 1, shape[axis] + 5):
+        for position in (-5, 0, 1, 127, 128, 200, shape[axis] - 1, shape[axis] + 5):  # the primitive's starts
             starts = [position if i == axis else 0 for i in range(len(shape))]
-            np.testing.assert_array_equal(np.asarray(write(array, update, jnp.int32(position))),
-                                          np.asarray(lax.dynamic_update_slice(array, update, starts)))
+            want = lax.dynamic_update_slice_p.bind(array, update, *[jnp.int32(s) for s in starts])
+            np.testing.assert_array_equal(np.asarray(write(array, update, jnp.int32(position))), np.asarray(want))
 
 
 def test_the_tpu_token_writer_takes_only_one_whole_token_of_a_32_bit_array_laid_out_tokens_minor():

@@ -103,7 +103,8 @@ def _slice_quantized(context: RuleContext, eqn, invals):
 
 
 def _dynamic_slice_quantized(context: RuleContext, eqn, invals):
-    """A dynamic slice of the kept axes, the contracting axes whole: the scales sliced at the same starts."""
+    """A dynamic slice of the kept axes, the contracting axes whole: the scales sliced at the same starts (the
+    primitive's: a negative one clamped to 0, not counted from the end again)."""
     array, *starts = invals
     array = _movable(array)
     sizes = tuple(eqn.params["slice_sizes"])
@@ -112,9 +113,10 @@ def _dynamic_slice_quantized(context: RuleContext, eqn, invals):
     kept = array.kept_axes
 
     def per_slice(value):
-        return lax.dynamic_slice(value, [starts[a] for a in kept], [sizes[a] for a in kept])
+        return lax.dynamic_slice_p.bind(value, *[starts[a] for a in kept], slice_sizes=tuple(sizes[a] for a in kept))
 
-    return [_moved(array, lambda v: lax.dynamic_slice(v, starts, sizes), per_slice, array.contracting)]
+    return [_moved(array, lambda v: lax.dynamic_slice_p.bind(v, *starts, slice_sizes=sizes), per_slice,
+                   array.contracting)]
 
 
 def _label_broadcast(params) -> list[str]:

@@ -61,7 +61,8 @@ def _dynamic_update_slice_quantized(context: RuleContext, eqn, invals):
 
     def write(part, new):  # the codes at every start, a per-slice array at the kept axes' (as its platform writes it)
         if part.ndim == array.ndim:
-            return lax.dynamic_update_slice(part, new, starts)
+            # the primitive's starts: already wrapped once by lax's API, clamped by XLA, never wrapped again
+            return lax.dynamic_update_slice_p.bind(part, new, *starts)
         return platforms.current().write_per_slice(part, new, *kept_starts)
 
     return [_with_parts(array, written, write)]
@@ -69,8 +70,13 @@ def _dynamic_update_slice_quantized(context: RuleContext, eqn, invals):
 
 def _scatter_quantized(context: RuleContext, eqn, invals):
     """``.at[...].set(values)`` into a quantized array, where each written window covers whole slices (the scales'
-    axes are window axes, not indexed, written whole): the values quantized over those axes, their codes scattered
-    as the float values would be and their scales with those axes left out of the dimension numbers."""
+    axes are window axes written whole): the values quantized over those axes, their codes scattered as the float
+    values would be and their scales with those axes left out of the dimension numbers.
+
+    A scales' axis may also be indexed where the index cannot move a whole-axis window (``jax.vmap`` of a
+    ``dynamic_update_slice`` indexes every axis, in ``CLIP`` mode): its index component is then left out of the
+    scales' indices too. Where an index could drop the window instead (``FILL_OR_DROP``), the write is the float
+    program's."""
     array, indices, updates = invals
     params = eqn.params
     if not writable(array) or is_quantized(updates) or params.get("update_jaxpr") is not None:
@@ -80,19 +86,32 @@ def _scatter_quantized(context: RuleContext, eqn, invals):
     window_axes = [a for a in range(array.ndim)
                    if a not in dnums.inserted_window_dims and a not in dnums.operand_batching_dims]
     update_axis = dict(zip(window_axes, dnums.update_window_dims))  # operand window axis -> updates axis
-    if any(a not in update_axis or a in dnums.scatter_dims_to_operand_dims
-           or updates.shape[update_axis[a]] != array.shape[a] for a in reduce_axes):
+    if any(a not in update_axis or updates.shape[update_axis[a]] != array.shape[a] for a in reduce_axes):
+        return None
+    indexed = [k for k, a in enumerate(dnums.scatter_dims_to_operand_dims) if a in reduce_axes]
+    if indexed and params["mode"] not in (lax.GatherScatterMode.CLIP, lax.GatherScatterMode.PROMISE_IN_BOUNDS):
         return None
     update_reduce = tuple(sorted(update_axis[a] for a in reduce_axes))
     written = _quantized_like(array, updates, update_reduce)
     scale_dnums = _without_axes(dnums, reduce_axes, update_reduce)
+    scale_indices = _without_components(indices, indexed)
     kept_params = {k: v for k, v in params.items() if k != "dimension_numbers"}
 
     def write(part, new):  # the codes as the values would be, a per-slice array without the slices' axes
-        numbers = dnums if part.ndim == array.ndim else scale_dnums
-        return eqn.primitive.bind(part, indices, new, dimension_numbers=numbers, **kept_params)
+        if part.ndim == array.ndim:
+            return eqn.primitive.bind(part, indices, new, dimension_numbers=dnums, **kept_params)
+        return eqn.primitive.bind(part, scale_indices, new, dimension_numbers=scale_dnums, **kept_params)
 
     return [_with_parts(array, written, write)]
+
+
+def _without_components(indices, components: list):
+    """Scatter indices without the index-vector ``components`` (the last axis is the index vector)."""
+    if not components:
+        return indices
+    kept = [k for k in range(indices.shape[-1]) if k not in components]
+    return lax.concatenate([lax.slice_in_dim(indices, k, k + 1, axis=indices.ndim - 1) for k in kept]
+                           or [lax.slice_in_dim(indices, 0, 0, axis=indices.ndim - 1)], indices.ndim - 1)
 
 
 def _without_axes(dnums, operand_axes: tuple, update_axes: tuple):
