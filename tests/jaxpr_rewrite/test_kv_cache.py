@@ -12,6 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen, nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax import lax
 
 from helpers import assert_all_dots_int8, assert_same_tree, reference_codes, reference_scale_parts
@@ -158,6 +160,40 @@ def test_a_start_below_minus_the_cache_length_is_clamped_as_the_float_program_cl
         got = jax.jit(int8ify(read, platforms=(platform,)))(stored, pos)  # the slice's codes and scales, returned
         got = got.materialise() if is_quantized(got) else got  # as their float value
         np.testing.assert_array_equal(np.asarray(got), np.asarray(read(stored.materialise(), pos)))
+
+
+_WRITES = {
+    "dynamic_update_slice": lambda c, u, pos: lax.dynamic_update_slice(c, u, (0, pos, 0, 0)),
+    ".at[:, pos].set": lambda c, u, pos: c.at[:, pos].set(u[:, 0]),
+    ".at[:, pos].set, clip": lambda c, u, pos: c.at[:, pos].set(u[:, 0], mode="clip"),
+    ".at[:, [pos, pos + 2]].set": lambda c, u, pos: c.at[:, jnp.stack([pos, pos + 2])].set(u),
+    ".at[batch, per-batch pos].set": lambda c, u, pos: c.at[jnp.arange(c.shape[0]), pos + jnp.arange(c.shape[0])]
+    .set(u[:, 0]),
+}
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(write=st.sampled_from(sorted(_WRITES)), tokens=st.sampled_from([1, 5, 64]), head_dim=st.sampled_from([3, 64]),
+       lengths=st.integers(-2, 1), offset=st.integers(0, 63), seed=st.integers(0, 2**16))
+def test_every_write_form_stores_the_contracts_codes_of_the_float_programs_values(write, tokens, head_dim, lengths,
+                                                                                  offset, seed):
+    """Each way of writing tokens (``dynamic_update_slice``, scatters with one, several or per-batch indices, in
+    the default drop mode and in clip mode), at any start (``lengths`` cache lengths from the first token: below
+    minus the length, negative, in range, past the end): the returned cache holds the contract's codes and scales
+    of the values the float program's cache holds, unwritten slices included."""
+    pos = lengths * tokens + offset % tokens
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal((BATCH, tokens, KV_HEADS, head_dim)).astype(np.float32)
+    values[rng.random((BATCH, tokens)) < 0.3] = 0  # tokens never written
+    fn = _WRITES[write]
+    updates = rng.standard_normal((BATCH, 2 if "pos + 2" in write else 1, KV_HEADS, head_dim)).astype(np.float32)
+    got = jax.jit(int8ify(fn))(quantize_cache(jnp.asarray(values)), updates, pos)
+    want = np.asarray(fn(jnp.asarray(values), updates, pos))
+    assert is_quantized(got)
+    np.testing.assert_array_equal(np.asarray(got.codes), reference_codes(want, (3,)))
+    want_scales, want_exponents = reference_scale_parts(want, (3,))
+    np.testing.assert_array_equal(np.asarray(got.scales), want_scales)
+    np.testing.assert_array_equal(np.asarray(got.exponents), want_exponents)
 
 
 def test_a_vmapped_step_writes_each_cache_at_its_own_position_and_keeps_it_quantized():
