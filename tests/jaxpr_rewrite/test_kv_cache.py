@@ -150,8 +150,13 @@ def test_a_start_below_minus_the_cache_length_is_clamped_as_the_float_program_cl
     rng = np.random.default_rng(4)
     values = jnp.asarray(rng.standard_normal((BATCH, TOKENS, KV_HEADS, HEAD_DIM)), jnp.float32)
     update = jnp.asarray(rng.standard_normal((BATCH, 1, KV_HEADS, HEAD_DIM)) * 3, jnp.float32)
-    write = lambda c, u, pos: lax.dynamic_update_slice(c, u, (0, pos, 0, 0))
-    read = lambda c, pos: lax.dynamic_slice(c, (0, pos, 0, 0), (BATCH, 2, KV_HEADS, HEAD_DIM))
+
+    def write(c, u, pos):
+        return lax.dynamic_update_slice(c, u, (0, pos, 0, 0))
+
+    def read(c, pos):
+        return lax.dynamic_slice(c, (0, pos, 0, 0), (BATCH, 2, KV_HEADS, HEAD_DIM))
+
     stored = quantize_cache(values)
     for pos in (-1, -TOKENS, -TOKENS - 3, -3 * TOKENS, TOKENS + 3):
         written = jax.jit(int8ify(write, platforms=(platform,)))(stored, update, pos)
@@ -162,13 +167,14 @@ def test_a_start_below_minus_the_cache_length_is_clamped_as_the_float_program_cl
         np.testing.assert_array_equal(np.asarray(got), np.asarray(read(stored.materialise(), pos)))
 
 
+# each write form, and the tokens its update holds
 _WRITES = {
-    "dynamic_update_slice": lambda c, u, pos: lax.dynamic_update_slice(c, u, (0, pos, 0, 0)),
-    ".at[:, pos].set": lambda c, u, pos: c.at[:, pos].set(u[:, 0]),
-    ".at[:, pos].set, clip": lambda c, u, pos: c.at[:, pos].set(u[:, 0], mode="clip"),
-    ".at[:, [pos, pos + 2]].set": lambda c, u, pos: c.at[:, jnp.stack([pos, pos + 2])].set(u),
-    ".at[batch, per-batch pos].set": lambda c, u, pos: c.at[jnp.arange(c.shape[0]), pos + jnp.arange(c.shape[0])]
-    .set(u[:, 0]),
+    "dynamic_update_slice": (lambda c, u, pos: lax.dynamic_update_slice(c, u, (0, pos, 0, 0)), 1),
+    ".at[:, pos].set": (lambda c, u, pos: c.at[:, pos].set(u[:, 0]), 1),
+    ".at[:, pos].set, clip": (lambda c, u, pos: c.at[:, pos].set(u[:, 0], mode="clip"), 1),
+    ".at[:, [pos, pos + 2]].set": (lambda c, u, pos: c.at[:, jnp.stack([pos, pos + 2])].set(u), 2),
+    ".at[batch, per-batch pos].set": (
+        lambda c, u, pos: c.at[jnp.arange(c.shape[0]), pos + jnp.arange(c.shape[0])].set(u[:, 0]), 1),
 }
 
 
@@ -185,8 +191,8 @@ def test_every_write_form_stores_the_contracts_codes_of_the_float_programs_value
     rng = np.random.default_rng(seed)
     values = rng.standard_normal((BATCH, tokens, KV_HEADS, head_dim)).astype(np.float32)
     values[rng.random((BATCH, tokens)) < 0.3] = 0  # tokens never written
-    fn = _WRITES[write]
-    updates = rng.standard_normal((BATCH, 2 if "pos + 2" in write else 1, KV_HEADS, head_dim)).astype(np.float32)
+    fn, written = _WRITES[write]
+    updates = rng.standard_normal((BATCH, written, KV_HEADS, head_dim)).astype(np.float32)
     got = jax.jit(int8ify(fn))(quantize_cache(jnp.asarray(values)), updates, pos)
     want = np.asarray(fn(jnp.asarray(values), updates, pos))
     assert is_quantized(got)

@@ -12,6 +12,8 @@ program's.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ..._core import platforms
@@ -109,9 +111,8 @@ def _without_components(indices, components: list):
     """Scatter indices without the index-vector ``components`` (the last axis is the index vector)."""
     if not components:
         return indices
-    kept = [k for k in range(indices.shape[-1]) if k not in components]
-    return lax.concatenate([lax.slice_in_dim(indices, k, k + 1, axis=indices.ndim - 1) for k in kept]
-                           or [lax.slice_in_dim(indices, 0, 0, axis=indices.ndim - 1)], indices.ndim - 1)
+    kept = np.array([k for k in range(indices.shape[-1]) if k not in components], np.int32)
+    return jnp.take(indices, kept, axis=-1)
 
 
 def _without_axes(dnums, operand_axes: tuple, update_axes: tuple):
